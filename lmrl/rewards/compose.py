@@ -1,0 +1,230 @@
+"""Weighted composition of reward functions, with output checks and the failure policy.
+
+    total_i = sum_k w_k * r_k(prompt_i, completion_i, columns_i)
+
+(RLHF book Ch. 7: "an RM can be added linearly"; TRL `reward_weights`.)
+
+Failure policy (`on_reward_error`): a reward function that raises, returns the wrong
+number of values, a non-number, or NaN/inf makes `compute` raise `RewardError`,
+naming the function and the first offending sample (found by re-running the function
+on one sample at a time when the whole batch failed). `err.skippable` is True with
+"skip" (the trainer logs `str(err)` and skips the step) and False with "stop" or for
+configuration errors (a missing column), which always stop. `RewardSet.errors` counts
+the failed calls and is reported as `reward/errors` in the metrics of later steps.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from lmrl.rewards.errors import MissingColumnError, RewardError
+from lmrl.rewards.registry import RewardFn, load_reward, reward_name
+
+ON_REWARD_ERROR = ("skip", "stop")
+
+
+class RewardResult(NamedTuple):
+    """What `RewardSet.compute` returns; unpacks as `total, components, metrics`."""
+
+    total: torch.Tensor  # (N,) weighted sum of the components
+    components: dict[str, torch.Tensor]  # name -> (N,) unweighted reward of each function
+    metrics: dict[str, float]  # rewards/<name>/{mean,std,<stat>}, reward/{mean,std,errors}
+
+
+class _BadOutput(Exception):
+    def __init__(self, cause: str, index: int | None = None) -> None:
+        super().__init__(cause)
+        self.cause, self.index = cause, index
+
+
+class RewardSet:
+    """Reward functions with weights, built from specs (registry names, 'module:function', or callables).
+
+    Args:
+        rewards: e.g. `["task", "format"]` or `["math", "mypkg.rewards:brevity", my_fn]`.
+        reward_weights: one weight per reward (default all 1.0); a weight of 0 logs a
+            component without training on it.
+        reward_kwargs: options of registered rewards by spec name, e.g.
+            `{"overlong": {"max_len": 512, "cache_len": 128}}`.
+        on_reward_error: "skip" (default) or "stop", see the module docstring.
+
+    A reward function may expose a `last_stats: dict[str, float]` attribute, refreshed on
+    each call; its entries are logged as `rewards/<name>/<key>` (e.g. `rewards/math/errors`).
+    """
+
+    def __init__(
+        self,
+        rewards: Sequence[str | RewardFn],
+        reward_weights: Sequence[float] | None = None,
+        reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        on_reward_error: str = "skip",
+    ) -> None:
+        if isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence) or not rewards:
+            raise ValueError(
+                f"`rewards` must be a non-empty list of reward specs, got {rewards!r}. "
+                "Example: rewards: [task, format] (registry names or 'module.path:function')."
+            )
+        if on_reward_error not in ON_REWARD_ERROR:
+            raise ValueError(f"`on_reward_error` must be one of {ON_REWARD_ERROR}, got {on_reward_error!r}.")
+        reward_kwargs = dict(reward_kwargs or {})
+        specs = [s for s in rewards if isinstance(s, str)]
+        unused = sorted(set(reward_kwargs) - set(specs))
+        if unused:
+            raise ValueError(
+                f"`reward_kwargs` has options for {unused}, which are not in `rewards` {specs}. "
+                "Key `reward_kwargs` by the reward's name as listed in `rewards`, or remove the entry."
+            )
+        self.names = [reward_name(s) for s in rewards]
+        dupes = sorted({n for n in self.names if self.names.count(n) > 1})
+        if dupes:
+            raise ValueError(
+                f"Reward names must be unique (they key `rewards/<name>/mean`), but {dupes} appear "
+                "more than once in `rewards`. Remove the duplicate or rename one of the functions."
+            )
+        self.fns: list[RewardFn] = [
+            load_reward(s, **reward_kwargs.get(s, {})) if isinstance(s, str) else _check_callable(s)
+            for s in rewards
+        ]
+        self.weights = _check_weights(reward_weights, self.names)
+        self.on_reward_error = on_reward_error
+        self.errors = 0  # number of compute() calls that raised RewardError
+
+    def compute(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> RewardResult:
+        """Score a batch: each function once on the whole batch, then the weighted total and metrics."""
+        _check_batch(prompts, completions, columns)
+        components: dict[str, torch.Tensor] = {}
+        metrics: dict[str, float] = {}
+        for name, fn in zip(self.names, self.fns):
+            try:
+                values = self._call_checked(name, fn, prompts, completions, columns)
+            except RewardError:
+                self.errors += 1
+                raise
+            components[name] = torch.tensor(values, dtype=torch.float32)  # (N,)
+            metrics[f"rewards/{name}/mean"] = components[name].mean().item()
+            metrics[f"rewards/{name}/std"] = components[name].std(correction=0).item()
+            stats = getattr(fn, "last_stats", None)
+            if isinstance(stats, Mapping):
+                metrics.update({f"rewards/{name}/{key}": float(v) for key, v in stats.items()})
+        weights = torch.tensor(self.weights, dtype=torch.float32)  # (K,)
+        stacked = torch.stack([components[name] for name in self.names])  # (K, N)
+        total = (weights[:, None] * stacked).sum(dim=0)  # (N,)
+        metrics["reward/mean"] = total.mean().item()
+        metrics["reward/std"] = total.std(correction=0).item()
+        metrics["reward/errors"] = float(self.errors)
+        return RewardResult(total, components, metrics)
+
+    def _call_checked(
+        self,
+        name: str,
+        fn: RewardFn,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: dict[str, Any],
+    ) -> list[float]:
+        n = len(completions)
+
+        def fail(cause: str, index: int | None, config_error: bool = False) -> RewardError:
+            return RewardError(
+                name,
+                cause,
+                sample_index=index,
+                num_samples=n,
+                prompt=None if index is None else str(prompts[index]),
+                completion=None if index is None else str(completions[index]),
+                skippable=self.on_reward_error == "skip",
+                config_error=config_error,
+            )
+
+        try:
+            return _as_floats(fn(list(prompts), list(completions), **columns), n)
+        except MissingColumnError as err:
+            raise fail(f"a required column is missing. {err}", None, config_error=True) from err
+        except _BadOutput as err:
+            if err.index is not None:
+                raise fail(err.cause, err.index) from None
+            batch_cause, batch_err = err.cause, None
+        except Exception as err:
+            batch_cause, batch_err = f"it raised {type(err).__name__}: {err}", err
+        index, cause = _find_bad_sample(fn, prompts, completions, columns)
+        if index is not None and cause != batch_cause:
+            batch_cause = f"{batch_cause}; run on this sample alone, {cause}"
+        raise fail(batch_cause, index) from batch_err
+
+
+def _find_bad_sample(
+    fn: RewardFn, prompts: Sequence[str], completions: Sequence[str], columns: dict[str, Any]
+) -> tuple[int | None, str]:
+    """Re-run `fn` on one sample at a time; the first that fails on its own, with its cause."""
+    for i in range(len(completions)):
+        one = {k: v[i : i + 1] for k, v in columns.items()}
+        try:
+            _as_floats(fn([prompts[i]], [completions[i]], **one), 1)
+        except _BadOutput as err:
+            return i, err.cause
+        except Exception as err:  # noqa: BLE001 - any failure locates the sample
+            return i, f"it raised {type(err).__name__}: {err}"
+    return None, ""
+
+
+def _as_floats(out: Any, n: int) -> list[float]:
+    """Check a reward function's output: n finite real numbers (list, tuple, 1-D tensor/array)."""
+    if hasattr(out, "tolist") and hasattr(out, "ndim"):  # torch.Tensor, numpy.ndarray
+        if out.ndim != 1:
+            raise _BadOutput(f"it returned an array of shape {tuple(out.shape)}, expected ({n},)")
+        out = out.tolist()
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+        raise _BadOutput(f"it returned a {type(out).__name__}, not a list of {n} floats")
+    if len(out) != n:
+        raise _BadOutput(f"it returned {len(out)} values for {n} completions")
+    values = []
+    for i, v in enumerate(out):
+        if not isinstance(v, numbers.Real):
+            raise _BadOutput(f"it returned {v!r} ({type(v).__name__}), not a number", i)
+        if not math.isfinite(float(v)):
+            bad = sum(1 for x in out if isinstance(x, numbers.Real) and not math.isfinite(float(x)))
+            raise _BadOutput(f"it returned {float(v)} ({bad} of {n} values are NaN or inf)", i)
+        values.append(float(v))
+    return values
+
+
+def _check_batch(prompts: Sequence[str], completions: Sequence[str], columns: dict[str, Any]) -> None:
+    n = len(completions)
+    if n == 0 or len(prompts) != n:
+        raise ValueError(
+            f"RewardSet.compute needs one prompt per completion and at least one completion, got "
+            f"{len(prompts)} prompts and {n} completions. Repeat each prompt once per sample (prompt-major)."
+        )
+    for key, value in columns.items():
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__") or len(value) != n:
+            size = len(value) if hasattr(value, "__len__") else type(value).__name__
+            raise ValueError(
+                f"RewardSet.compute: column '{key}' must hold one value per completion ({n}), got {size}. "
+                "Pass every dataset column as a list aligned with `completions`."
+            )
+
+
+def _check_callable(fn: Any) -> RewardFn:
+    if not callable(fn):
+        raise ValueError(f"A reward must be a spec string or a callable, got {type(fn).__name__} {fn!r}.")
+    return fn
+
+
+def _check_weights(weights: Sequence[float] | None, names: list[str]) -> list[float]:
+    if weights is None:
+        return [1.0] * len(names)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or len(weights) != len(names):
+        raise ValueError(
+            f"`reward_weights` must list one number per reward {names}, got {weights!r}. "
+            "Example: rewards: [task, format] with reward_weights: [1.0, 0.2]."
+        )
+    for name, w in zip(names, weights):
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
+            raise ValueError(f"`reward_weights`: the weight of '{name}' must be a finite number, got {w!r}.")
+    return [float(w) for w in weights]
+
