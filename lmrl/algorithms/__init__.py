@@ -1,0 +1,32 @@
+"""Pure tensor functions and registries for RL of language models (no I/O, no models).
+
+Layout: B prompts x G samples are prompt-major (rewards of prompt i are
+``rewards.view(-1, G)[i]``); per-token tensors are (N, T) with a 0/1 `mask` that
+is 1 on completion tokens only. Append new modules' re-exports below.
+"""
+
+from .registry import Registry
+from .aggregation import AGGREGATIONS, aggregate, masked_mean
+from .advantages import ADVANTAGES, advantages, gae, group_stats, whiten, zero_variance_groups
+from .kl import KL_ESTIMATORS, kl, kl_penalized_rewards
+from .policy_losses import POLICY_LOSSES, policy_loss
+from .value import value_loss
+
+__all__ = [
+    "Registry",
+    "AGGREGATIONS",
+    "aggregate",
+    "masked_mean",
+    "ADVANTAGES",
+    "advantages",
+    "gae",
+    "group_stats",
+    "whiten",
+    "zero_variance_groups",
+    "KL_ESTIMATORS",
+    "kl",
+    "kl_penalized_rewards",
+    "POLICY_LOSSES",
+    "policy_loss",
+    "value_loss",
+]

@@ -1,0 +1,253 @@
+"""Policy-gradient losses: per-token surrogates registered by name, plus the shared parts.
+
+Every entry of `POLICY_LOSSES` has the signature
+``(logp, old_logp, advantages, mask, *, <its options>) -> (per_token_loss (N, T), stats)``
+and receives sanitised inputs: advantages already broadcast to (N, T), everything
+but `logp` detached, and 0 at masked-out positions. `policy_loss` adds what all
+entries share exactly once: truncated importance sampling (TIS), the KL-in-loss
+term, aggregation and the common stats. Sources: RLHF book ch. 6 (§6.1, §6.2).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .aggregation import aggregate, check_mask, masked_mean
+from .kl import KL_ESTIMATORS, kl
+from .registry import Registry, check_options, keyword_options
+
+POLICY_LOSSES = Registry("policy loss")
+
+LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| cap before exp: keeps ratios and their gradients finite
+TIS_LOG_RATIO_CLAMP = 10.0  # RLHF book §6.2 TIS code: exp(clamp(lp_learner - lp_sampler, -10, 10))
+
+SHARED_OPTIONS = ("agg", "max_len", "kl_coef", "ref_logp", "kl_estimator", "tis_cap", "sampler_logp")
+
+
+def _check_clip(name: str, clip_low: float, clip_high: float) -> None:
+    if not (clip_low >= 0 and clip_high >= 0):
+        raise ValueError(
+            f"{name}: clip_low and clip_high are distances from 1 and must be >= 0 (the band is "
+            f"[1 - clip_low, 1 + clip_high]), got clip_low={clip_low}, clip_high={clip_high}."
+        )
+
+
+def _masked_max(x: Tensor, m: Tensor) -> float:
+    return float(x.masked_fill(~m, float("-inf")).max()) if bool(m.any()) else 0.0
+
+
+@POLICY_LOSSES.register("pg")
+def _pg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, dict]:
+    """l_t = -A_t * exp(logp_t - sg(logp_t)): value -A_t, gradient -A_t grad logp_t.
+
+    Vanilla policy gradient / REINFORCE (Williams 1992; RLHF book §6.1 and §6.2 "one
+    gradient step per batch"). No ratio to pi_old, no clipping.
+    """
+    per_token = -advantages * torch.exp(logp - logp.detach())  # (N, T)
+    return per_token, {"clip_frac": 0.0}
+
+
+@POLICY_LOSSES.register("ppo")
+def _ppo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[Tensor, dict]:
+    """l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high)), rho_t = exp(logp - old_logp).
+
+    PPO clipped surrogate (Schulman et al. 2017; RLHF book §6.1), also GRPO's loss
+    (Shao et al. 2024). Defaults eps = 0.2 both sides; DAPO's clip-higher uses
+    clip_high = 0.28 (Yu et al. 2025). clip_frac = share of tokens where the clipped
+    branch is strictly larger (the gradient is 0 there).
+    """
+    _check_clip("ppo", clip_low, clip_high)
+    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (N, T)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clip_frac = masked_mean((clipped > unclipped).float(), mask)
+    return torch.maximum(unclipped, clipped), {"clip_frac": float(clip_frac)}
+
+
+@POLICY_LOSSES.register("gspo")
+def _gspo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> tuple[Tensor, dict]:
+    """PPO clip on the sequence ratio s_i = exp(mean_{t in a_i} (logp - old_logp)) (GSPO,
+    Zheng et al. 2025, arXiv 2507.18071; RLHF book §6.1).
+
+    GSPO-token form: s_{i,t} = sg(s_i) * exp(logp_t - sg(logp_t)) has value s_i and
+    gradient s_i grad logp_t; l_t = max(-A_i s_{i,t}, -A_i clip(s_{i,t}, 1 - clip_low,
+    1 + clip_high)). With agg="seq_mean" its gradient equals that of the sequence
+    objective -A_i min(s_i, clip(s_i)). Defaults 3e-4 / 4e-4 are the paper's (§5.1).
+    Advantages must be per sequence (constant over each row's tokens).
+    """
+    _check_clip("gspo", clip_low, clip_high)
+    big = torch.finfo(advantages.dtype).max
+    a_max = advantages.masked_fill(~mask, -big).amax(dim=1)  # (N,)
+    a_min = advantages.masked_fill(~mask, big).amin(dim=1)  # (N,)
+    spread = torch.where(mask.any(dim=1), a_max - a_min, 0.0)
+    if bool((spread > 1e-6 * (1.0 + a_max.abs())).any()):
+        raise ValueError(
+            "gspo needs one advantage per sequence (its ratio is per sequence), but some rows "
+            "of `advantages` vary over their completion tokens. Pass advantages of shape (N,), "
+            "or use 'ppo' for per-token advantages."
+        )
+    n_tok = mask.sum(dim=1).clamp(min=1)  # (N,)
+    seq_log_ratio = (logp.detach() - old_logp).sum(dim=1) / n_tok  # (N,), masked positions are 0
+    seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    s_tok = torch.exp(seq_log_ratio[:, None] + logp - logp.detach())  # (N, T), value s_i
+    unclipped = -advantages * s_tok
+    clipped = -advantages * s_tok.clamp(1.0 - clip_low, 1.0 + clip_high)
+    has_tok = mask.any(dim=1)
+    seq_ratio = torch.exp(seq_log_ratio)
+    stats = {
+        "clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
+        "seq_ratio/mean": float(seq_ratio[has_tok].mean()) if bool(has_tok.any()) else 0.0,
+        "seq_ratio/max": float(seq_ratio[has_tok].max()) if bool(has_tok.any()) else 0.0,
+    }
+    return torch.maximum(unclipped, clipped), stats
+
+
+@POLICY_LOSSES.register("cispo")
+def _cispo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+) -> tuple[Tensor, dict]:
+    """l_t = -sg(clip(rho_t, 1 - clip_low, 1 + clip_high)) * A_t * logp_t (CISPO, MiniMax-M1,
+    arXiv 2506.13585; RLHF book §6.1).
+
+    Clips the importance weight, not the objective, so every token keeps a gradient.
+    MiniMax-M1 sets no lower bound (clip_low large; default 1.0 gives bound 0) and
+    tunes only clip_high; 0.28 is our default (DAPO's clip-higher value). clip_frac =
+    share of tokens whose weight was clipped.
+    """
+    _check_clip("cispo", clip_low, clip_high)
+    ratio = torch.exp((logp.detach() - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T), detached
+    clip_frac = masked_mean((weight != ratio).float(), mask)
+    return -weight * advantages * logp, {"clip_frac": float(clip_frac)}
+
+
+def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    n, t_len = like.shape
+    if advantages.shape == (n,):
+        return advantages[:, None].expand(n, t_len)  # (N,) -> (N, T)
+    if advantages.shape == (n, t_len):
+        return advantages
+    raise ValueError(
+        f"`advantages` must be (N,) = ({n},) per sequence or (N, T) = ({n}, {t_len}) per token, "
+        f"got {tuple(advantages.shape)}."
+    )
+
+
+def _constant(x: Tensor | None, like: Tensor, m: Tensor, name: str) -> Tensor | None:
+    """Detach `x`, check its shape and finiteness on the mask, zero it off the mask."""
+    if x is None:
+        return None
+    if not isinstance(x, Tensor) or x.shape != like.shape:
+        raise ValueError(
+            f"`{name}` must be a tensor of shape {tuple(like.shape)} like `logp`, got "
+            f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}."
+        )
+    x = x.detach().masked_fill(~m, 0.0)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"`{name}` is NaN or inf on completion tokens (mask == 1).")
+    return x
+
+
+def policy_loss(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    agg: str = "token_mean",
+    max_len: int | None = None,
+    kl_coef: float = 0.0,
+    ref_logp: Tensor | None = None,
+    kl_estimator: str = "k3",
+    tis_cap: float | None = None,
+    sampler_logp: Tensor | None = None,
+    **opts,
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar policy loss and float stats for the surrogate `name` in `POLICY_LOSSES`.
+
+    Shapes: logp, old_logp, mask, ref_logp, sampler_logp (N, T); advantages (N,) or (N, T).
+    Only `logp` carries gradient; the others are treated as constants (detached).
+    Per token: l = entry(...) * w + kl_coef * kl(logp, ref_logp), where w is the TIS
+    weight min(exp(clamp(old_logp - sampler_logp, -10, 10)), tis_cap) (RLHF book §6.2,
+    Yao et al. 2025), then `aggregate(l, mask, agg, max_len)`.
+    Entry options (e.g. clip_low, clip_high) go in `opts`; unknown options raise.
+    Stats: clip_frac, approx_kl, ratio/mean, ratio/max, plus kl, tis/weight_mean,
+    tis/clip_frac and sampler_logp_gap when those inputs are given.
+    """
+    fn = POLICY_LOSSES.get(name)
+    check_options(f"policy loss '{name}'", opts, SHARED_OPTIONS + keyword_options(fn))
+    KL_ESTIMATORS.get(kl_estimator)  # fail fast on a typo even when the KL term is off
+    if not isinstance(logp, Tensor):
+        raise ValueError("`logp` must be a tensor (N, T) of log-probs of the sampled tokens.")
+    m = check_mask(mask, logp)
+    if not kl_coef >= 0:
+        raise ValueError(f"`kl_coef` must be >= 0, got {kl_coef!r}.")
+    if kl_coef > 0 and ref_logp is None:
+        raise ValueError("kl_coef > 0 puts a KL to the reference model in the loss: pass `ref_logp`.")
+    if tis_cap is not None and sampler_logp is None:
+        raise ValueError(
+            "tis_cap turns on truncated importance sampling, which weights tokens by "
+            "pi_learner/pi_sampler: pass `sampler_logp` (the rollout engine's log-probs)."
+        )
+    if tis_cap is not None and not tis_cap > 0:
+        raise ValueError(f"`tis_cap` must be > 0 (the book uses 2.0), got {tis_cap!r}.")
+
+    logp = logp.masked_fill(~m, 0.0)  # (N, T); padding logp may be -inf: keep grads finite
+    if not bool(torch.isfinite(logp.detach()).all()):
+        raise ValueError("`logp` is NaN or inf on completion tokens (mask == 1).")
+    old_logp = _constant(old_logp, logp, m, "old_logp")
+    if not isinstance(advantages, Tensor):
+        raise ValueError("`advantages` must be a tensor of shape (N,) or (N, T).")
+    adv = _constant(_broadcast_advantages(advantages, logp), logp, m, "advantages")
+    ref_logp = _constant(ref_logp, logp, m, "ref_logp")
+    sampler_logp = _constant(sampler_logp, logp, m, "sampler_logp")
+
+    per_token, stats = fn(logp, old_logp, adv, m, **opts)  # (N, T)
+
+    log_ratio = logp.detach() - old_logp  # (N, T)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    stats["approx_kl"] = float(masked_mean(0.5 * log_ratio**2, m))
+    stats["ratio/mean"] = float(masked_mean(ratio, m))
+    stats["ratio/max"] = _masked_max(ratio, m)
+
+    if sampler_logp is not None:
+        gap = old_logp - sampler_logp  # (N, T)
+        stats["sampler_logp_gap"] = float(masked_mean(gap.abs(), m))
+        if tis_cap is not None:
+            raw = torch.exp(gap.clamp(-TIS_LOG_RATIO_CLAMP, TIS_LOG_RATIO_CLAMP))
+            weight = raw.clamp(max=tis_cap)  # (N, T), detached
+            per_token = per_token * weight
+            stats["tis/weight_mean"] = float(masked_mean(weight, m))
+            stats["tis/clip_frac"] = float(masked_mean((raw > tis_cap).float(), m))
+
+    if ref_logp is not None:
+        kl_tok = kl(logp, ref_logp, kl_estimator)  # (N, T)
+        stats["kl"] = float(masked_mean(kl_tok.detach(), m))
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl_tok
+
+    return aggregate(per_token, m, agg, max_len), stats
