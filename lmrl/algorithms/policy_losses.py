@@ -195,8 +195,10 @@ def policy_loss(
     weight min(exp(clamp(old_logp - sampler_logp, -10, 10)), tis_cap) (RLHF book §6.2,
     Yao et al. 2025), then `aggregate(l, mask, agg, max_len)`.
     Entry options (e.g. clip_low, clip_high) go in `opts`; unknown options raise.
-    Stats: clip_frac, approx_kl, ratio/mean, ratio/max, plus kl, tis/weight_mean,
-    tis/clip_frac and sampler_logp_gap when those inputs are given.
+    Stats (floats, masked token means): clip_frac, approx_kl = mean 0.5 (logp - old_logp)^2,
+    ratio/mean and ratio/max of the per-token ratio (gspo adds seq_ratio/*), and when
+    given: kl (the `kl_estimator` value, logged whenever ref_logp is passed),
+    tis/weight_mean, tis/clip_frac, sampler_logp_gap = mean |old_logp - sampler_logp|.
     """
     fn = POLICY_LOSSES.get(name)
     check_options(f"policy loss '{name}'", opts, SHARED_OPTIONS + keyword_options(fn))
