@@ -1,0 +1,42 @@
+"""Built-in procedurally generated tasks with ground-truth answers and verifiers (no network).
+
+    task = get_task("countdown", n_numbers=4)
+    rows = make_rows(task, 1000, split="train", seed=0)
+    reward = get_task(row["task"]).score(completion, row["answer"], row["meta"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+from lmrl.data.tasks.arithmetic import Arithmetic
+from lmrl.data.tasks.base import Example, Task, extract_answer, make_rows, split_of
+from lmrl.data.tasks.countdown import Countdown
+from lmrl.data.tasks.linear import Linear
+from lmrl.data.tasks.sorting import Sorting
+from lmrl.data.tasks.strings import Count, Reverse
+
+TASKS: dict[str, type[Task]] = {
+    cls.name: cls for cls in (Arithmetic, Countdown, Sorting, Reverse, Count, Linear)
+}
+"""Task families by name."""
+
+
+def get_task(name: str, **kwargs) -> Task:
+    """The task family `name` configured with `kwargs` (its dataclass fields)."""
+    if name not in TASKS:
+        close = difflib.get_close_matches(name, TASKS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown task {name!r}; the tasks are {sorted(TASKS)}.{hint}")
+    cls = TASKS[name]
+    params = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ValueError(
+            f"task {name!r} has no parameter(s) {unknown}; its parameters are {params}."
+        )
+    return cls(**kwargs)
+
+
+__all__ = ["TASKS", "Example", "Task", "extract_answer", "get_task", "make_rows", "split_of"]
