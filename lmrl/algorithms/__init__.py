@@ -30,3 +30,21 @@ __all__ = [
     "policy_loss",
     "value_loss",
 ]
+
+from .preference import PREFERENCE_LOSSES, implicit_rewards, kto_reference_kl, preference_loss, preference_stats
+from .reward_model import REWARD_MODEL_LOSSES, reward_model_loss
+from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
+
+__all__ += [
+    "PREFERENCE_LOSSES",
+    "implicit_rewards",
+    "kto_reference_kl",
+    "preference_loss",
+    "preference_stats",
+    "REWARD_MODEL_LOSSES",
+    "reward_model_loss",
+    "AvatarlOptions",
+    "AvatarlRewards",
+    "avatarl_loss",
+    "avatarl_rewards",
+]

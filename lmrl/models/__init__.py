@@ -1,0 +1,21 @@
+"""Models: load HF causal LMs or build built-in tiny ones; dtype policy; log-probs."""
+
+from lmrl.models.loading import (
+    BUILTIN_MODELS,
+    count_parameters,
+    is_builtin,
+    load_model,
+    load_model_and_tokenizer,
+)
+from lmrl.models.precision import autocast, autocast_dtype, bf16_supported
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "autocast",
+    "autocast_dtype",
+    "bf16_supported",
+    "count_parameters",
+    "is_builtin",
+    "load_model",
+    "load_model_and_tokenizer",
+]

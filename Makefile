@@ -1,0 +1,42 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+# A virtual environment in .venv gets lmrl and its dependencies. A torch >= 2.4 that the
+# system Python already has is reused; otherwise torch==2.13.0 is installed (a plain
+# `pip install torch` would pull a multi-GB CUDA build on machines without a GPU).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lmrl-installed
+
+.PHONY: install demo test test-all bench clean
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+		if $(PYTHON) -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) < (2, 4))" 2>/dev/null; then \
+			echo "Reusing the system torch"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+		else \
+			$(PYTHON) -m venv $(VENV); \
+		fi; \
+	fi
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/lmrl demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-all: $(STAMP)
+	$(PY) -m pytest -m "slow or not slow"
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/grpo_vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

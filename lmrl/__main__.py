@@ -1,0 +1,5 @@
+import sys
+
+from lmrl.cli import main
+
+sys.exit(main())

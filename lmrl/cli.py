@@ -1,0 +1,89 @@
+"""``lmrl <verb> [--config RECIPE] [key=value ...]``.
+
+Every verb takes a recipe (a YAML path or a shipped recipe name) and overrides of
+any config key; ``--help-config`` lists the keys with their defaults and meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from lmrl.config import ConfigError, describe, load_config
+
+
+@dataclass(frozen=True)
+class Verb:
+    help: str
+    module: str  # module with a ``Config`` dataclass path and a run function
+    config: str
+    run: str
+
+
+VERBS: dict[str, Verb] = {
+    "demo": Verb("built-in tiny model end to end on CPU: SFT, then held-out accuracy", "lmrl.demo", "DemoConfig", "run"),
+    "sft": Verb("supervised fine-tuning on chat or prompt/completion data", "lmrl.trainers.sft", "SFTConfig", "train"),
+    "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.online", "RLConfig", "train"),
+    "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
+}
+
+USER_ERRORS = (ConfigError, ValueError, FileNotFoundError, FileExistsError, KeyError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmrl",
+        description="Reinforcement learning for language models, end to end.",
+        epilog="Example: lmrl sft --config sft/tiny_arithmetic max_steps=100 lr=3e-4",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>")
+    for name, verb in VERBS.items():
+        p = sub.add_parser(name, help=verb.help, description=verb.help)
+        p.add_argument("--config", "-c", metavar="RECIPE", help="YAML recipe: a path or a shipped recipe name")
+        p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="override any config key")
+    return parser
+
+
+def _target(verb: Verb) -> tuple[type, Callable]:
+    module = importlib.import_module(verb.module)
+    return getattr(module, verb.config), getattr(module, verb.run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.verb:
+        parser.print_help()
+        return 0
+    config_cls, run = _target(VERBS[args.verb])
+    if args.help_config:
+        print(f"Config keys of 'lmrl {args.verb}':\n{describe(config_cls)}")
+        return 0
+    from lmrl.tracking import console
+    from lmrl.trainers.common import TrainingDiverged
+
+    try:
+        config = load_config(config_cls, args.config, args.overrides)
+        run(config)
+    except TrainingDiverged as exc:
+        console.print(f"[bold red]Training stopped:[/] {exc}")
+        return 1
+    except USER_ERRORS as exc:
+        if os.environ.get("LMRL_DEBUG"):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        console.print(f"[bold red]error:[/] {message}\n(set LMRL_DEBUG=1 for the traceback)")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]Interrupted. resume=true continues from the newest checkpoint.")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

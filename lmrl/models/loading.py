@@ -1,0 +1,116 @@
+"""Load any HF causal LM (local path, checkpoint dir or hub id) or build a built-in tiny one.
+
+Built-in models are Llama-style decoders with random init, sized for CPU work:
+
+| name     | hidden | layers | heads | MLP  | params (char vocab) |
+|----------|--------|--------|-------|------|---------------------|
+| tiny     | 128    | 4      | 4     | 512  | ~0.8M               |
+| small    | 256    | 6      | 8     | 1024 | ~4.8M               |
+| medium   | 384    | 8      | 8     | 1536 | ~14M                |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from lmrl.data.tokenizers import load_tokenizer
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS: dict[str, dict] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
+    "small": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, intermediate_size=1024),
+    "medium": dict(hidden_size=384, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1536),
+}
+BUILTIN_TOKENIZER = "builtin:char"
+
+
+def is_builtin(name: str) -> bool:
+    return name.startswith(BUILTIN_PREFIX) and name != BUILTIN_TOKENIZER
+
+
+def default_tokenizer_name(model: str) -> str:
+    """Built-in models use the built-in char tokenizer; HF models their own."""
+    return BUILTIN_TOKENIZER if is_builtin(model) else model
+
+
+def builtin_config(name: str, vocab_size: int, pad_token_id: int, eos_token_id: int, **overrides) -> LlamaConfig:
+    size = name.removeprefix(BUILTIN_PREFIX)
+    if size not in BUILTIN_MODELS:
+        raise ValueError(
+            f"Unknown built-in model '{name}'. Built-in models: "
+            + ", ".join(f"builtin:{k}" for k in BUILTIN_MODELS)
+            + ". For a Hugging Face model give its local path or hub id."
+        )
+    args = dict(
+        vocab_size=vocab_size,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        **BUILTIN_MODELS[size],
+    )
+    unknown = set(overrides) - set(LlamaConfig().to_dict())
+    if unknown:
+        raise ValueError(f"model_args {sorted(unknown)} are not LlamaConfig fields (e.g. hidden_size, num_hidden_layers).")
+    args.update(overrides)
+    return LlamaConfig(**args)
+
+
+def check_model_path(name: str) -> None:
+    """Fail early and clearly on a local-looking path that does not exist."""
+    looks_local = name.startswith((".", "/", "~")) or Path(name).suffix or name.count("/") > 1
+    if looks_local and not Path(name).expanduser().exists():
+        raise FileNotFoundError(
+            f"Model path '{name}' does not exist. Give an existing local directory (for example "
+            f"runs/sft/final), a Hugging Face hub id (org/name), or a built-in model "
+            f"({', '.join('builtin:' + k for k in BUILTIN_MODELS)})."
+        )
+
+
+def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None = None) -> PreTrainedModel:
+    """A causal LM in fp32 (weights are the master copy; compute runs under autocast).
+
+    ``builtin:<size>`` builds a fresh random model for ``tokenizer`` (seeded by ``seed``);
+    anything else goes to ``AutoModelForCausalLM.from_pretrained``.
+    """
+    if is_builtin(name):
+        if tokenizer is None:
+            tokenizer = load_tokenizer(BUILTIN_TOKENIZER)
+        config = builtin_config(
+            name, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, **(model_args or {})
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+        return model
+    if model_args:
+        raise ValueError("model_args only apply to built-in models; edit the model's config.json instead.")
+    check_model_path(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"Could not load model '{name}': {exc}. Give a local directory with config.json and weights, "
+            f"or a hub id that is cached locally (this machine may have no network)."
+        ) from exc
+    return model
+
+
+def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed: int = 0, model_args: dict | None = None):
+    tokenizer = load_tokenizer(tokenizer_name or default_tokenizer_name(name))
+    model = load_model(name, tokenizer, seed=seed, model_args=model_args)
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"Tokenizer has {len(tokenizer)} tokens but model '{name}' has only {model.config.vocab_size} embeddings; "
+            f"use the model's own tokenizer."
+        )
+    return model, tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

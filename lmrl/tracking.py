@@ -1,0 +1,202 @@
+"""What a run shows and leaves behind: metrics.jsonl, samples.jsonl, a rich progress bar, plots.
+
+Optional trackers (tensorboard, wandb, trackio) receive the same metrics when
+installed and named in ``report_to``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(highlight=False)
+
+# Shown in the progress bar, in this order, when present.
+KEY_METRICS = ("loss", "reward/mean", "accuracy", "eval/accuracy", "kl", "entropy", "lr", "tokens_per_s")
+# Plotted at the end: one figure per group, each present key a line.
+PLOT_GROUPS = {
+    "loss": ("loss", "eval/loss", "loss/policy", "loss/value"),
+    "reward": ("reward/mean", "eval/reward"),
+    "accuracy": ("accuracy", "eval/accuracy"),
+    "kl": ("kl",),
+    "entropy": ("entropy",),
+    "lr": ("lr",),
+    "completion_len": ("completion_len/mean",),
+}
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe scalars: tensors to floats, NaN/inf kept as strings JSON can carry."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, str):
+        return value.replace("\n", "\\n")  # one table row per sample, newlines visible
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Drop records logged after ``max_step`` (a resumed run re-logs the steps after its checkpoint)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= max_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class Tracker:
+    """Writes metrics and samples of one run, shows progress, and plots at the end."""
+
+    def __init__(self, output_dir: str | Path, total_steps: int, config: dict | None = None,
+                 report_to: tuple[str, ...] | list[str] = (), description: str = "train", start_step: int = 0):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
+        truncate_jsonl(self.metrics_path, start_step)
+        truncate_jsonl(self.samples_path, start_step)
+        self.start_time = time.time()
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
+            console=console, transient=False,
+        )
+        self.task = self.progress.add_task(description, total=total_steps, completed=start_step, metrics="")
+        self.progress.start()
+        self.backends = [b for b in (_open_backend(name, self.dir, config) for name in report_to) if b is not None]
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}, "time_s": round(time.time() - self.start_time, 3)}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        shown = "  ".join(f"{k}={_fmt(record[k])}" for k in KEY_METRICS if k in record)
+        self.progress.update(self.task, completed=step, metrics=shown)
+        if not console.is_terminal:
+            console.print(f"step {step}  {shown}")
+        for backend in self.backends:
+            backend.log(step, {k: v for k, v in record.items() if isinstance(v, (int, float))})
+
+    def advance(self, step: int) -> None:
+        self.progress.update(self.task, completed=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]], title: str = "samples") -> None:
+        """Append rows (prompt, completion, reward components...) to samples.jsonl and print them as a table."""
+        if not rows:
+            return
+        with self.samples_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **{k: _clean(v) for k, v in row.items()}}) + "\n")
+        table = Table(title=f"{title} at step {step}", show_lines=True)
+        columns = list(rows[0])
+        for column in columns:
+            table.add_column(column, overflow="fold", max_width=60)
+        for row in rows:
+            table.add_row(*(_fmt(_clean(row.get(c, ""))) for c in columns))
+        self.print(table)
+
+    def print(self, *objects: Any) -> None:
+        self.progress.console.print(*objects)
+
+    def close(self) -> list[Path]:
+        """Stop the progress bar, close backends and write plots; returns the plot paths."""
+        self.progress.stop()
+        for backend in self.backends:
+            backend.close()
+        return plot_metrics(self.metrics_path, self.dir / "plots")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_metrics(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
+    """One PNG per metric group present in ``metrics.jsonl`` (loss, reward, accuracy, kl, ...)."""
+    records = read_jsonl(metrics_path)
+    if not records:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for group, keys in PLOT_GROUPS.items():
+        series = {}
+        for key in keys:
+            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+            if points:
+                series[key] = points
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key, points in series.items():
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(group)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"{group.replace('/', '_')}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+class _TensorBoard:
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandbLike:
+    """wandb and trackio share ``init``/``log``/``finish``."""
+
+    def __init__(self, module_name: str, run_dir: Path, config: dict | None):
+        import importlib
+
+        self.module = importlib.import_module(module_name)
+        self.run = self.module.init(project="lmrl", name=run_dir.name, config=config or {})
+
+    def log(self, step: int, metrics: dict) -> None:
+        self.module.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.module.finish()
+
+
+def _open_backend(name: str, run_dir: Path, config: dict | None):
+    try:
+        if name == "tensorboard":
+            return _TensorBoard(run_dir)
+        return _WandbLike(name, run_dir, config)
+    except ImportError:
+        console.print(f"[yellow]report_to: '{name}' is not installed (pip install {name}); logging to metrics.jsonl only.")
+        return None

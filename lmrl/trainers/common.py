@@ -1,0 +1,236 @@
+"""Pieces every trainer shares, as functions: run directory, seeding, optimizer and
+schedule, the optimizer step, and exact checkpoint/resume.
+
+A checkpoint ``checkpoints/step-N/`` holds HF ``save_pretrained`` weights and
+tokenizer plus ``trainer_state.pt`` (optimizer, scheduler, RNG states and the
+trainer's own state such as the data position), so ``resume=true`` continues a
+killed run to the same final metrics as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from lmrl.config import TrainConfig, to_dict
+from lmrl.tracking import Tracker, console
+
+STATE_FILE = "trainer_state.pt"
+
+
+class TrainingDiverged(RuntimeError):
+    """Loss or gradient became NaN/inf; the last good checkpoint is left intact."""
+
+
+# --------------------------------------------------------------------------- run directory
+
+
+@dataclass
+class Run:
+    """An open run: its directory, tracker and the step to start from."""
+
+    dir: Path
+    tracker: Tracker
+    start_step: int
+    checkpoint: Path | None  # the checkpoint to resume from, if any
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+
+def start_run(config: TrainConfig, description: str) -> Run:
+    """Prepare ``output_dir`` (fresh, overwritten or resumed), write config.yaml, seed, open the tracker."""
+    run_dir = Path(config.output_dir)
+    checkpoint = latest_checkpoint(run_dir) if config.resume else None
+    has_run = (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
+    if has_run and not config.resume:
+        if not config.overwrite:
+            raise FileExistsError(
+                f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, overwrite=true "
+                f"to replace it, or choose another output_dir=..."
+            )
+        for name in ("checkpoints", "plots", "final", "metrics.jsonl", "samples.jsonl"):
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    if config.resume and checkpoint is None:
+        console.print(f"[yellow]resume=true but '{run_dir}' has no checkpoint yet: starting from step 0.")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    start_step = read_state(checkpoint)["step"] if checkpoint else 0
+    set_seed(config.seed)
+    tracker = Tracker(run_dir, config.max_steps, to_dict(config), config.report_to, description, start_step)
+    if checkpoint:
+        tracker.print(f"Resuming from {checkpoint} (step {start_step}).")
+    return Run(run_dir, tracker, start_step, checkpoint)
+
+
+# --------------------------------------------------------------------------- seeding and RNG
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def epoch_batch_indices(num_rows: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Row indices of batch ``step`` (1-based) in an endless stream of seeded epoch permutations.
+
+    A pure function of ``step``, so the data position of a run is just its step.
+    """
+    start = (step - 1) * batch_size
+    indices: list[int] = []
+    while len(indices) < batch_size:
+        epoch, offset = divmod(start + len(indices), num_rows)
+        perm = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        take = min(batch_size - len(indices), num_rows - offset)
+        indices.extend(perm[offset : offset + take].tolist())
+    return indices
+
+
+# --------------------------------------------------------------------------- optimisation
+
+
+def build_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over ``params`` (a module's or any iterable); weight decay only on matrices, not norms or biases."""
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.adam_betas))
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr at optimizer step ``step`` (0-based): linear warmup, then decay to ``min_ratio``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig,
+                    total_steps: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warmup + decay over ``total_steps`` optimizer steps (default ``config.max_steps``)."""
+    total = total_steps or config.max_steps
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup_steps, total, config.lr_schedule, config.min_lr_ratio)
+    )
+
+
+def optimizer_step(params, optimizer, scheduler, max_grad_norm: float | None, step: int) -> float:
+    """Clip, check for NaN/inf, step, zero grads; returns the pre-clip gradient norm of ``params`` (or a module's)."""
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    params = [p for p in params if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+    if not torch.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingDiverged(f"Gradient norm is {norm.item()} at step {step}; the update was not applied.")
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm.item()
+
+
+def check_finite(loss: torch.Tensor, step: int) -> None:
+    if not torch.isfinite(loss):
+        raise TrainingDiverged(
+            f"Loss is {loss.item()} at step {step}. The run stopped before applying the update; the last good "
+            f"checkpoint is intact (resume=true continues from it). Try a lower lr, max_grad_norm, or precision=fp32."
+        )
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.split("-")[1])
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if not ckpt_dir.is_dir():
+        return []
+    done = [p for p in ckpt_dir.glob("step-*") if (p / STATE_FILE).exists()]
+    return sorted(done, key=checkpoint_step)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any] | None = None,
+                    keep: int = 2) -> Path:
+    """Write ``checkpoints/step-N`` atomically (tmp dir then rename) and prune to the newest ``keep``."""
+    final = run.checkpoints_dir / f"step-{step}"
+    tmp = run.checkpoints_dir / f".tmp-step-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(
+        {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+         "trainer": state or {}},
+        tmp / STATE_FILE,
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(run.dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(checkpoint / STATE_FILE, weights_only=False)
+
+
+def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[str, Any]:
+    """Load weights, optimizer, scheduler and RNG from ``checkpoint``; returns the trainer's own state."""
+    from safetensors.torch import load_file
+
+    weights = {}
+    for shard in sorted(checkpoint.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"Checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}.")
+    state = read_state(checkpoint)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state["trainer"]
+
+
+def save_final(run: Run, model, tokenizer) -> Path:
+    """``output_dir/final``: the trained model in HF format, loadable with ``model=<run>/final``."""
+    path = run.dir / "final"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,175 @@
+"""Supervised fine-tuning (instruction tuning): next-token cross-entropy on completion tokens only.
+
+RLHF book ch. 4: prompt tokens are masked out of the loss (labels -100); with
+multi-turn chats either every assistant turn or only the last is trained
+(``train_on``). The loss is the mean over all completion tokens of the optimizer
+batch, whatever the micro-batching (``grad_accum``), so accumulation is exact.
+
+Launch::
+
+    lmrl sft --config sft/tiny_arithmetic                       # built-in task, CPU
+    lmrl sft model=Qwen/Qwen2.5-0.5B dataset=data.jsonl max_length=1024 batch_size=64 grad_accum=8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.data.loading import load_rows
+from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
+from lmrl.eval.generation import task_accuracy
+from lmrl.models import autocast, autocast_dtype, count_parameters, load_model_and_tokenizer
+from lmrl.trainers import common
+
+
+@dataclasses.dataclass
+class SFTConfig(TrainConfig):
+    dataset: str = field("task:arithmetic", "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
+    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
+    split: str = field("train", "dataset split")
+    train_rows: int | None = field(2000, "rows generated for a built-in task, or the first N rows of a dataset (null: all)")
+    eval_dataset: str | None = field(None, "held-out data; default: the test split of a built-in task, none for files")
+    eval_split: str = field("test", "split of eval_dataset (or of the built-in task)")
+    eval_rows: int = field(200, "held-out rows to evaluate on")
+    eval_max_new_tokens: int = field(32, "tokens generated per held-out prompt when measuring task accuracy")
+    chat: bool = field(True, "render rows with the chat template (False: raw prompt+completion text)")
+    train_on: Literal["all", "last"] = field("all", "multi-turn: train every assistant turn or only the last")
+    max_length: int = field(256, "tokens per example (prompt + completion)")
+    overlong: Literal["truncate", "drop", "error"] = field("truncate", "what to do with examples longer than max_length")
+    batch_size: int = field(32, "examples per optimizer step (split into grad_accum micro-batches)")
+    output_dir: str = field("runs/sft", "run directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}); "
+                f"each micro-batch has batch_size/grad_accum examples."
+            )
+        if self.max_length < 2:
+            raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
+
+
+def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> tuple[torch.Tensor, int]:
+    """Summed next-token CE over labelled tokens of ``batch`` and the number of labelled tokens."""
+    with autocast("cpu", dtype):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
+    loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+    return loss, int((targets != -100).sum())
+
+
+def train_step(model, examples: list[SFTExample], pad_id: int, grad_accum: int, dtype, step: int) -> dict[str, float]:
+    """Forward/backward over ``grad_accum`` micro-batches; the loss is the token mean over the whole batch."""
+    total_tokens = sum(sum(1 for y in ex.labels[1:] if y != -100) for ex in examples)
+    micro = len(examples) // grad_accum
+    loss_sum = 0.0
+    for i in range(grad_accum):
+        batch = collate_sft(examples[i * micro : (i + 1) * micro], pad_id)
+        loss, _ = token_cross_entropy(model, batch, dtype)
+        common.check_finite(loss, step)
+        (loss / total_tokens).backward()
+        loss_sum += loss.item()
+    return {"loss": loss_sum / total_tokens, "tokens": float(total_tokens)}
+
+
+@torch.no_grad()
+def eval_loss(model, examples: list[SFTExample], pad_id: int, dtype, batch_size: int = 64) -> float:
+    total, tokens = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        loss, n = token_cross_entropy(model, collate_sft(examples[start : start + batch_size], pad_id), dtype)
+        total, tokens = total + loss.item(), tokens + n
+    return total / max(1, tokens)
+
+
+def load_data(config: SFTConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[dict[str, Any]]]:
+    """Training examples, held-out examples and held-out rows (for task accuracy), validated at start-up."""
+    rows = load_rows(config.dataset, split=config.split, limit=config.train_rows, **config.task_args)
+    examples, stats = build_sft_examples(rows, tokenizer, config.max_length, config.overlong, config.train_on,
+                                         config.chat, where=config.dataset)
+    if not examples:
+        raise ValueError(f"No usable training examples in {config.dataset} ({stats}).")
+    eval_source = config.eval_dataset or (config.dataset if config.dataset.startswith("task:") else None)
+    eval_rows: list[dict[str, Any]] = []
+    eval_examples: list[SFTExample] = []
+    if eval_source:
+        eval_rows = load_rows(eval_source, split=config.eval_split, limit=config.eval_rows, **config.task_args)
+        eval_examples, _ = build_sft_examples(eval_rows, tokenizer, config.max_length, "truncate", config.train_on,
+                                              config.chat, where=eval_source)
+    return examples, eval_examples, eval_rows, stats
+
+
+def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtype) -> tuple[dict, list]:
+    metrics: dict[str, float] = {}
+    samples: list[dict] = []
+    was_training = model.training
+    model.eval()
+    if eval_examples:
+        metrics["eval/loss"] = eval_loss(model, eval_examples, tokenizer.pad_token_id, dtype)
+    if eval_rows and "task" in eval_rows[0]:
+        acc, samples = task_accuracy(model, tokenizer, eval_rows, config.eval_max_new_tokens, dtype,
+                                     num_samples=config.num_samples)
+        metrics["eval/accuracy"] = acc["accuracy"]
+    model.train(was_training)
+    return metrics, samples
+
+
+def train(config: SFTConfig) -> dict[str, float]:
+    """Run SFT end to end; returns the final evaluation metrics (plus ``initial/...`` ones)."""
+    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
+    examples, eval_examples, eval_rows, stats = load_data(config, tokenizer)
+    run = common.start_run(config, "sft")
+    tracker = run.tracker
+    dtype = autocast_dtype(config.precision)
+    optimizer = common.build_optimizer(model, config)
+    scheduler = common.build_scheduler(optimizer, config)
+    tracker.print(
+        f"SFT: {count_parameters(model) / 1e6:.2f}M params, {len(examples)} examples ({stats}), "
+        f"precision={'bf16 autocast' if dtype else 'fp32'}, run dir {run.dir}"
+    )
+    initial: dict[str, float] = {}
+    if run.checkpoint:
+        initial = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler).get("initial", {})
+    else:
+        metrics, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
+        initial = {f"initial/{k}": v for k, v in metrics.items()}
+        tracker.log(0, metrics)
+        tracker.log_samples(0, samples, "held-out samples")
+    model.train()
+    try:
+        for step in range(run.start_step + 1, config.max_steps + 1):
+            t0 = time.perf_counter()
+            batch = [examples[i] for i in common.epoch_batch_indices(len(examples), config.batch_size, step, config.seed)]
+            stats_step = train_step(model, batch, tokenizer.pad_token_id, config.grad_accum, dtype, step)
+            grad_norm = common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
+            elapsed = time.perf_counter() - t0
+            if step % config.log_every == 0 or step == config.max_steps:
+                tracker.log(step, {"loss": stats_step["loss"], "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
+                                   "tokens_per_s": stats_step["tokens"] / elapsed, "time/train_s": elapsed})
+            else:
+                tracker.advance(step)
+            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+                metrics, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
+                tracker.log(step, metrics)
+                tracker.log_samples(step, samples, "held-out samples")
+            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+                common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
+                                       config.keep_checkpoints)
+    except common.TrainingDiverged:
+        tracker.close()
+        raise
+    final, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
+    tracker.log(config.max_steps, final)
+    tracker.log_samples(config.max_steps, samples, "held-out samples")
+    common.save_checkpoint(run, config.max_steps, model, tokenizer, optimizer, scheduler, {"initial": initial},
+                           config.keep_checkpoints)
+    final_dir = common.save_final(run, model, tokenizer)
+    plots = tracker.close()
+    tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
+    return {**initial, **final}
