@@ -1,0 +1,138 @@
+"""Per-token log-probs and entropies of completions: the one computation every trainer shares.
+
+Layout (same as `RolloutBatch.input_ids`): a left-padded prompt of width P followed by a right-padded
+completion of width T. Completion token j sits at position P+j and is predicted by the logits at P+j-1,
+so the completion log-probs come from logits P-1 .. P+T-2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+__all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "selective_log_softmax"]
+
+
+def _row_chunks(n_rows: int, vocab: int, chunk_size: int | None) -> int:
+    """Rows per chunk: `chunk_size` if given, else enough rows for ~16M fp32 values (64 MB) per chunk."""
+    if chunk_size is not None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size}.")
+        return chunk_size
+    return max(1, min(n_rows, (1 << 24) // max(vocab, 1)))
+
+
+def selective_log_softmax(
+    logits: torch.Tensor, index: torch.Tensor, *, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """log_softmax(logits / temperature)[..., index], in fp32, without materialising the full log-softmax.
+
+    log p(index) = z[index] - logsumexp(z), z = logits / temperature, computed over chunks of rows so the
+    fp32 temporaries are (chunk, V) at most. logits: (..., V); index: (...) long. Returns fp32 (...).
+    Equal to `torch.log_softmax(logits.float() / temperature, -1).gather(-1, index[..., None])[..., 0]`.
+    """
+    if logits.shape[:-1] != index.shape:
+        raise ValueError(
+            f"selective_log_softmax: index shape {tuple(index.shape)} must equal logits shape without the vocab "
+            f"dimension {tuple(logits.shape[:-1])}."
+        )
+    if not temperature > 0:
+        raise ValueError(f"selective_log_softmax: temperature must be > 0, got {temperature}.")
+    vocab = logits.shape[-1]
+    flat_logits = logits.reshape(-1, vocab)  # (M, V)
+    flat_index = index.reshape(-1, 1)  # (M, 1)
+    step = _row_chunks(flat_logits.shape[0], vocab, chunk_size)
+    out = []
+    for start in range(0, flat_logits.shape[0], step):
+        z = flat_logits[start : start + step].float() / temperature  # (m, V) fp32
+        picked = z.gather(-1, flat_index[start : start + step]).squeeze(-1)  # (m,)
+        out.append(picked - torch.logsumexp(z, dim=-1))
+    if not out:
+        return torch.zeros(index.shape, dtype=torch.float32, device=logits.device)
+    return torch.cat(out).view(index.shape)
+
+
+def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
+    """Entropy H = -sum_v p_v log p_v of softmax(logits / temperature), per row, in fp32, over chunks of rows.
+
+    Computed as H = logsumexp(z) - sum_v softmax(z)_v z_v (finite even when some p_v underflow to 0).
+    logits: (..., V). Returns fp32 (...).
+    """
+    if not temperature > 0:
+        raise ValueError(f"entropy_from_logits: temperature must be > 0, got {temperature}.")
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)  # (M, V)
+    step = _row_chunks(flat.shape[0], vocab, chunk_size)
+    out = []
+    for start in range(0, flat.shape[0], step):
+        z = flat[start : start + step].float() / temperature  # (m, V)
+        out.append(torch.logsumexp(z, dim=-1) - (z.softmax(dim=-1) * z).sum(dim=-1))
+    if not out:
+        return torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    return torch.cat(out).view(logits.shape[:-1])
+
+
+def completion_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_start: int,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    return_entropy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
+
+    input_ids, attention_mask: (N, P+T), prompt left-padded, completion right-padded; completion_start = P.
+    position_ids = cumsum(attention_mask) - 1, so left padding does not shift positions (same as generation).
+    Log-probs are computed in fp32 from the logits (chunked over rows: `chunk_size` rows of (V,) at a time);
+    positions whose attention_mask is 0 get 0. With return_entropy, also returns the entropy (N, T) of the
+    same distributions. Gradients flow unless the caller disables them. autocast_dtype: run the forward
+    under torch.autocast with that dtype (None: the model's dtype).
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"completion_logprobs: input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+            "must both be (N, P+T)."
+        )
+    seq_len = input_ids.shape[1]
+    if not 1 <= completion_start < seq_len:
+        raise ValueError(
+            f"completion_logprobs: completion_start={completion_start} must be in [1, {seq_len}) for sequences of "
+            f"length {seq_len}: at least one prompt token (the first completion token is predicted from it) and one "
+            "completion token."
+        )
+    if not temperature > 0:
+        raise ValueError(f"completion_logprobs: temperature must be > 0, got {temperature}.")
+    width = seq_len - completion_start  # T
+    position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (N, P+T)
+    extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
+    device_type = input_ids.device.type
+    ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    with ctx:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
+    logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
+    targets = input_ids[:, completion_start:]  # (N, T)
+    valid = attention_mask[:, completion_start:] != 0  # (N, T)
+    logp = selective_log_softmax(logits, targets, temperature=temperature, chunk_size=chunk_size)
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    if not return_entropy:
+        return logp
+    entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
+    return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
+
+
+def accepts_kwarg(model, name: str) -> bool:
+    """Whether model.forward (or the base model's, for PEFT wrappers) names the keyword `name`."""
+    for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
+        if candidate is None:
+            continue
+        try:
+            if name in inspect.signature(candidate.forward).parameters:
+                return True
+        except (TypeError, ValueError):
+            continue
+    return False

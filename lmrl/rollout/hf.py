@@ -1,0 +1,372 @@
+"""The default rollout engine: batched sampling from any HF causal LM with a KV cache.
+
+Per unique prompt the prompt is run through the model ONCE (prefill on B rows), then the cache and the
+last logits are repeated to B*n rows. Every new token costs one batched forward of shape (rows, 1); per-step
+work is tensor ops over the batch, never a Python loop over rows (stop strings decode only the tail of the
+few rows whose new token could complete one). Finished rows are masked; optionally, once enough rows have
+finished, the batch is compacted to the running rows (`compact_threshold`).
+
+    engine = HFEngine(model, tokenizer, autocast_dtype=torch.bfloat16)
+    batch = engine.generate_text(["2+2="], SamplingParams(max_new_tokens=8, temperature=0.7), n=4)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from lmrl.models.logprobs import accepts_kwarg
+
+try:  # transformers >= 4.54 has per-layer caches
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: let the model build its own cache
+    DynamicCache = DynamicLayer = None
+from lmrl.rollout.sampling import sample_next_token
+from lmrl.rollout.types import RolloutBatch, SamplingParams
+
+__all__ = ["HFEngine", "SamplingParams", "StopStringMatcher"]
+
+
+class StopStringMatcher:
+    """Finds running rows whose decoded completion now contains a stop string.
+
+    A stop string can only be completed by a token whose text contains the string's last character, so
+    each step a (V,) lookup table selects the candidate rows (vectorised) and only those rows decode their
+    last `window` tokens. Tokens that decode to nothing or to a partial UTF-8 character are always
+    candidates; if a stop string ends in whitespace (which some tokenizers strip when decoding a lone
+    token), every token is.
+    """
+
+    def __init__(self, tokenizer, stop_strings: Sequence[str], vocab_size: int, device: torch.device):
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        self.window = max(len(s) for s in self.stop_strings) + 2  # tokens; each real token is >= 1 character
+        size = max(vocab_size, len(tokenizer))
+        last_chars = {s[-1] for s in self.stop_strings}
+        candidate = torch.zeros(size, dtype=torch.bool)
+        if any(c.isspace() for c in last_chars):
+            candidate[:] = True
+        else:
+            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+            flags = [t == "" or "\ufffd" in t or any(c in t for c in last_chars) for t in texts]
+            candidate[: len(flags)] = torch.tensor(flags, dtype=torch.bool)
+        self.candidate = candidate.to(device)  # (V,)
+
+    def __call__(self, completion_ids: torch.Tensor, new_tokens: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        """BoolTensor (N,): rows in `running` whose completion (N, t) now contains a stop string."""
+        hit = torch.zeros_like(running)
+        rows = (running & self.candidate[new_tokens]).nonzero().squeeze(1)  # (n_cand,)
+        if rows.numel() == 0:
+            return hit
+        tails = completion_ids[rows, -self.window :].tolist()
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
+        found = [any(s in text for s in self.stop_strings) for text in texts]
+        hit[rows] = torch.tensor(found, dtype=torch.bool, device=hit.device)
+        return hit
+
+    def cut(self, text: str) -> tuple[str, bool]:
+        """`text` cut before the earliest stop string, and whether one was found."""
+        cuts = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
+        return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+class HFEngine:
+    """Batched KV-cache sampling from an HF causal LM; returns a `RolloutBatch`.
+
+    model: any HF causal LM taking input_ids, attention_mask, position_ids, past_key_values, use_cache.
+    tokenizer: its tokenizer (pad id, eos id, decoding). autocast_dtype: e.g. torch.bfloat16 to run the
+    forwards under autocast, None for the model's own dtype. compact_threshold: when at least this fraction
+    of the running rows has finished, drop the finished rows from the batch and the cache (None: never).
+    """
+
+    def __init__(self, model, tokenizer, autocast_dtype: torch.dtype | None = None, compact_threshold: float | None = 0.5):
+        if compact_threshold is not None and not 0 < compact_threshold <= 1:
+            raise ValueError(f"HFEngine.compact_threshold must be in (0, 1] or None, got {compact_threshold!r}.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.autocast_dtype = autocast_dtype
+        self.compact_threshold = compact_threshold
+        self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
+        self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id, else its eos id, else 0 (padding is always masked, so any id works)."""
+        for tid in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
+            if tid is not None:
+                return int(tid)
+        return 0
+
+    def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """params.stop_token_ids, or the tokenizer's eos id when it is None."""
+        if params.stop_token_ids is not None:
+            return params.stop_token_ids
+        eos = self.tokenizer.eos_token_id
+        return () if eos is None else (int(eos),)
+
+    def generate_text(
+        self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
+        """`generate` on already-rendered prompt strings (tokenized with add_special_tokens=False)."""
+        if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("HFEngine.generate_text takes a list of prompt strings; wrap a single prompt in a list.")
+        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+        return self._generate(ids, params, n, generator, prompt_texts=list(prompts))
+
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
+        """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
+
+        Deterministic given `generator` (a torch.Generator on the model's device; None uses the global RNG).
+        """
+        return self._generate(prompt_ids, params, n, generator, prompt_texts=None)
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _generate(self, prompt_ids, params, n, generator, prompt_texts) -> RolloutBatch:
+        self._check_inputs(prompt_ids, params, n, generator)
+        device, pad = self.device, self.pad_token_id
+        ids, mask = _left_pad(prompt_ids, pad, device)  # (B, P) each
+        stop_ids = torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device)
+        matcher = self._matcher(params.stop_strings) if params.stop_strings else None
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), self._autocast():
+                out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher)
+        finally:
+            self.model.train(was_training)
+        # Clone out of inference mode so that learners can use the tensors in autograd graphs.
+        out_ids, out_logp, finish_step = out_ids.clone(), out_logp.clone(), finish_step.clone()
+        ids, mask = ids.clone(), mask.clone()
+        return self._assemble(ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts)
+
+    def _decode(self, ids, mask, params, n, generator, stop_ids, matcher):
+        """The sampling loop. Returns completion ids (N, T), logps (N, T), finish step (N,) (-1: none), steps run."""
+        model, pad = self.model, self.pad_token_id
+        b, p = ids.shape
+        rows_total = b * n
+        max_new = params.max_new_tokens
+        sample_kw = dict(
+            temperature=params.logp_temperature, top_k=params.top_k, top_p=params.top_p, greedy=params.greedy, generator=generator
+        )
+        # Prefill once per unique prompt, then repeat the cache and the last logits n times (prompt-major).
+        position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (B, P)
+        extra = {"logits_to_keep": 1} if self._keeps_logits else {}
+        cache = _preallocated_cache(model, capacity=p + max_new)
+        out = model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True, **extra
+        )
+        logits = out.logits[:, -1]  # (B, V)
+        cache = _repeat_cache(out.past_key_values, n)
+        logits = logits.repeat_interleave(n, dim=0)  # (N, V)
+        prompt_len = mask.sum(-1).repeat_interleave(n)  # (N,) real prompt tokens = position of completion token 0
+        attn = torch.ones(rows_total, p + max_new, dtype=mask.dtype, device=mask.device)  # (N, P + max_new)
+        attn[:, :p] = mask.repeat_interleave(n, dim=0)
+
+        out_ids = torch.full((rows_total, max_new), pad, dtype=torch.long, device=ids.device)  # (N, max_new)
+        out_logp = torch.zeros(rows_total, max_new, dtype=torch.float32, device=ids.device)  # (N, max_new)
+        finish_step = torch.full((rows_total,), -1, dtype=torch.long, device=ids.device)  # (N,)
+        rows = None  # original row of each active row once compacted; None = all rows, in order
+        done = torch.zeros(rows_total, dtype=torch.bool, device=ids.device)  # (active,)
+        can_compact = self.compact_threshold is not None and hasattr(cache, "batch_select_indices")
+        step = 0
+        for step in range(max_new):
+            tokens, logp = sample_next_token(logits, **sample_kw)  # (active,) each
+            tokens = tokens.masked_fill(done, pad)
+            logp = logp.masked_fill(done, 0.0)
+            stopped = torch.isin(tokens, stop_ids) & ~done  # (active,)
+            if rows is None:
+                out_ids[:, step], out_logp[:, step] = tokens, logp
+            else:
+                out_ids[rows, step], out_logp[rows, step] = tokens, logp
+            if matcher is not None:
+                history = out_ids[:, : step + 1] if rows is None else out_ids[rows, : step + 1]  # (active, step+1)
+                stopped |= matcher(history, tokens, ~done & ~stopped)
+            finish_step[stopped if rows is None else rows[stopped]] = step
+            done |= stopped
+            n_done, n_active = int(done.sum()), done.numel()
+            if n_done == n_active or step == max_new - 1:
+                break
+            if can_compact and n_done > 0 and n_done >= self.compact_threshold * n_active:
+                keep = (~done).nonzero().squeeze(1)  # (still running,)
+                cache.batch_select_indices(keep)
+                rows = keep if rows is None else rows[keep]
+                tokens, attn, prompt_len, done = tokens[keep], attn[keep], prompt_len[keep], done[keep]
+            pos = (prompt_len + step)[:, None]  # (active, 1): position of the token just sampled
+            out = model(
+                input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
+                past_key_values=cache, use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1]  # (active, V)
+        steps = step + 1
+        return out_ids[:, :steps], out_logp[:, :steps], finish_step, steps
+
+    def _assemble(self, ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts):
+        lengths = torch.where(finish_step >= 0, finish_step + 1, steps)  # (N,)
+        completion_mask = (torch.arange(steps, device=out_ids.device)[None, :] < lengths[:, None]).float()  # (N, T)
+        truncated = finish_step < 0  # (N,)
+        token_lists = [row[:length] for row, length in zip(out_ids.tolist(), lengths.tolist())]
+        texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
+        if matcher is not None:
+            texts = [matcher.cut(t)[0] for t in texts]
+        if prompt_texts is None:
+            prompt_texts = self.tokenizer.batch_decode([list(p) for p in prompt_ids], skip_special_tokens=False)
+        return RolloutBatch(
+            prompt_ids=ids.repeat_interleave(n, dim=0),
+            prompt_mask=mask.repeat_interleave(n, dim=0),
+            completion_ids=out_ids,
+            completion_mask=completion_mask,
+            sampler_logp=out_logp,
+            truncated=truncated,
+            finish_reason=["length" if t else "stop" for t in truncated.tolist()],
+            prompts=[text for text in prompt_texts for _ in range(n)],
+            completions=texts,
+            group_size=n,
+        )
+
+    def _matcher(self, stop_strings: tuple[str, ...]) -> StopStringMatcher:
+        if stop_strings not in self._matchers:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._matchers[stop_strings] = StopStringMatcher(self.tokenizer, stop_strings, vocab, self.device)
+        return self._matchers[stop_strings]
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _check_inputs(self, prompt_ids, params, n, generator) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"HFEngine.generate takes a SamplingParams, got {type(params).__name__}.")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"HFEngine.generate: n (completions per prompt) must be an int >= 1, got {n!r}.")
+        if not isinstance(prompt_ids, (list, tuple)) or len(prompt_ids) == 0:
+            raise ValueError("HFEngine.generate: prompt_ids must be a non-empty list of token-id lists, one per prompt.")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for i, prompt in enumerate(prompt_ids):
+            if isinstance(prompt, torch.Tensor):
+                prompt = prompt.tolist()
+            if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
+                raise ValueError(
+                    f"HFEngine.generate: prompt {i} is empty or not a list of token ids; every prompt needs at least one "
+                    "token (render a chat template or add a BOS token)."
+                )
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+                raise ValueError(
+                    f"HFEngine.generate: prompt {i} has token ids outside [0, {vocab}) (the model's vocabulary); "
+                    "check that the prompts were tokenized with this model's tokenizer."
+                )
+        longest = max(len(p) for p in prompt_ids)
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        if limit is not None and longest + params.max_new_tokens > limit:
+            raise ValueError(
+                f"HFEngine.generate: the longest prompt ({longest} tokens) plus max_new_tokens={params.max_new_tokens} "
+                f"exceeds the model's max_position_embeddings={limit}; shorten the prompts or lower max_new_tokens."
+            )
+        if generator is not None and generator.device.type != self.device.type:
+            raise ValueError(
+                f"HFEngine.generate: the generator is on {generator.device} but the model is on {self.device}; "
+                f"create it with torch.Generator(device='{self.device.type}')."
+            )
+
+
+def _left_pad(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids (B, P) and attention mask (B, P), P = longest prompt."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
+    for i, prompt in enumerate(prompt_ids):
+        if len(prompt):
+            ids[i, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+if DynamicLayer is not None:
+
+    class _BufferedLayer(DynamicLayer):
+        """A full-attention `DynamicLayer` that writes into a buffer preallocated for the whole rollout.
+
+        DynamicLayer concatenates the new keys/values onto the old ones at every step (a copy of the whole
+        cache per token); here `update` writes in place and returns views of the filled prefix (measured: the
+        decode loop of a 6-layer model at 128 rows runs ~1.6x faster).
+        """
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            b, h, _, d = key_states.shape
+            self._kbuf = key_states.new_empty(b, h, self.capacity, d)  # (B, H, capacity, D)
+            self._vbuf = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if end > self.capacity:
+                raise RuntimeError(f"KV buffer overflow: {end} positions for a capacity of {self.capacity}.")
+            self._kbuf[:, :, self.length : end] = key_states
+            self._vbuf[:, :, self.length : end] = value_states
+            self.length = end
+            self._refresh()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.is_initialized:
+                self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
+                self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
+                self._refresh()
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.is_initialized:
+                self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+                self._refresh()
+
+        def _refresh(self) -> None:
+            self.keys = self._kbuf[:, :, : self.length]  # (B, H, length, D) view
+            self.values = self._vbuf[:, :, : self.length]
+
+
+def _preallocated_cache(model, capacity: int):
+    """A DynamicCache whose layers write into preallocated buffers, when every layer is plain full attention;
+    None (the model builds its default cache) for sliding-window, hybrid or unknown layer types."""
+    if DynamicLayer is None or getattr(model, "config", None) is None:
+        return None
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - any model-specific failure: fall back to the model's own cache
+        return None
+    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    cache.layers = [_BufferedLayer(capacity) for _ in cache.layers]
+    return cache
+
+
+def _repeat_cache(cache, n: int):
+    """The KV cache with each batch row repeated n times (prompt-major)."""
+    if n == 1:
+        return cache
+    if hasattr(cache, "batch_repeat_interleave"):
+        cache.batch_repeat_interleave(n)
+        return cache
+    if isinstance(cache, tuple):  # legacy per-layer (key, value) tuples
+        return tuple(tuple(x.repeat_interleave(n, dim=0) for x in layer) for layer in cache)
+    raise TypeError(f"HFEngine cannot repeat a KV cache of type {type(cache).__name__} across samples.")
+

@@ -1,0 +1,152 @@
+"""selective_log_softmax, entropy_from_logits and completion_logprobs against direct computations."""
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lmrl.models.logprobs import accepts_kwarg, completion_logprobs, entropy_from_logits, selective_log_softmax
+
+PAD = 0
+
+
+def tiny_llama(vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=PAD,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+def test_selective_log_softmax_hand_values():
+    # logits (0, ln 3): p = (1/4, 3/4) -> log p(1) = ln 0.75, log p(0) = ln 0.25
+    logits = torch.tensor([[0.0, math.log(3)], [0.0, math.log(3)]])
+    out = selective_log_softmax(logits, torch.tensor([1, 0]))
+    assert torch.allclose(out, torch.tensor([math.log(0.75), math.log(0.25)]), atol=1e-7)
+    # temperature 0.5: z = (0, 2 ln 3) -> p = (1/10, 9/10)
+    out = selective_log_softmax(logits, torch.tensor([1, 0]), temperature=0.5)
+    assert torch.allclose(out, torch.tensor([math.log(0.9), math.log(0.1)]), atol=1e-7)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 1, 7])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_selective_log_softmax_equals_log_softmax_gather(chunk_size, temperature):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 40, generator=gen) * 4
+    index = torch.randint(0, 40, (3, 5), generator=gen)
+    ref = torch.log_softmax(logits / temperature, -1).gather(-1, index[..., None])[..., 0]
+    out = selective_log_softmax(logits, index, temperature=temperature, chunk_size=chunk_size)
+    assert out.shape == (3, 5) and torch.allclose(out, ref, atol=1e-6)
+    # bf16 logits are upcast before the softmax: equal to the fp32 log-softmax of the bf16 values
+    low = logits.bfloat16()
+    ref = torch.log_softmax(low.float() / temperature, -1).gather(-1, index[..., None])[..., 0]
+    out = selective_log_softmax(low, index, temperature=temperature, chunk_size=chunk_size)
+    assert out.dtype == torch.float32 and torch.allclose(out, ref, atol=1e-6)
+
+
+def test_selective_log_softmax_is_differentiable_and_checks_shapes():
+    logits = torch.randn(4, 10, requires_grad=True)
+    index = torch.tensor([1, 2, 3, 4])
+    selective_log_softmax(logits, index).sum().backward()
+    # d/dz_v log p(i) = 1[v = i] - p_v
+    expected = torch.nn.functional.one_hot(index, 10).float() - logits.detach().softmax(-1)
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="index shape"):
+        selective_log_softmax(torch.randn(4, 10), torch.tensor([1, 2]))
+
+
+def test_entropy_hand_values_and_stability():
+    # uniform over 8 -> ln 8; p = (1/4, 3/4) -> -(1/4 ln 1/4 + 3/4 ln 3/4) = 0.562335
+    assert math.isclose(entropy_from_logits(torch.zeros(8)).item(), math.log(8), abs_tol=1e-6)
+    h = entropy_from_logits(torch.tensor([0.0, math.log(3)]))
+    assert math.isclose(h.item(), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), abs_tol=1e-6)
+    # a 1e4 logit gap: p = (1, e^-1e4 = 0) -> H = 0, finite
+    assert entropy_from_logits(torch.tensor([1e4, 0.0])).item() == pytest.approx(0.0, abs=1e-6)
+    logits = torch.randn(2, 3, 30)
+    p = torch.softmax(logits / 0.7, -1)
+    ref = -(p * p.log()).sum(-1)
+    assert torch.allclose(entropy_from_logits(logits, temperature=0.7, chunk_size=4), ref, atol=1e-5)
+
+
+def left_padded(seqs, completion_lens, pad_prompt_to, pad_completion_to):
+    """Build (ids, mask) with prompts left-padded to P and completions right-padded to T."""
+    ids, mask = [], []
+    for seq, c in zip(seqs, completion_lens):
+        prompt, completion = seq[: len(seq) - c], seq[len(seq) - c :]
+        left, right = pad_prompt_to - len(prompt), pad_completion_to - len(completion)
+        ids.append([PAD] * left + prompt + completion + [PAD] * right)
+        mask.append([0] * left + [1] * len(seq) + [0] * right)
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_completion_logprobs_equal_unpadded_per_row_forward(model, temperature):
+    gen = torch.Generator().manual_seed(1)
+    prompt_lens, completion_lens = [3, 6, 1], [4, 2, 5]
+    seqs = [torch.randint(1, 97, (p + c,), generator=gen).tolist() for p, c in zip(prompt_lens, completion_lens)]
+    ids, mask = left_padded(seqs, completion_lens, pad_prompt_to=6, pad_completion_to=5)
+    with torch.no_grad():
+        logp, entropy = completion_logprobs(model, ids, mask, completion_start=6, temperature=temperature, return_entropy=True)
+        assert logp.shape == (3, 5) and entropy.shape == (3, 5)
+        for r, (seq, c) in enumerate(zip(seqs, completion_lens)):
+            # Reference: the row alone, no padding; token at position k is predicted by the logits at k-1.
+            logits = model(input_ids=torch.tensor([seq])).logits[0] / temperature  # (L, V)
+            ref = torch.log_softmax(logits, -1)
+            positions = range(len(seq) - c, len(seq))
+            expected = torch.stack([ref[k - 1, seq[k]] for k in positions])
+            expected_h = torch.stack([-(ref[k - 1].exp() * ref[k - 1]).sum() for k in positions])
+            assert torch.allclose(logp[r, :c], expected, atol=1e-5)
+            assert torch.allclose(entropy[r, :c], expected_h, atol=1e-5)
+            assert (logp[r, c:] == 0).all() and (entropy[r, c:] == 0).all()  # right padding -> 0
+
+
+class NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no `logits_to_keep` (like many custom or older models)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def test_models_without_logits_to_keep_give_the_same_result(model):
+    wrapped = NoLogitsToKeep(model)
+    assert accepts_kwarg(model, "logits_to_keep") and not accepts_kwarg(wrapped, "logits_to_keep")
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 97, (2, 9), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        a = completion_logprobs(model, ids, mask, completion_start=5)
+        b = completion_logprobs(wrapped, ids, mask, completion_start=5, chunk_size=3)
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_bf16_autocast_is_close_and_fp32(model):
+    ids = torch.randint(1, 97, (2, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        full = completion_logprobs(model, ids, mask, completion_start=4)
+        low = completion_logprobs(model, ids, mask, completion_start=4, autocast_dtype=torch.bfloat16)
+    assert low.dtype == torch.float32 and (low - full).abs().max() < 0.1 and not torch.equal(low, full)
+
+
+def test_completion_logprobs_errors(model):
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="completion_start"):
+        completion_logprobs(model, ids, torch.ones_like(ids), completion_start=5)
+    with pytest.raises(ValueError, match="completion_start"):
+        completion_logprobs(model, ids, torch.ones_like(ids), completion_start=0)
+    with pytest.raises(ValueError, match="attention_mask"):
+        completion_logprobs(model, ids, torch.ones(2, 4, dtype=torch.long), completion_start=2)
+    with pytest.raises(ValueError, match="temperature"):
+        completion_logprobs(model, ids, torch.ones_like(ids), completion_start=2, temperature=0.0)

@@ -1,0 +1,231 @@
+"""HFEngine against HF `generate`, against one-forward log-probs, and its stop/layout/determinism contracts."""
+
+import string
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from lmrl.models.logprobs import completion_logprobs
+from lmrl.rollout import HFEngine, SamplingParams, StopStringMatcher
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+PAD, BOS, EOS = 0, 1, 2
+CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,:;!?+-=*/()\n"
+TEXTS = ["hello world", "2+2=", "abc", "The cat sat on"]
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+
+
+def tiny_llama(vocab: int, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return tiny_llama(len(tok))
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+
+
+def hf_greedy(model, prompts, max_new_tokens, eos):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+        pad_token_id=PAD, eos_token_id=eos,
+    )
+    return out[:, width:]
+
+
+def first_index(row: list[int], token: int) -> int | None:
+    return row.index(token) if token in row else None
+
+
+def test_greedy_matches_hf_generate_with_left_padding(model, prompts):
+    engine = HFEngine(model, char_tokenizer())
+    free = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=()))
+    expected = hf_greedy(model, prompts, 20, eos=None)
+    assert torch.equal(free.completion_ids, expected)
+    # Stop on a token that row 0 produces mid-way: HF pads after its eos exactly as we must.
+    stop = free.completion_ids[0, 5].item()
+    stopped = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=(stop,)))
+    expected = hf_greedy(model, prompts, 20, eos=stop)
+    width = stopped.completion_ids.shape[1]
+    assert torch.equal(stopped.completion_ids, expected[:, :width])
+    assert (expected[:, width:] == PAD).all()  # HF ran longer only if it did not stop; rows padded there
+    assert stopped.finish_reason[0] == "stop"
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logp_matches_one_forward_recompute(model, tok, prompts, temperature):
+    engine = HFEngine(model, tok)
+    params = SamplingParams(max_new_tokens=24, temperature=temperature, stop_token_ids=(EOS, tok.convert_tokens_to_ids("e")))
+    batch = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(0))
+    assert batch.completion_mask.sum() > 0
+    with torch.no_grad():
+        logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], temperature)
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(batch.sampler_logp[mask], logp[mask], atol=1e-4)
+    assert (batch.sampler_logp[~mask] == 0).all()
+    assert (batch.completion_lengths < 24).any() and (batch.completion_lengths == 24).any()  # some rows stopped early
+
+
+def test_greedy_sampler_logp_and_top_k1_top_p_equal_greedy(model, tok, prompts):
+    engine = HFEngine(model, tok)
+    greedy = engine.generate(prompts, SamplingParams(max_new_tokens=16, greedy=True, temperature=0.7))
+    with torch.no_grad():
+        logp = completion_logprobs(model, greedy.input_ids, greedy.attention_mask, greedy.prompt_ids.shape[1], 0.7)
+    mask = greedy.completion_mask.bool()
+    assert torch.allclose(greedy.sampler_logp[mask], logp[mask], atol=1e-4)
+    for params in (SamplingParams(max_new_tokens=16, temperature=0.7, top_k=1), SamplingParams(max_new_tokens=16, temperature=0.7, top_p=1e-6)):
+        sampled = engine.generate(prompts, params, generator=torch.Generator().manual_seed(5))
+        assert torch.equal(sampled.completion_ids, greedy.completion_ids)
+        assert torch.allclose(sampled.sampler_logp, greedy.sampler_logp, atol=1e-6)
+
+
+def test_prompt_major_layout_and_determinism(model, tok, prompts):
+    engine = HFEngine(model, tok)
+    params = SamplingParams(max_new_tokens=12, stop_token_ids=())
+    a = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(1))
+    b = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(1))
+    c = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(2))
+    assert len(a) == 12 and a.group_size == 3 and a.num_prompts == 4
+    for i, p in enumerate(prompts):
+        for r in range(3 * i, 3 * i + 3):
+            real = a.prompt_ids[r][a.prompt_mask[r].bool()].tolist()
+            assert real == p and a.prompts[r] == TEXTS[i]
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.completions == b.completions
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert len({tuple(row) for row in a.completion_ids.tolist()}) == 12  # every row differs from every other
+
+
+def test_stop_token_masks_and_finish_reasons(model, tok, prompts):
+    engine = HFEngine(model, tok)
+    free = engine.generate(prompts, SamplingParams(max_new_tokens=16, greedy=True, stop_token_ids=()))
+    rows = free.completion_ids.tolist()
+    stop = rows[0][4]
+    batch = engine.generate(prompts, SamplingParams(max_new_tokens=16, greedy=True, stop_token_ids=(stop,)))
+    width = batch.completion_ids.shape[1]
+    for r, row in enumerate(rows):
+        k = first_index(row, stop)
+        if k is None:  # never sampled the stop token: runs to max_new_tokens
+            assert batch.finish_reason[r] == "length" and batch.truncated[r] and batch.completion_lengths[r] == 16
+            assert batch.completion_ids[r].tolist() == row
+        else:  # mask 1 up to and including the stop token, pad and 0 after
+            assert batch.finish_reason[r] == "stop" and not batch.truncated[r]
+            assert batch.completion_mask[r].tolist() == [1.0] * (k + 1) + [0.0] * (width - k - 1)
+            assert batch.completion_ids[r].tolist() == row[: k + 1] + [PAD] * (width - k - 1)
+            assert batch.completions[r] == tok.decode(row[: k + 1], skip_special_tokens=True)
+    assert "stop" in batch.finish_reason and "length" in batch.finish_reason
+
+
+def test_stop_strings_end_rows_and_cut_text(model, tok, prompts):
+    engine = HFEngine(model, tok)
+    free = engine.generate(prompts, SamplingParams(max_new_tokens=24, greedy=True, stop_token_ids=()))
+    stop_string = free.completions[1][3:5]
+    batch = engine.generate(
+        prompts, SamplingParams(max_new_tokens=24, greedy=True, stop_token_ids=(), stop_strings=(stop_string,))
+    )
+    for r, row in enumerate(free.completion_ids.tolist()):
+        # expected length: the fewest tokens whose decoded text contains the stop string
+        k = next((k for k in range(1, 25) if stop_string in tok.decode(row[:k], skip_special_tokens=True)), None)
+        if k is None:
+            assert batch.finish_reason[r] == "length" and batch.completions[r] == free.completions[r]
+        else:
+            assert batch.finish_reason[r] == "stop" and batch.completion_lengths[r] == k
+            assert batch.completion_ids[r, :k].tolist() == row[:k]
+            full = free.completions[r]
+            assert batch.completions[r] == full[: full.index(stop_string)]
+    assert batch.finish_reason[1] == "stop"
+
+
+def test_stop_string_matcher_across_multichar_tokens():
+    vocab = {"<pad>": 0, "<eos>": 1, "ab": 2, "cd": 3, "x": 4, "bcx": 5, "c": 6, "yy": 7}
+    inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="x"))
+    inner.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>")
+    matcher = StopStringMatcher(tokenizer, ("bc",), vocab_size=8, device=torch.device("cpu"))
+    # Candidates: tokens whose text contains "c" (cd, bcx, c) or decodes to nothing (the specials).
+    assert matcher.candidate.tolist() == [True, True, False, True, False, True, True, False]
+    history = torch.tensor([[2, 3], [4, 5], [2, 6], [4, 7], [2, 3]])  # "abcd", "xbcx", "abc", "xyy", "abcd"
+    running = torch.tensor([True, True, True, True, False])
+    assert matcher(history, history[:, -1], running).tolist() == [True, True, True, False, False]
+    assert matcher.cut("aabcdbc") == ("aa", True) and matcher.cut("abd") == ("abd", False)
+
+
+def test_compaction_does_not_change_results(model, tok, prompts):
+    stop = tok.convert_tokens_to_ids("e")
+    params = SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=(stop, EOS))
+    plain = HFEngine(model, tok, compact_threshold=None).generate(prompts, params, n=2)
+    compact = HFEngine(model, tok, compact_threshold=0.1).generate(prompts, params, n=2)
+    assert len(set(plain.completion_lengths.tolist())) > 1  # rows finish at different steps, so compaction happens
+    assert torch.equal(plain.completion_ids, compact.completion_ids)
+    assert torch.equal(plain.completion_mask, compact.completion_mask)
+    assert torch.allclose(plain.sampler_logp, compact.sampler_logp, atol=1e-5)
+    assert plain.finish_reason == compact.finish_reason
+
+
+def test_generate_text_restores_mode_and_outputs_are_trainable(model, tok):
+    engine = HFEngine(model, tok)
+    model.train()
+    try:
+        batch = engine.generate_text(["ab", "hello"], SamplingParams(max_new_tokens=6), n=2, generator=torch.Generator().manual_seed(0))
+        assert model.training
+    finally:
+        model.eval()
+    engine.generate_text(["ab"], SamplingParams(max_new_tokens=2))
+    assert not model.training
+    assert batch.prompts == ["ab", "ab", "hello", "hello"]
+    assert batch.prompt_ids[0, -2:].tolist() == tok("ab", add_special_tokens=False)["input_ids"]
+    # Rollout tensors are normal tensors (not inference tensors): a learner can backprop through them.
+    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
+    (logp * batch.completion_mask).sum().backward()
+    assert model.lm_head.weight.grad is not None
+    model.zero_grad(set_to_none=True)
+
+
+def test_bf16_autocast_runs_close_to_fp32_recompute(model, tok, prompts):
+    engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16)
+    batch = engine.generate(prompts, SamplingParams(max_new_tokens=10, stop_token_ids=()), n=2, generator=torch.Generator().manual_seed(0))
+    assert batch.sampler_logp.dtype == torch.float32 and batch.completion_ids.shape == (8, 10)
+    with torch.no_grad():
+        logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
+    # bf16 has ~3 significant digits: sampler and fp32 learner differ, but only slightly
+    assert (batch.sampler_logp - logp).abs().max() < 0.1
+
+
+@pytest.mark.parametrize(
+    "prompt_ids, n, max_new, match",
+    [
+        ([[5, 6], []], 1, 4, "prompt 1 is empty"),
+        ([[5, 1000]], 1, 4, "outside"),
+        ([[5, 6]], 0, 4, "n \\(completions per prompt\\)"),
+        ([[5] * 100], 1, 40, "max_position_embeddings"),
+        ([], 1, 4, "non-empty list"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(model, tok, prompt_ids, n, max_new, match):
+    with pytest.raises(ValueError, match=match):
+        HFEngine(model, tok).generate(prompt_ids, SamplingParams(max_new_tokens=max_new), n=n)
