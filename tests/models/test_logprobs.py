@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from lmrl.models.logprobs import accepts_kwarg, completion_logprobs, entropy_from_logits, selective_log_softmax
 
@@ -20,9 +20,20 @@ def tiny_llama(vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def tiny_gpt2(vocab: int = 97, seed: int = 0) -> GPT2LMHeadModel:
+    """Absolute position embeddings: wrong position_ids change every logit (with RoPE a per-row offset cancels)."""
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD)).eval()
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return tiny_gpt2()
 
 
 def test_selective_log_softmax_hand_values():
@@ -86,8 +97,10 @@ def left_padded(seqs, completion_lens, pad_prompt_to, pad_completion_to):
     return torch.tensor(ids), torch.tensor(mask)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_completion_logprobs_equal_unpadded_per_row_forward(model, temperature):
+def test_completion_logprobs_equal_unpadded_per_row_forward(arch, model, gpt2, temperature):
+    model = {"llama": model, "gpt2": gpt2}[arch]
     gen = torch.Generator().manual_seed(1)
     prompt_lens, completion_lens = [3, 6, 1], [4, 2, 5]
     seqs = [torch.randint(1, 97, (p + c,), generator=gen).tolist() for p, c in zip(prompt_lens, completion_lens)]

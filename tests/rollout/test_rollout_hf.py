@@ -5,7 +5,7 @@ import string
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rollout import HFEngine, SamplingParams, StopStringMatcher
@@ -33,6 +33,13 @@ def tiny_llama(vocab: int, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def tiny_gpt2(vocab: int, seed: int = 0) -> GPT2LMHeadModel:
+    """Absolute position embeddings: wrong position_ids change every logit (with RoPE a per-row offset cancels)."""
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    return GPT2LMHeadModel(config).eval()
+
+
 @pytest.fixture(scope="module")
 def tok():
     return char_tokenizer()
@@ -41,6 +48,11 @@ def tok():
 @pytest.fixture(scope="module")
 def model(tok):
     return tiny_llama(len(tok))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tok):
+    return tiny_gpt2(len(tok))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +75,9 @@ def first_index(row: list[int], token: int) -> int | None:
     return row.index(token) if token in row else None
 
 
-def test_greedy_matches_hf_generate_with_left_padding(model, prompts):
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_greedy_matches_hf_generate_with_left_padding(arch, model, gpt2, prompts):
+    model = {"llama": model, "gpt2": gpt2}[arch]
     engine = HFEngine(model, char_tokenizer())
     free = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=()))
     expected = hf_greedy(model, prompts, 20, eos=None)
@@ -78,8 +92,10 @@ def test_greedy_matches_hf_generate_with_left_padding(model, prompts):
     assert stopped.finish_reason[0] == "stop"
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampler_logp_matches_one_forward_recompute(model, tok, prompts, temperature):
+def test_sampler_logp_matches_one_forward_recompute(arch, model, gpt2, tok, prompts, temperature):
+    model = {"llama": model, "gpt2": gpt2}[arch]
     engine = HFEngine(model, tok)
     params = SamplingParams(max_new_tokens=24, temperature=temperature, stop_token_ids=(EOS, tok.convert_tokens_to_ids("e")))
     batch = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(0))
@@ -175,12 +191,16 @@ def test_stop_string_matcher_across_multichar_tokens():
     assert matcher.cut("aabcdbc") == ("aa", True) and matcher.cut("abd") == ("abd", False)
 
 
-def test_compaction_does_not_change_results(model, tok, prompts):
-    stop = tok.convert_tokens_to_ids("e")
-    params = SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=(stop, EOS))
-    plain = HFEngine(model, tok, compact_threshold=None).generate(prompts, params, n=2)
-    compact = HFEngine(model, tok, compact_threshold=0.1).generate(prompts, params, n=2)
-    assert len(set(plain.completion_lengths.tolist())) > 1  # rows finish at different steps, so compaction happens
+def test_compaction_does_not_change_results(model, tok):
+    texts = TEXTS + ["xyz", "Q: 7*6", "zz top", "(a+b)"]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    free = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=()))
+    rows = free.completion_ids.tolist()
+    stops = (rows[0][2], rows[1][6], rows[2][10], rows[3][14])  # rows end at several different steps
+    params = SamplingParams(max_new_tokens=20, greedy=True, stop_token_ids=stops)
+    plain = HFEngine(model, tok, compact_threshold=None).generate(prompts, params)
+    compact = HFEngine(model, tok, compact_threshold=0.1).generate(prompts, params)
+    assert len(set(plain.completion_lengths.tolist()) - {20}) >= 3  # several compactions happen
     assert torch.equal(plain.completion_ids, compact.completion_ids)
     assert torch.equal(plain.completion_mask, compact.completion_mask)
     assert torch.allclose(plain.sampler_logp, compact.sampler_logp, atol=1e-5)
