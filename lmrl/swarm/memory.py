@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
+from lmrl.swarm.transport import check_round
+
 logger = logging.getLogger(__name__)
 
 MAX_PEER_ID_CHARS = 128
@@ -174,21 +176,16 @@ class MemoryTransport:
 
     def publish(self, round: int, payload: bytes) -> None:
         self._check_open()
-        _check_round(round)
+        check_round(round)
         if not isinstance(payload, (bytes, bytearray)):
             raise TypeError(f"publish() takes the encoded payload bytes, got {type(payload).__name__}; use encode().")
         self.hub.put(round, self._peer_id, bytes(payload))
 
     def fetch(self, round: int, exclude_self: bool = True) -> list[tuple[str, bytes]]:
         self._check_open()
-        _check_round(round)
+        check_round(round)
         entries = self.hub.entries(round)
         return [(peer, data) for peer, data in sorted(entries.items()) if not (exclude_self and peer == self._peer_id)]
 
     def close(self) -> None:
         self._closed = True
-
-
-def _check_round(round: int) -> None:
-    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
-        raise ValueError(f"round must be a non-negative int, got {round!r}.")

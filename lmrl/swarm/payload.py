@@ -45,7 +45,8 @@ REASONS: dict[str, str] = {
     "group_size": "a group with no completions, or more than `max_group_size`",
     "string_too_long": "a string longer than its limit (limits count characters)",
     "empty_string": "an empty `peer_id`, `model_name` or `task`",
-    "too_many_items": "`meta` holds more than `max_meta_items` values in total",
+    "too_many_items": "`meta` holds more than `max_meta_items` values in total, or a list/map (or the number "
+    "of them) exceeds what any valid payload holds",
 }
 """Every `PayloadError.reason`, with what it means. Transports and `fetch_valid` add their own
 reasons (see `lmrl.swarm.transport.TRANSPORT_REASONS`)."""
@@ -68,8 +69,8 @@ class PayloadError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class PayloadLimits:
     """What a node accepts from a peer. Defaults fit the SAPO paper's rounds (8 questions x
-    8 completions of a few hundred tokens) with wide margins, and bound the memory a
-    hostile peer can make a node spend per payload to a few times `max_bytes`."""
+    8 completions of a few hundred tokens) with wide margins. Parsing a payload of n bytes
+    costs O(n) time and a small multiple of n in memory whatever a hostile peer sends."""
 
     max_bytes: int = 1 << 20
     """Encoded size cap, checked before parsing (1 MiB = 64 groups x 8 completions x 2 KB)."""
@@ -187,12 +188,29 @@ def decode(data: bytes, limits: PayloadLimits = DEFAULT_LIMITS) -> Payload:
         raise PayloadError("bad_type", f"payload data must be bytes, got {type(data).__name__}")
     if len(data) > limits.max_bytes:
         raise PayloadError("too_large", f"{len(data)} bytes > max_bytes={limits.max_bytes}")
+    # msgpack builds every object before the schema check, and a 1-byte `{}` becomes a 64-byte dict: cap
+    # container lengths and the number of containers while parsing, so a hostile payload costs no more
+    # than an honest one of the same size (a 1 MiB flood of `{}` fails after ~16k maps, not 1M).
+    budget = [_max_containers(limits)]
+
+    def count(container: Any) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooManyContainers
+        return container
+
     try:
         obj = msgpack.unpackb(
             data,
             raw=False,  # str must be valid UTF-8 (strict decoder: no surrogates)
             strict_map_key=True,  # map keys must be str (or bytes, rejected below)
-        )  # container and string lengths are bounded by len(data) <= max_bytes
+            max_array_len=max(limits.max_groups, limits.max_group_size, limits.max_meta_items),
+            max_map_len=max(len(_TOP_KEYS), len(_GROUP_KEYS), limits.max_meta_items),
+            list_hook=count,
+            object_hook=count,
+        )
+    except _TooManyContainers:
+        raise PayloadError("too_many_items", "more maps and lists than the schema can hold") from None
     except UnicodeDecodeError as err:
         raise PayloadError("bad_utf8", f"invalid UTF-8 in a string ({err.reason})") from err
     except msgpack.StackError as err:
@@ -202,7 +220,9 @@ def decode(data: bytes, limits: PayloadLimits = DEFAULT_LIMITS) -> Payload:
     except ValueError as err:  # FormatError is a ValueError too
         if "incomplete input" in str(err):
             raise PayloadError("truncated", "the data ends in the middle of a msgpack object") from err
-        if "exceeds max_" in str(err):  # msgpack caps declared lengths at len(data): more than can follow
+        if "exceeds max_array_len" in str(err) or "exceeds max_map_len" in str(err):
+            raise PayloadError("too_many_items", f"a list or map longer than any field allows ({err})") from err
+        if "exceeds max_" in str(err):  # str/bin/ext lengths are capped at len(data): more than can follow
             raise PayloadError("truncated", f"a length header promises more than the data holds ({err})") from err
         raise PayloadError("bad_msgpack", f"not valid msgpack ({type(err).__name__}: {err})") from err
     except Exception as err:  # noqa: BLE001 - hostile bytes must never escape as another error type
@@ -212,6 +232,16 @@ def decode(data: bytes, limits: PayloadLimits = DEFAULT_LIMITS) -> Payload:
         QuestionGroup(g["question"], g["answer"], g["task"], g["meta"], tuple(g["completions"])) for g in obj["groups"]
     )
     return Payload(obj["peer_id"], obj["model_name"], obj["round"], groups)
+
+
+class _TooManyContainers(Exception):
+    """Raised from msgpack's hooks to stop parsing a container flood."""
+
+
+def _max_containers(limits: PayloadLimits) -> int:
+    """Maps and lists a valid payload can hold: the top map and the groups list, then per group its map,
+    its completions list, its meta map and at most `max_meta_items` nested containers."""
+    return 2 + limits.max_groups * (3 + limits.max_meta_items)
 
 
 # ---- checks shared by encode and decode -------------------------------------------------------

@@ -40,6 +40,12 @@ OTHER_PEERS = "<other>"
 """The `SkipCounter.by_peer` bucket for peers beyond `max_tracked_peers` (Sybil floods)."""
 
 
+def check_round(round: int) -> None:
+    """Raise ValueError unless `round` is a non-negative int (what `publish`/`fetch` accept)."""
+    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
+        raise ValueError(f"round must be a non-negative int, got {round!r}.")
+
+
 @runtime_checkable
 class Transport(Protocol):
     """Round-keyed exchange of opaque payload bytes between swarm nodes."""

@@ -163,12 +163,21 @@ def test_group_sizes_and_counts_are_bounded():
     assert reason_of(wire(obj), limits) == "group_count"
 
 
-def test_huge_group_of_a_million_completions_is_rejected_cheaply():
+def test_huge_group_of_a_million_completions_is_rejected_while_parsing():
     obj = valid_dict()
     obj["groups"][0]["completions"] = [""] * 1_000_000  # 1 byte each: ~1 MB, just under max_bytes
     data = wire(obj)
     assert len(data) <= DEFAULT_LIMITS.max_bytes
-    assert reason_of(data) == "group_size"
+    # msgpack refuses the array header itself: no list can be longer than max(64, 64, 256) = 256 items.
+    assert reason_of(data) == "too_many_items"
+
+
+def test_a_flood_of_empty_maps_is_stopped_while_parsing():
+    # 1 MiB of nested lists of 1-byte `{}`: ~1M dicts if fully built. A valid payload holds at most
+    # 2 + 64 * (3 + 256) = 16,578 maps and lists, so parsing stops there.
+    inner = b"\xdc\x01\x00" + b"\x80" * 256  # array16 of 256 empty maps
+    data = (b"\x81\xa6groups\xdc\x01\x00" + (b"\xdc\x01\x00" + inner * 256) * 16)[: DEFAULT_LIMITS.max_bytes]
+    assert reason_of(data) == "too_many_items"
 
 
 @pytest.mark.parametrize("round_, reason", [(-1, "bad_round"), (10**9 + 1, "bad_round"), (2**63, "bad_round")])
