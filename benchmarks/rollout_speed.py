@@ -55,14 +55,20 @@ def build_model(vocab: int, eos_bias: float, seed: int = 0) -> LlamaForCausalLM:
     return model
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up
-    best, out = float("inf"), None
+def race(contenders: dict, repeats: int) -> dict:
+    """Best-of-`repeats` seconds and the result of each contender; runs are interleaved so that load from
+    other processes on the machine hits every contender alike."""
+    for fn in contenders.values():
+        fn()  # warm-up
+    best = {name: (float("inf"), None) for name in contenders}
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+            if seconds < best[name][0]:
+                best[name] = (seconds, out)
+    return best
 
 
 def main() -> None:
@@ -113,17 +119,16 @@ def main() -> None:
             first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, completion.shape[1])
             return int(first.sum())
 
-        results = {}
+        contenders = {}
         for label, compact in (("lmrl", 0.5), ("lmrl-nocompact", None)):
+            if label == "lmrl-nocompact" and not stop:
+                continue  # nothing finishes early: compaction never triggers
             engine = HFEngine(model, _IdTokenizer(args.vocab), autocast_dtype=dtype, compact_threshold=compact)
-            seconds, batch = timed(
-                lambda: engine.generate(prompts, params, n=args.samples, generator=torch.Generator().manual_seed(1)),
-                args.repeats,
+            contenders[label] = lambda engine=engine: int(
+                engine.generate(prompts, params, n=args.samples, generator=torch.Generator().manual_seed(1)).completion_lengths.sum()
             )
-            results[label] = (seconds, int(batch.completion_lengths.sum()))
-            if not stop:
-                break  # nothing finishes early: compaction never triggers
-        results["hf.generate"] = timed(run_hf, args.repeats)
+        contenders["hf.generate"] = run_hf
+        results = race(contenders, args.repeats)
         base = results["hf.generate"][1] / results["hf.generate"][0]
         for label, (seconds, tokens) in results.items():
             rate = tokens / seconds

@@ -54,7 +54,9 @@ def selective_log_softmax(
     return torch.cat(out).view(index.shape)
 
 
-def entropy_from_logits(logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
+def entropy_from_logits(
+    logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
     """Entropy H = -sum_v p_v log p_v of softmax(logits / temperature), per row, in fp32, over chunks of rows.
 
     Computed as H = logsumexp(z) - sum_v softmax(z)_v z_v (finite even when some p_v underflow to 0).

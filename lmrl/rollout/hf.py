@@ -81,7 +81,9 @@ class HFEngine:
     of the running rows has finished, drop the finished rows from the batch and the cache (None: never).
     """
 
-    def __init__(self, model, tokenizer, autocast_dtype: torch.dtype | None = None, compact_threshold: float | None = 0.5):
+    def __init__(
+        self, model, tokenizer, autocast_dtype: torch.dtype | None = None, compact_threshold: float | None = 0.5
+    ):
         if compact_threshold is not None and not 0 < compact_threshold <= 1:
             raise ValueError(f"HFEngine.compact_threshold must be in (0, 1] or None, got {compact_threshold!r}.")
         self.model = model
@@ -131,6 +133,8 @@ class HFEngine:
     # -- internals -----------------------------------------------------------------------------------------
 
     def _generate(self, prompt_ids, params, n, generator, prompt_texts) -> RolloutBatch:
+        if isinstance(prompt_ids, (list, tuple)):
+            prompt_ids = [p.tolist() if isinstance(p, torch.Tensor) else p for p in prompt_ids]
         self._check_inputs(prompt_ids, params, n, generator)
         device, pad = self.device, self.pad_token_id
         ids, mask = _left_pad(prompt_ids, pad, device)  # (B, P) each
@@ -155,14 +159,16 @@ class HFEngine:
         rows_total = b * n
         max_new = params.max_new_tokens
         sample_kw = dict(
-            temperature=params.logp_temperature, top_k=params.top_k, top_p=params.top_p, greedy=params.greedy, generator=generator
+            temperature=params.logp_temperature, top_k=params.top_k, top_p=params.top_p, greedy=params.greedy,
+            generator=generator,
         )
         # Prefill once per unique prompt, then repeat the cache and the last logits n times (prompt-major).
         position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (B, P)
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
         cache = _preallocated_cache(model, capacity=p + max_new)
         out = model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True, **extra
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True,
+            **extra,
         )
         logits = out.logits[:, -1]  # (B, V)
         cache = _repeat_cache(out.past_key_values, n)
@@ -188,7 +194,9 @@ class HFEngine:
             else:
                 out_ids[rows, step], out_logp[rows, step] = tokens, logp
             if matcher is not None:
-                history = out_ids[:, : step + 1] if rows is None else out_ids[rows, : step + 1]  # (active, step+1)
+                lo = max(0, step + 1 - matcher.window)  # only the tail can hold a new stop string
+                tail = out_ids[:, lo : step + 1]  # (N, <= window)
+                history = tail if rows is None else tail[rows]  # (active, <= window)
                 stopped |= matcher(history, tokens, ~done & ~stopped)
             finish_step[stopped if rows is None else rows[stopped]] = step
             done |= stopped
@@ -250,15 +258,15 @@ class HFEngine:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"HFEngine.generate: n (completions per prompt) must be an int >= 1, got {n!r}.")
         if not isinstance(prompt_ids, (list, tuple)) or len(prompt_ids) == 0:
-            raise ValueError("HFEngine.generate: prompt_ids must be a non-empty list of token-id lists, one per prompt.")
+            raise ValueError(
+                "HFEngine.generate: prompt_ids must be a non-empty list of token-id lists, one per prompt."
+            )
         vocab = self.model.get_input_embeddings().num_embeddings
         for i, prompt in enumerate(prompt_ids):
-            if isinstance(prompt, torch.Tensor):
-                prompt = prompt.tolist()
             if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
                 raise ValueError(
-                    f"HFEngine.generate: prompt {i} is empty or not a list of token ids; every prompt needs at least one "
-                    "token (render a chat template or add a BOS token)."
+                    f"HFEngine.generate: prompt {i} is empty or not a list of token ids; every prompt needs at "
+                    "least one token (render a chat template or add a BOS token)."
                 )
             if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
                 raise ValueError(

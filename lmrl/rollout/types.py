@@ -49,7 +49,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(
-                f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}. Use top_p=1.0 to disable nucleus sampling."
+                f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}. "
+                "Use top_p=1.0 to disable nucleus sampling."
             )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 disables it), got {self.top_k!r}.")
@@ -113,7 +114,9 @@ class RolloutBatch:
                 raise ValueError(f"RolloutBatch.{name} has shape {tuple(got)}, expected {want} (N={n}, P={p}, T={t}).")
         for name in ("finish_reason", "prompts", "completions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"RolloutBatch.{name} has {len(getattr(self, name))} entries, expected one per row (N={n}).")
+                raise ValueError(
+                    f"RolloutBatch.{name} has {len(getattr(self, name))} entries, expected one per row (N={n})."
+                )
         if self.group_size < 1 or n % self.group_size:
             raise ValueError(
                 f"RolloutBatch.group_size={self.group_size} does not divide the number of rows N={n}; "
@@ -160,11 +163,14 @@ class RolloutBatch:
             idx = idx.nonzero().squeeze(1)
         idx = idx.reshape(-1).cpu()
         if idx.numel() and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"RolloutBatch.select: row indices must be in [0, {n}), got min {idx.min()} max {idx.max()}.")
+            raise ValueError(
+                f"RolloutBatch.select: row indices must be in [0, {n}), got min {idx.min()} max {idx.max()}."
+            )
         g = self.group_size
-        keeps_groups = idx.numel() % g == 0 and bool(
-            (idx.view(-1, g) == idx.view(-1, g)[:, :1] + torch.arange(g)).all() and (idx.view(-1, g)[:, 0] % g == 0).all()
-        )
+        keeps_groups = False
+        if idx.numel() % g == 0:
+            chunks = idx.view(-1, g)  # (groups, G)
+            keeps_groups = bool((chunks == chunks[:, :1] + torch.arange(g)).all() and (chunks[:, 0] % g == 0).all())
         rows = idx.tolist()
         dev = self.prompt_ids.device
         take = idx.to(dev)
@@ -187,7 +193,8 @@ class RolloutBatch:
         if g_idx.dtype == torch.bool:
             if g_idx.shape != (self.num_prompts,):
                 raise ValueError(
-                    f"RolloutBatch.select_groups: a bool mask must have shape ({self.num_prompts},), got {tuple(g_idx.shape)}."
+                    f"RolloutBatch.select_groups: a bool mask must have shape ({self.num_prompts},), "
+                    f"got {tuple(g_idx.shape)}."
                 )
             g_idx = g_idx.nonzero().squeeze(1)
         if g_idx.numel() and (g_idx.min() < 0 or g_idx.max() >= self.num_prompts):

@@ -133,6 +133,8 @@ def test_prompt_major_layout_and_determinism(model, tok, prompts):
             real = a.prompt_ids[r][a.prompt_mask[r].bool()].tolist()
             assert real == p and a.prompts[r] == TEXTS[i]
     assert torch.equal(a.completion_ids, b.completion_ids) and a.completions == b.completions
+    as_tensors = engine.generate([torch.tensor(p) for p in prompts], params, n=3, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(as_tensors.completion_ids, a.completion_ids) and as_tensors.prompts == a.prompts
     assert not torch.equal(a.completion_ids, c.completion_ids)
     assert len({tuple(row) for row in a.completion_ids.tolist()}) == 12  # every row differs from every other
 
