@@ -53,18 +53,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
+import torch.multiprocessing
 from cryptography.hazmat.primitives import serialization
-from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.node import DHTNode
-from hivemind.dht.validation import DHTRecord
-from hivemind.p2p import P2P
-from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
-from hivemind.proto import crypto_pb2
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
-from hivemind.utils.multiaddr import Multiaddr
-from hivemind.utils.timed_storage import get_dht_time
 
-from lmrl.swarm.transport import SkipCounter, check_round
+# Importing hivemind switches torch's tensor sharing strategy to "file_system" for the whole process
+# (hivemind/utils/mpfuture.py), which its forked DHT process needs; we run no such process, so restore it.
+_sharing_strategy = torch.multiprocessing.get_sharing_strategy()
+from hivemind.dht.crypto import RSASignatureValidator  # noqa: E402
+from hivemind.dht.node import DHTNode  # noqa: E402
+from hivemind.dht.validation import DHTRecord  # noqa: E402
+from hivemind.p2p import P2P  # noqa: E402
+from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
+from hivemind.proto import crypto_pb2  # noqa: E402
+from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey  # noqa: E402
+from hivemind.utils.multiaddr import Multiaddr  # noqa: E402
+from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
+
+torch.multiprocessing.set_sharing_strategy(_sharing_strategy)
+
+from lmrl.swarm.transport import SkipCounter, check_round  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -3,23 +3,22 @@
 import asyncio
 import dataclasses
 import hashlib
+import importlib.util
 import math
 import os
 import stat
+import sys
 import threading
 import time
 
 import msgpack
 import pytest
+import torch.multiprocessing
 
-pytest.importorskip("hivemind")
+if importlib.util.find_spec("hivemind") is None:  # not importorskip: that would import hivemind first
+    pytest.skip("hivemind is not installed (optional extra `swarm`)", allow_module_level=True)
 
-from hivemind.dht.node import DHTNode  # noqa: E402
-from hivemind.dht.validation import DHTRecord  # noqa: E402
-from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
-from hivemind.utils.serializer import MSGPackSerializer  # noqa: E402
-from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
-
+# Imported before hivemind itself, as an application would (see the sharing-strategy test).
 from lmrl.swarm.hivemind_transport import (  # noqa: E402
     HivemindOptions,
     HivemindTransport,
@@ -29,6 +28,12 @@ from lmrl.swarm.hivemind_transport import (  # noqa: E402
     owner_peer_id,
     peer_id_of,
 )
+
+from hivemind.dht.node import DHTNode  # noqa: E402
+from hivemind.dht.validation import DHTRecord  # noqa: E402
+from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
+from hivemind.utils.serializer import MSGPackSerializer  # noqa: E402
+from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
 from lmrl.swarm.payload import DEFAULT_LIMITS, Payload, QuestionGroup, encode  # noqa: E402
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid  # noqa: E402
 
@@ -106,6 +111,18 @@ def test_republishing_a_round_replaces_the_entry(swarm):
     sender.publish(3, encode(payload_of(sender.peer_id, 3, text="new")))
     (payload,) = [p for p in fetch_until(receiver, 3, 1) if p.peer_id == sender.peer_id]
     assert payload.groups[0].completions[0] == "new"
+
+
+def test_entries_expire_after_expiration_s(swarm):
+    nodes, options, _ = swarm
+    with HivemindTransport(dataclasses.replace(options, expiration_s=3.0)) as short_lived:
+        published = time.monotonic()
+        short_lived.publish(4, encode(payload_of(short_lived.peer_id, 4)))
+        got = nodes[0].fetch(4)
+        assert [peer for peer, _ in got] == [short_lived.peer_id]
+        assert time.monotonic() - published < 3.0, "too slow to observe the entry before it expires"
+        time.sleep(3.5 - (time.monotonic() - published))
+        assert nodes[0].fetch(4) == [] and nodes[1].fetch(4) == []
 
 
 def test_peer_id_is_the_libp2p_id_of_the_signing_key(swarm, tmp_path):
@@ -269,6 +286,12 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="max_payload_bytes"):
         HivemindOptions(max_payload_bytes=8 << 20)
     assert HivemindOptions(initial_peers=["/ip4/1.2.3.4/tcp/1/p2p/QmTnPDCdb5nptkXogQYD4mnkKEm6eCp5YpV2zDWdbdBmcp"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torch's default sharing strategy differs elsewhere")
+def test_importing_the_transport_keeps_torch_sharing_strategy():
+    # hivemind's import sets "file_system" process-wide; the transport restores Linux's default.
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
 
 
 def test_publish_refuses_oversized_payloads(swarm):
