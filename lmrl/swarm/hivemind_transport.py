@@ -146,7 +146,9 @@ class HivemindOptions:
         if not self.namespace or ":" in self.namespace:
             raise ValueError(f"namespace must be a non-empty string without ':', got {self.namespace!r}.")
         if not _MIN_CHUNK_BYTES <= self.chunk_bytes <= MAX_VALUE_BYTES:
-            raise ValueError(f"chunk_bytes must lie in [{_MIN_CHUNK_BYTES}, {MAX_VALUE_BYTES}], got {self.chunk_bytes}.")
+            raise ValueError(
+                f"chunk_bytes must lie in [{_MIN_CHUNK_BYTES}, {MAX_VALUE_BYTES}], got {self.chunk_bytes}."
+            )
         if not 1 <= self.max_payload_bytes <= MAX_PAYLOAD_BYTES:
             raise ValueError(
                 f"max_payload_bytes must lie in [1, {MAX_PAYLOAD_BYTES}] (hivemind's RPC messages are capped at "

@@ -123,7 +123,9 @@ def fetch_valid(
     try:
         entries = transport.fetch(round, exclude_self=exclude_self)
     except Exception as err:  # noqa: BLE001 - a network failure costs this round's peer data, not the run
-        logger.warning("swarm: fetching round %d failed (%s: %s); training on own rollouts", round, type(err).__name__, err)
+        logger.warning(
+            "swarm: fetching round %d failed (%s: %s); training on own rollouts", round, type(err).__name__, err
+        )
         counter.skip(transport.peer_id, "transport_error")
         return []
     payloads = []
