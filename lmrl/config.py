@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -20,6 +21,24 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false. (YAML 1.1 reads off/on/yes/no as booleans,
+    which would turn ``dynamic_sampling=off`` into False.)"""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 class ConfigError(ValueError):
@@ -59,7 +78,7 @@ def parse_overrides(overrides: typing.Sequence[str]) -> dict[str, Any]:
         key, raw = item.split("=", 1)
         key = key.strip().lstrip("-").replace("-", "_")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = out
@@ -182,7 +201,7 @@ def load_config(cls: type[T], recipe: str | None = None, overrides: typing.Seque
     if recipe:
         path = resolve_recipe(recipe)
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = load_yaml(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"Recipe {path} is not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):

@@ -29,6 +29,7 @@ PLOT_GROUPS = {
     "entropy": ("entropy",),
     "lr": ("lr",),
     "completion_len": ("completion_len/mean",),
+    "swarm": ("swarm/accepted", "swarm/skipped"),
 }
 
 

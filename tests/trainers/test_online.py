@@ -1,0 +1,94 @@
+"""Online RL trainers: every algorithm moves every trained parameter and learns a trivial task."""
+
+import pytest
+import torch
+
+from lmrl.config import ConfigError, load_config
+from lmrl.rewards import REWARDS, register_reward
+from lmrl.tracking import read_jsonl
+from lmrl.trainers import online
+
+TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
+        "model_args.num_attention_heads=2"]
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    """Trivial dense task: the share of completion characters that are digits."""
+    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
+
+
+def failing(prompts, completions, **kwargs):
+    raise RuntimeError("boom")
+
+
+if "test_digit_fraction" not in REWARDS:
+    register_reward("test_digit_fraction")(lambda **_: digit_fraction)
+    register_reward("test_failing")(lambda **_: failing)
+
+
+def rl_config(tmp_path, algorithm, *overrides):
+    return load_config(online.RLConfig, None, [
+        f"algorithm={algorithm}", f"output_dir={tmp_path / algorithm}", "precision=fp32", *TINY,
+        "task_args.digits=1", "train_rows=64", "eval_rows=8", "prompts_per_step=4", "samples_per_prompt=4",
+        "max_new_tokens=6", "rewards=[test_digit_fraction]", "eval_every=0", "save_every=0", "log_every=1",
+        "lr=1e-2", "sample_every=100", *overrides,
+    ])
+
+
+@pytest.mark.parametrize("algorithm", list(online.ALGORITHMS))
+def test_every_algorithm_updates_every_parameter(tmp_path, algorithm, monkeypatch):
+    seen = {}
+    real_update = online.update
+
+    def spy(parts, *args, **kwargs):
+        before = {n: p.detach().clone() for n, p in parts.model.named_parameters()}
+        stats = real_update(parts, *args, **kwargs)
+        seen["unchanged"] = [n for n, p in parts.model.named_parameters() if torch.equal(p, before[n])]
+        return stats
+
+    monkeypatch.setattr(online, "update", spy)
+    online.train(rl_config(tmp_path, algorithm, "max_steps=1", "ppo_epochs=2", "minibatches=2",
+                           "dynamic_sampling=off"))
+    assert seen["unchanged"] == [], f"{algorithm}: parameters not updated: {seen['unchanged']}"
+
+
+@pytest.mark.parametrize("algorithm", list(online.ALGORITHMS))
+def test_every_algorithm_learns_a_trivial_task(tmp_path, algorithm):
+    # gspo's default clip (3e-4/4e-4) is for long sequences; a higher lr/clip keeps this test short
+    extra = ["clip_low=0.2", "clip_high=0.2"] if algorithm == "gspo" else []
+    config = rl_config(tmp_path, algorithm, "max_steps=20", *extra)
+    online.train(config)
+    rewards = [r["reward/mean"] for r in read_jsonl(tmp_path / algorithm / "metrics.jsonl") if "reward/mean" in r]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.1, f"{algorithm}: reward {first:.3f} -> {last:.3f}"
+
+
+def test_ppo_with_kl_logs_kl_and_value_loss(tmp_path):
+    online.train(rl_config(tmp_path, "ppo", "max_steps=2", "kl_coef=0.05"))
+    record = read_jsonl(tmp_path / "ppo" / "metrics.jsonl")[-2]
+    assert {"kl", "loss/value", "loss/policy", "vf_clip_frac"} <= set(record)
+
+
+def test_grpo_kl_in_loss_is_logged(tmp_path):
+    online.train(rl_config(tmp_path, "grpo", "max_steps=2", "kl_coef=0.1"))
+    assert "kl" in read_jsonl(tmp_path / "grpo" / "metrics.jsonl")[-2]
+
+
+def test_rloo_with_one_sample_per_prompt_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="RLOO needs samples_per_prompt >= 2"):
+        rl_config(tmp_path, "rloo", "samples_per_prompt=1")
+
+
+def test_failing_reward_skips_the_step_and_names_the_function(tmp_path, capsys):
+    online.train(rl_config(tmp_path, "grpo", "max_steps=2", "rewards=[test_failing]"))
+    out = capsys.readouterr().out
+    assert "step 1 skipped" in out and "test_failing" in out and "boom" in out
+    records = read_jsonl(tmp_path / "grpo" / "metrics.jsonl")
+    assert [r["reward/errors"] for r in records if "reward/errors" in r] == [1.0, 2.0]
+
+
+def test_failing_reward_stops_when_asked(tmp_path):
+    from lmrl.rewards import RewardError
+
+    with pytest.raises(RewardError, match="test_failing"):
+        online.train(rl_config(tmp_path, "grpo", "max_steps=2", "rewards=[test_failing]", "on_reward_error=stop"))
