@@ -27,8 +27,9 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
 
     `source` is one of:
       - `task:<name>`: a built-in task (lmrl.data.tasks); `task_args` are its
-        parameters plus optional `seed` (default 0) and `n` (default `limit` or
-        DEFAULT_TASK_ROWS); `split` is "train" or "test" (disjoint prompts);
+        parameters plus optional `seed` (default 0) and `n` (exact row count;
+        default `limit` or DEFAULT_TASK_ROWS, then a test split smaller than that
+        returns all its unique problems); `split` is "train" or "test" (disjoint prompts);
       - a local `.jsonl`, `.json`, `.parquet` or `.csv` file (`split` is ignored);
       - a local dataset directory (`save_to_disk` output or data files) or an HF
         hub id, loaded with `datasets` (`split` as given; offline only the cache).
@@ -68,8 +69,11 @@ def _task_rows(name: str, split: str, limit: int | None, task_args: dict) -> lis
 
     args = dict(task_args)
     seed = int(args.pop("seed", 0))
-    n = args.pop("n", None) or limit or DEFAULT_TASK_ROWS
-    rows = make_rows(get_task(name, **args), int(n), split=split, seed=seed)
+    n = args.pop("n", None)
+    # `limit` is "at most": a small test split returns all its unique problems; an explicit `n` is exact.
+    allow_fewer = n is None
+    n = n or limit or DEFAULT_TASK_ROWS
+    rows = make_rows(get_task(name, **args), int(n), split=split, seed=seed, allow_fewer=allow_fewer)
     return rows[:limit] if limit is not None else rows
 
 

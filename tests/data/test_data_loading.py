@@ -130,3 +130,11 @@ def test_require_columns_and_check_completion():
         check_completion("  \n", "row 4 of d")
     with pytest.raises(ValueError, match="row 4 of d: completion must be a string, got int"):
         check_completion(3, "row 4 of d")
+
+
+def test_task_source_limit_is_at_most_but_n_is_exact():
+    # 1-digit addition has 100 problems; about 10% hash to the test split
+    rows = load_rows("task:arithmetic", split="test", limit=100, digits=1, ops="+")
+    assert 0 < len(rows) < 30 and len({r["prompt"] for r in rows}) == len(rows)
+    with pytest.raises(ValueError, match="unique test problems"):
+        load_rows("task:arithmetic", split="test", n=100, digits=1, ops="+")

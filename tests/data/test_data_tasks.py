@@ -247,3 +247,10 @@ def test_extract_answer():
     assert extract_answer(" <answer>1</answer> then <answer> 2 </answer> ") == "2"
     assert extract_answer("so \\boxed{7} and \\boxed{8}") == "8"
     assert extract_answer("  plain \n") == "plain"
+
+
+def test_make_rows_allow_fewer_returns_all_unique_test_problems():
+    task = get_task("arithmetic", digits=1, ops="+")
+    expected = {f"{a}+{b}=" for a in range(10) for b in range(10) if split_of(f"{a}+{b}=") == "test"}
+    rows = make_rows(task, 50, "test", allow_fewer=True)
+    assert {r["prompt"] for r in rows} == expected and len(rows) == len(expected)
