@@ -1,8 +1,9 @@
 """``lmrl demo``: the whole pipeline on a built-in tiny model and task, on CPU, in minutes.
 
-Stage 1 is SFT of a random built-in model on the built-in arithmetic task; the
-demo prints held-out accuracy before and after and where the run directory,
-plots and samples are.
+Stage 1 fine-tunes a random built-in model with SFT on the built-in arithmetic
+task; stage 2 continues from it with GRPO (reward: the task's verifier). The demo
+prints held-out accuracy (greedy) after each stage, and where the run
+directories, plots and samples are.
 """
 
 from __future__ import annotations
@@ -14,36 +15,49 @@ from rich.table import Table
 
 from lmrl.config import field, load_config
 from lmrl.tracking import console
-from lmrl.trainers import sft
+from lmrl.trainers import online, sft
 
 
 @dataclasses.dataclass
 class DemoConfig:
     output_dir: str = field("runs/demo", "where the demo's runs go (one sub-directory per stage)")
-    sft_recipe: str = field("sft/tiny_arithmetic", "recipe of the SFT stage")
-    sft_steps: int | None = field(None, "override the SFT recipe's max_steps (shorter demo)")
+    sft_recipe: str = field("sft/demo_arithmetic", "recipe of the SFT stage")
+    rl_recipe: str = field("rl/demo_arithmetic_grpo", "recipe of the RL stage (its model is the SFT result)")
+    sft_steps: int | None = field(None, "override the SFT recipe's max_steps")
+    rl_steps: int | None = field(None, "override the RL recipe's max_steps (0: skip the RL stage)")
     seed: int = field(0, "seed of every stage")
     overwrite: bool = field(True, "replace an earlier demo in output_dir")
 
 
+def _stage_overrides(config: DemoConfig, out: Path, steps: int | None) -> list[str]:
+    overrides = [f"output_dir={out}", f"seed={config.seed}", f"overwrite={str(config.overwrite).lower()}"]
+    return overrides + ([f"max_steps={steps}"] if steps else [])
+
+
 def run(config: DemoConfig) -> dict[str, float]:
     root = Path(config.output_dir)
-    overrides = [f"output_dir={root / 'sft'}", f"seed={config.seed}", f"overwrite={config.overwrite}"]
-    if config.sft_steps:
-        overrides.append(f"max_steps={config.sft_steps}")
-    sft_config = load_config(sft.SFTConfig, config.sft_recipe, overrides)
+    sft_config = load_config(sft.SFTConfig, config.sft_recipe, _stage_overrides(config, root / "sft", config.sft_steps))
+    rl_config = None
+    if config.rl_steps != 0:
+        rl_config = load_config(online.RLConfig, config.rl_recipe,
+                                _stage_overrides(config, root / "rl", config.rl_steps) + [f"model={root / 'sft' / 'final'}"])
     console.rule("[bold]lmrl demo, stage 1: SFT")
-    result = sft.train(sft_config)
-    table = Table(title="lmrl demo: held-out accuracy (greedy, built-in arithmetic task)")
+    sft_result = sft.train(sft_config)
+    results = {"random init": sft_result["initial/eval/accuracy"], "after SFT": sft_result["eval/accuracy"]}
+    runs = [Path(sft_config.output_dir)]
+    if rl_config is not None:
+        console.rule(f"[bold]lmrl demo, stage 2: {rl_config.algorithm.upper()}")
+        rl_result = online.train(rl_config)
+        results[f"after SFT + {rl_config.algorithm.upper()}"] = rl_result["eval/accuracy"]
+        runs.append(Path(rl_config.output_dir))
+    table = Table(title=f"lmrl demo: held-out accuracy (greedy, {sft_config.dataset}, {sft_config.task_args})")
     table.add_column("model")
     table.add_column("accuracy", justify="right")
-    table.add_row("random init (before SFT)", f"{result['initial/eval/accuracy']:.1%}")
-    table.add_row("after SFT", f"{result['eval/accuracy']:.1%}")
+    for name, accuracy in results.items():
+        table.add_row(name, f"{accuracy:.1%}")
     console.print(table)
-    run_dir = Path(sft_config.output_dir)
-    console.print(
-        f"run directory: {run_dir}\n  metrics: {run_dir / 'metrics.jsonl'}\n  samples: {run_dir / 'samples.jsonl'}\n"
-        f"  plots:   {run_dir / 'plots'}\n  model:   {run_dir / 'final'} "
-        f"(try: lmrl generate model={run_dir / 'final'} prompts='[\"23+45=\"]')"
-    )
-    return result
+    for run_dir in runs:
+        console.print(f"{run_dir}: metrics.jsonl, samples.jsonl, plots/, final/")
+    final = runs[-1] / "final"
+    console.print(f"Try: lmrl generate model={final} prompts='[\"23+45=\", \"71-38=\"]' temperature=0")
+    return results

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from lmrl.data.tokenizers import load_tokenizer
+from lmrl.data.tokenizers import BUILTIN_TOKENIZERS, load_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS: dict[str, dict] = {
@@ -28,7 +28,8 @@ BUILTIN_TOKENIZER = "builtin:char"
 
 
 def is_builtin(name: str) -> bool:
-    return name.startswith(BUILTIN_PREFIX) and name != BUILTIN_TOKENIZER
+    """``builtin:<size>`` names a built-in model (``builtin:char``/``builtin:bpe`` are tokenizers)."""
+    return name.startswith(BUILTIN_PREFIX) and name not in BUILTIN_TOKENIZERS
 
 
 def default_tokenizer_name(model: str) -> str:
@@ -102,6 +103,9 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
 
 
 def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed: int = 0, model_args: dict | None = None):
+    """The model and its tokenizer (built-in models get ``builtin:char`` unless told otherwise)."""
+    if not is_builtin(name):
+        check_model_path(name)
     tokenizer = load_tokenizer(tokenizer_name or default_tokenizer_name(name))
     model = load_model(name, tokenizer, seed=seed, model_args=model_args)
     if model.config.vocab_size < len(tokenizer):
