@@ -106,7 +106,7 @@ def main() -> None:
         ctx = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype is not None else contextlib.nullcontext
 
         def run_hf():
-            with torch.inference_mode(), ctx():
+            with torch.no_grad(), ctx():  # generate() itself runs under no_grad
                 out = model.generate(
                     input_ids=ids, attention_mask=mask, do_sample=True, num_return_sequences=args.samples,
                     max_new_tokens=args.new_tokens, top_k=None, top_p=None, temperature=1.0,

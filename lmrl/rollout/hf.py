@@ -143,7 +143,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode(), self._autocast():
+            with self._grad_mode(), self._autocast():
                 out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher)
         finally:
             self.model.train(was_training)
@@ -246,6 +246,11 @@ class HFEngine:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._matchers[stop_strings] = StopStringMatcher(self.tokenizer, stop_strings, vocab, self.device)
         return self._matchers[stop_strings]
+
+    def _grad_mode(self) -> contextlib.AbstractContextManager:
+        """inference_mode, except under autocast: autocast does not cache its weight casts inside inference_mode
+        (every forward would re-cast every weight), but does under no_grad (one cast per weight per rollout)."""
+        return torch.inference_mode() if self.autocast_dtype is None else torch.no_grad()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -251,3 +251,19 @@ def test_bf16_autocast_runs_close_to_fp32_recompute(model, tok, prompts):
 def test_bad_inputs_raise_clear_errors(model, tok, prompt_ids, n, max_new, match):
     with pytest.raises(ValueError, match=match):
         HFEngine(model, tok).generate(prompt_ids, SamplingParams(max_new_tokens=max_new), n=n)
+
+
+def test_bf16_autocast_casts_each_weight_once_per_rollout(model, tok, prompts):
+    # Autocast re-casts weights at every forward inside inference_mode; the engine must not pay that per token.
+    # gate_proj and up_proj weights are (128, 64) in each of the 2 layers: 4 casts for the whole rollout
+    # (8 new tokens = 8 forwards; re-casting per forward would give 32).
+    from torch.profiler import profile
+
+    engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16)
+    with profile(record_shapes=True) as prof:
+        engine.generate(prompts, SamplingParams(max_new_tokens=8, stop_token_ids=()), n=2)
+    casts = sum(
+        e.count for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::copy_" and e.input_shapes[:2] == [[128, 64], [128, 64]]
+    )
+    assert casts == 4
