@@ -1,0 +1,334 @@
+"""Reward models: Bradley-Terry (pairs, margin, K-wise), Plackett-Luce, outcome (ORM) and process (PRM) RMs.
+
+RLHF book ch. 5 (`spec/rlhf-book-core.md` §3). A reward model is the causal LM plus a linear head
+(`lmrl.models.reward.RewardModel`) scoring prompt and completion jointly at the last real token:
+  bt             −log σ(r_c − r_r [− m]) for K = 2 (m: the Llama 2 margin, `margin=true`); for K > 2 the
+                 mean over all C(K,2) pairs of a prompt, which are always in the same batch (InstructGPT);
+  plackett_luce  NLL of the whole ranking of K completions (Starling; = bt for K = 2);
+  orm            per-token BCE against the outcome label on every completion token (Cobbe et al. 2021);
+  prm            3-class cross-entropy (−1/0/+1) at the token that ends each step (Lightman et al. 2023).
+Held-out pairwise accuracy (fraction of ranked pairs the RM orders correctly) is `eval/accuracy`;
+for ORM/PRM it is the token/step classification accuracy.
+
+Deviation: none of the book's; the default is a short run on the built-in arithmetic preferences
+(`builtin:prefs`), whose labels come from a hidden gold score, so accuracy is measured exactly.
+
+Launch::
+
+    lmrl reward --config reward/tiny_prefs                          # built-in data, CPU, < 1 min
+    lmrl reward model=runs/sft/final dataset=prefs.jsonl batch_size=64 lr=1e-5 max_steps=1000
+    lmrl reward mode=score model=runs/reward/final dataset=pairs.jsonl   # writes scores.jsonl
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from rich.markup import escape
+
+from lmrl.algorithms import reward_model_loss
+from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.data import preference as prefs
+from lmrl.data.chat import IGNORE_INDEX
+from lmrl.data.loading import row_where
+from lmrl.models import autocast, autocast_dtype, count_parameters, load_model_and_tokenizer
+from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
+from lmrl.rewards.reward_model import score_texts
+from lmrl.trainers import common
+
+KIND_OF_LOSS = {"bt": "bt", "plackett_luce": "bt", "orm": "orm", "prm": "prm"}
+
+
+@dataclasses.dataclass
+class RewardConfig(TrainConfig):
+    mode: Literal["train", "score"] = field("train", "train a reward model, or score `dataset` with the RM at `model`")
+    loss: Literal["bt", "plackett_luce", "orm", "prm"] = field(
+        "bt", "bt (pairs; all C(K,2) pairs for K > 2), plackett_luce (rankings), orm, prm")
+    dataset: str = field("builtin:prefs", "builtin:prefs|orm|prm, a .jsonl/.json/.parquet/.csv file, or an HF dataset")
+    data_args: dict = field({}, "arguments of a built-in source (digits, num_completions, kinds, seed, ...)")
+    split: str = field("train", "dataset split")
+    train_rows: int | None = field(2000, "rows generated for a built-in source, or the first N rows (null: all)")
+    eval_dataset: str | None = field(None, "held-out data; default: the built-in source's test split, none for files")
+    eval_split: str = field("test", "split of eval_dataset (or of the built-in source)")
+    eval_rows: int = field(200, "held-out rows to evaluate on")
+    chat: bool = field(True, "render prompt/completion with the chat template (False: raw text + EOS)")
+    max_length: int = field(256, "tokens per prompt + completion")
+    overlong: Literal["drop", "error"] = field("drop", "rows longer than max_length: drop them, or stop")
+    batch_size: int = field(32, "prompts per optimizer step, each with all its K completions (split into grad_accum)")
+    margin: bool = field(False, "bt, K = 2: subtract the row's margin (or chosen_score − rejected_score), Llama 2")
+    center_coef: float = field(0.0, "bt, K = 2: + c·mean((r_c + r_r)²), keeps rewards centred (Eisenstein 2023)")
+    scores_file: str | None = field(None, "mode=score: output JSONL (default: <output_dir>/scores.jsonl)")
+    output_dir: str = field("runs/reward", "run directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
+        if self.center_coef < 0:
+            raise ConfigError(f"'center_coef' must be >= 0, got {self.center_coef}.")
+        if (self.margin or self.center_coef) and self.loss != "bt":
+            raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
+        if self.max_length < 2:
+            raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One training unit: K sequences best first (bt/PL), or one sequence with per-token labels (orm/prm)."""
+
+    seqs: tuple[prefs.Tokenized, ...]
+    margin: float | None = None
+    labels: tuple[tuple[int, int], ...] = ()  # (completion position, class label) for orm/prm
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def build_items(rows: list[dict], tokenizer, config: RewardConfig, where: str) -> tuple[list[Item], list, int]:
+    """Validated, tokenized items of `rows`, their parsed records, and how many were dropped as overlong."""
+    tok = lambda p, c, w: prefs.tokenize(tokenizer, p, c, config.chat, w)  # noqa: E731
+    items: list[Item] = []
+    if config.loss == "orm":
+        records = prefs.parse_labelled_rows(rows, where)
+        for r in records:
+            t = tok(r.prompt, r.completion, r.where)
+            items.append(Item((t,), labels=tuple((j, r.label) for j, m in enumerate(t.learn) if m)))
+    elif config.loss == "prm":
+        records = prefs.parse_step_rows(rows, where)
+        for r in records:
+            t = tok(r.prompt, r.completion, r.where)
+            positions = prefs.step_positions(tokenizer, t, r.steps, r.where)
+            items.append(Item((t,), labels=tuple((p, y + 1) for p, y in zip(positions, r.label))))  # -1/0/+1 -> 0/1/2
+    else:
+        records = prefs.parse_preference_rows(rows, where)
+        check_groups(records, config, where)
+        items = [Item(tuple(tok(g.prompt, c, g.where) for c in g.completions), g.margin) for g in records]
+    keep = [max(len(s) for s in item.seqs) <= config.max_length for item in items]
+    dropped = keep.count(False)
+    if dropped and config.overlong == "error":
+        raise ValueError(f"{where}: {dropped} of {len(items)} rows are longer than max_length={config.max_length} "
+                         "tokens. Raise max_length or set overlong=drop.")
+    if not any(keep):
+        raise ValueError(f"{where}: all {len(items)} rows are longer than max_length={config.max_length}. "
+                         "Raise max_length.")
+    return [i for i, k in zip(items, keep) if k], [r for r, k in zip(records, keep) if k], dropped
+
+
+def check_groups(groups: list[prefs.PreferenceGroup], config: RewardConfig, where: str) -> None:
+    """One K for the whole dataset (batches are B x K), and margins where margin=true needs them."""
+    k = groups[0].k
+    other = next((g for g in groups if g.k != k), None)
+    if other is not None:
+        raise ValueError(f"{other.where}: has {other.k} completions but {groups[0].where} has {k}; every row needs "
+                         "the same number K (a batch is B prompts x K). Split the file by K.")
+    if (config.margin or config.center_coef) and k > 2:
+        raise ValueError(f"{where}: margin and center_coef apply to pairs (K = 2), but rows have K = {k}.")
+    missing = next((g for g in groups if g.margin is None), None)
+    if config.margin and missing is not None:
+        raise ValueError(f"{missing.where}: margin=true needs a `margin` column or chosen_score/rejected_score.")
+
+
+def load_data(config: RewardConfig, tokenizer):
+    rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows, **config.data_args)
+    items, _, dropped = build_items(rows, tokenizer, config, config.dataset)
+    eval_source = config.eval_dataset or (config.dataset if config.dataset in prefs.BUILTIN_SOURCES else None)
+    eval_items, eval_records = [], []
+    if eval_source:
+        eval_args = config.data_args if eval_source in prefs.BUILTIN_SOURCES else {}
+        eval_rows = prefs.load_preference_rows(eval_source, config.eval_split, config.eval_rows, **eval_args)
+        eval_items, eval_records, _ = build_items(eval_rows, tokenizer, config, eval_source)
+    return items, eval_items, eval_records, dropped
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_id: int,
+               dtype) -> tuple[torch.Tensor, dict]:
+    """Mean loss over `items` and its statistics: pair (or token/step) accuracy, mean pair margin."""
+    seqs = [s for item in items for s in item.seqs]
+    batch = prefs.collate_sequences(seqs, pad_id)
+    with autocast("cpu", dtype):
+        out = model(batch["input_ids"], batch["attention_mask"])  # (B*K, L, C)
+    if config.loss in ("orm", "prm"):
+        labels = torch.full(out.shape[:2], IGNORE_INDEX, dtype=torch.long)  # (B, L)
+        for b, (item, seq) in enumerate(zip(items, seqs)):
+            for pos, y in item.labels:
+                labels[b, len(seq.prompt_ids) + pos] = y
+        logits = out[..., 0] if config.loss == "orm" else out  # (B, L) or (B, L, 3)
+        loss = reward_model_loss(config.loss, {"logits": logits, "labels": labels})
+        mask = labels != IGNORE_INDEX
+        pred = (logits[mask] > 0).long() if config.loss == "orm" else logits[mask].argmax(-1)
+        return loss, {"accuracy": (pred == labels[mask]).float().mean().item(), "n": int(mask.sum())}
+    k = len(items[0].seqs)
+    scores = out[..., 0].gather(1, last_token_index(batch["attention_mask"])[:, None]).view(len(items), k)  # (B, K)
+    if config.loss == "plackett_luce":
+        loss = reward_model_loss("plackett_luce", {"scores": scores})
+    elif k > 2:
+        loss = reward_model_loss("bt_kwise", {"scores": scores})
+    else:
+        fields = {"chosen_scores": scores[:, 0], "rejected_scores": scores[:, 1]}
+        if config.margin:
+            fields["margin"] = torch.tensor([item.margin for item in items])
+        loss = reward_model_loss("bt", fields, center_coef=config.center_coef)
+    diff = scores[:, :, None] - scores[:, None, :]  # (B, K, K): r_i − r_j, i ranked above j when i < j
+    above = torch.ones(k, k, dtype=torch.bool).triu(1)
+    pairs = diff[:, above].detach()  # (B, C(K,2))
+    return loss, {"accuracy": (pairs > 0).float().mean().item(), "margin": pairs.mean().item(), "n": len(items)}
+
+
+def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtype, step: int) -> dict[str, float]:
+    """Forward/backward over grad_accum micro-batches; the loss is the mean over the whole batch
+    (over prompts for bt/PL, over labelled tokens for orm/prm), so accumulation is exact."""
+    micro = len(items) // config.grad_accum
+    chunks = [items[i * micro : (i + 1) * micro] for i in range(config.grad_accum)]
+    weights = [len(c) for c in chunks]
+    if config.loss in ("orm", "prm"):
+        weights = [sum(len(i.labels) for i in c) for c in chunks]
+    total = sum(weights)
+    sums: dict[str, float] = {}
+    for chunk, w in zip(chunks, weights):
+        loss, stats = batch_loss(model, chunk, config, pad_id, dtype)
+        common.check_finite(loss, step)
+        (loss * w / total).backward()
+        for key, value in {"loss": loss.item(), **stats}.items():
+            if key != "n":
+                sums[key] = sums.get(key, 0.0) + value * w / total
+    return sums
+
+
+@torch.no_grad()
+def evaluate(model, items: list[Item], config: RewardConfig, pad_id: int, dtype,
+             batch_size: int = 64) -> dict[str, float]:
+    if not items:
+        return {}
+    was_training = model.training
+    model.eval()
+    sums, total = {}, 0
+    for start in range(0, len(items), batch_size):
+        loss, stats = batch_loss(model, items[start : start + batch_size], config, pad_id, dtype)
+        n = stats.pop("n")
+        total += n
+        for key, value in {"loss": loss.item(), **stats}.items():
+            sums[key] = sums.get(key, 0.0) + value * n
+    model.train(was_training)
+    return {f"eval/{k}": v / total for k, v in sums.items()}
+
+
+def eval_samples(model, tokenizer, records, config: RewardConfig, dtype) -> list[dict[str, Any]]:
+    """A few held-out rows with the RM's score of each completion (best and worst of a ranking)."""
+    rows = []
+    for r in records[: config.num_samples]:
+        if isinstance(r, prefs.PreferenceGroup):
+            best, worst = r.completions[0], r.completions[-1]
+            s_best, s_worst = score_texts(model, tokenizer, [r.prompt] * 2, [best, worst], dtype=dtype)
+            rows.append({"prompt": str(r.prompt)[-60:], "chosen": str(best), "rejected": str(worst),
+                         "reward_chosen": s_best, "reward_rejected": s_worst})
+        else:
+            (score,) = score_texts(model, tokenizer, [r.prompt], [r.completion], dtype=dtype)
+            rows.append({"prompt": str(r.prompt)[-60:], "completion": str(r.completion), "label": str(r.label),
+                         "score": score})
+    return rows
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def train(config: RewardConfig) -> dict[str, float]:
+    """Train a reward model end to end (or score a dataset with mode=score); returns the final metrics."""
+    if config.mode == "score":
+        return score(config)
+    lm, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
+    model = RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat)
+    items, eval_items, eval_records, dropped = load_data(config, tokenizer)
+    run = common.start_run(config, f"reward ({config.loss})")
+    tracker, dtype, pad_id = run.tracker, autocast_dtype(config.precision), tokenizer.pad_token_id
+    optimizer = common.build_optimizer(model, config)
+    scheduler = common.build_scheduler(optimizer, config)
+    tracker.print(f"Reward model ({config.loss}): {count_parameters(model) / 1e6:.2f}M params, {len(items)} training "
+                  f"rows ({dropped} dropped as overlong), {len(eval_items)} held-out, run dir {run.dir}")
+    initial: dict[str, float] = {}
+    if run.checkpoint:
+        initial = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler).get("initial", {})
+    else:
+        metrics = evaluate(model, eval_items, config, pad_id, dtype)
+        initial = {f"initial/{k}": v for k, v in metrics.items()}
+        tracker.log(0, metrics)
+    model.train()
+    try:
+        for step in range(run.start_step + 1, config.max_steps + 1):
+            t0 = time.perf_counter()
+            batch = [items[i] for i in common.epoch_batch_indices(len(items), config.batch_size, step, config.seed)]
+            stats = train_step(model, batch, config, pad_id, dtype, step)
+            grad_norm = common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
+            elapsed = time.perf_counter() - t0
+            if step % config.log_every == 0 or step == config.max_steps:
+                tokens = sum(len(s) for item in batch for s in item.seqs)
+                tracker.log(step, {**stats, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
+                                   "tokens_per_s": tokens / elapsed, "time/train_s": elapsed})
+            else:
+                tracker.advance(step)
+            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+                tracker.log(step, evaluate(model, eval_items, config, pad_id, dtype))
+            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+                common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
+                                       config.keep_checkpoints)
+    except common.TrainingDiverged:
+        tracker.close()
+        raise
+    final = evaluate(model, eval_items, config, pad_id, dtype)
+    tracker.log(config.max_steps, final)
+    tracker.log_samples(config.max_steps, eval_samples(model, tokenizer, eval_records, config, dtype), "held-out rows")
+    common.save_checkpoint(run, config.max_steps, model, tokenizer, optimizer, scheduler, {"initial": initial},
+                           config.keep_checkpoints)
+    final_dir = common.save_final(run, model, tokenizer)
+    plots = tracker.close()
+    tracker.print(escape(f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
+                         f"as rewards=[model:{final_dir}])  plots: {run.dir / 'plots'} ({len(plots)} files)"))
+    return {**initial, **final}
+
+
+def score(config: RewardConfig) -> dict[str, float]:
+    """mode=score: every completion of `dataset` scored by the RM at `model`, written as JSONL.
+
+    Pairwise rows get `reward_chosen`/`reward_rejected`, ranked and stepwise rows `rewards` (one per
+    completion; stepwise: one for the whole solution), unpaired rows `reward`. Returns the row count
+    and, for pairs/rankings, the pairwise accuracy of the RM against the data's order.
+    """
+    model, tokenizer = load_reward_model(config.model)
+    dtype = autocast_dtype(config.precision)
+    rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows, **config.data_args)
+    out_path = Path(config.scores_file or Path(config.output_dir) / "scores.jsonl")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    correct = pairs = 0
+    with out_path.open("w") as f:
+        for i, row in enumerate(rows):
+            where = row_where(i, config.dataset)
+            if "chosen" in row or "ranking" in row or "scores" in row:
+                group = prefs.parse_preference_row(row, where)
+                values = score_texts(model, tokenizer, [group.prompt] * group.k, list(group.completions), dtype=dtype)
+                pairs += group.k * (group.k - 1) // 2
+                correct += sum(values[a] > values[b] for a in range(group.k) for b in range(a + 1, group.k))
+                extra = ({"reward_chosen": values[0], "reward_rejected": values[1]} if "chosen" in row else
+                         {"rewards": [values[group.completions.index(c)] for c in row["completions"]]})
+            elif "completions" in row:
+                (record,) = prefs.parse_step_rows([row], where)
+                extra = {"reward": score_texts(model, tokenizer, [record.prompt], [record.completion], dtype=dtype)[0]}
+            elif "completion" in row and "prompt" in row:
+                extra = {"reward": score_texts(model, tokenizer, [row["prompt"]], [row["completion"]], dtype=dtype)[0]}
+            else:
+                raise ValueError(f"{where}: mode=score needs prompt+completion, prompt+chosen+rejected or "
+                                 f"prompt+completions columns; found {sorted(row)}.")
+            f.write(json.dumps({**row, **extra}) + "\n")
+    result = {"rows": float(len(rows))}
+    if pairs:
+        result["accuracy"] = correct / pairs
+    print(f"Scored {len(rows)} rows with {config.model} -> {out_path}"
+          + (f"; pairwise accuracy {result['accuracy']:.3f} over {pairs} pairs" if pairs else ""))
+    return result
+
