@@ -28,6 +28,7 @@ VERBS: dict[str, Verb] = {
     "demo": Verb("built-in tiny model end to end on CPU: SFT, then held-out accuracy", "lmrl.demo", "DemoConfig", "run"),
     "sft": Verb("supervised fine-tuning on chat or prompt/completion data", "lmrl.trainers.sft", "SFTConfig", "train"),
     "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.online", "RLConfig", "train"),
+    "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),
     "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
 }
 

@@ -30,6 +30,8 @@ PLOT_GROUPS = {
     "lr": ("lr",),
     "completion_len": ("completion_len/mean",),
     "swarm": ("swarm/accepted", "swarm/skipped"),
+    "val": ("val/ce", "val/entropy", "train/ce"),
+    "avatarl": ("avatarl/expected_reward", "avatarl/reward_mean"),
 }
 
 

@@ -4,9 +4,9 @@ Built-in models are Llama-style decoders with random init, sized for CPU work:
 
 | name     | hidden | layers | heads | MLP  | params (char vocab) |
 |----------|--------|--------|-------|------|---------------------|
-| tiny     | 128    | 4      | 4     | 512  | ~0.8M               |
-| small    | 256    | 6      | 8     | 1024 | ~4.8M               |
-| medium   | 384    | 8      | 8     | 1536 | ~14M                |
+| tiny     | 128    | 4      | 4     | 512  | ~1.1M               |
+| small    | 256    | 6      | 8     | 1024 | ~6.3M               |
+| medium   | 384    | 8      | 8     | 1536 | ~19M                |
 """
 
 from __future__ import annotations
