@@ -118,7 +118,10 @@ def build_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.adam_betas))
+    try:  # the fused kernel is several times faster than the per-tensor loop (CPU: torch >= 2.4)
+        return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.adam_betas), fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.adam_betas), foreach=True)
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
