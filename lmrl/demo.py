@@ -59,5 +59,5 @@ def run(config: DemoConfig) -> dict[str, float]:
     for run_dir in runs:
         console.print(f"{run_dir}: metrics.jsonl, samples.jsonl, plots/, final/")
     final = runs[-1] / "final"
-    console.print(f"Try: lmrl generate model={final} prompts='[\"23+45=\", \"71-38=\"]' temperature=0")
+    console.print(f"Try: lmrl generate model={final} prompts='[\"3+5=\", \"7-9=\"]' temperature=0")
     return results
