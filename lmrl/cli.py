@@ -25,9 +25,12 @@ class Verb:
 
 
 VERBS: dict[str, Verb] = {
-    "demo": Verb("built-in tiny model end to end on CPU: SFT, then held-out accuracy", "lmrl.demo", "DemoConfig", "run"),
+    "demo": Verb("built-in tiny model end to end on CPU: SFT then GRPO, with held-out accuracy", "lmrl.demo", "DemoConfig", "run"),
     "sft": Verb("supervised fine-tuning on chat or prompt/completion data", "lmrl.trainers.sft", "SFTConfig", "train"),
     "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.online", "RLConfig", "train"),
+    "reward": Verb("reward models: Bradley-Terry, K-wise, Plackett-Luce, ORM, PRM; mode=score scores a file", "lmrl.trainers.reward", "RewardConfig", "train"),
+    "dpo": Verb("direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...", "lmrl.trainers.preference", "DPOConfig", "train"),
+    "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run"),
     "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),
     "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
 }
@@ -68,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     from lmrl.tracking import console
     from lmrl.trainers.common import TrainingDiverged
 
+    overrides = list(args.overrides)
+    if args.verb == "swarm" and overrides and overrides[0] in ("sim", "join"):
+        overrides[0] = f"mode={overrides[0]}"  # `lmrl swarm sim ...` reads as `mode=sim`
     try:
-        config = load_config(config_cls, args.config, args.overrides)
+        config = load_config(config_cls, args.config, overrides)
         run(config)
     except TrainingDiverged as exc:
         console.print(f"[bold red]Training stopped:[/] {exc}")

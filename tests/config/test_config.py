@@ -58,7 +58,7 @@ def test_unknown_recipe_lists_shipped_ones():
 def test_every_shipped_recipe_loads_into_its_config():
     from lmrl.cli import VERBS, _target
 
-    by_folder = {"sft": "sft", "rl": "rl", "pretrain": "pretrain"}
+    by_folder = {"sft": "sft", "rl": "rl", "pretrain": "pretrain", "reward": "reward", "dpo": "dpo", "swarm": "swarm"}
     recipes = sorted(RECIPES_DIR.rglob("*.yaml"))
     assert recipes, "no shipped recipes found"
     for path in recipes:
