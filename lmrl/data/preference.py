@@ -151,20 +151,21 @@ def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions
     return out
 
 
-def orm_rows(n: int, split: str = "train", seed: int = 0, kinds: Sequence[str] = ("correct", "near", "far"),
+def orm_rows(n: int, split: str = "train", seed: int = 0, wrong_kinds: Sequence[str] = ("near", "far"),
              digits: int = 1, **arithmetic: Any) -> list[dict]:
-    """Outcome-labelled rows (prompt, completion, label): label 1 iff the completion's answer is correct.
-
-    Completions are drawn like the preference task's, by default half correct and half wrong.
-    """
+    """Outcome-labelled rows (prompt, completion, label), half correct answers (label 1), half wrong ones (label
+    0) drawn from `wrong_kinds` of the preference task's candidates; so the majority-class accuracy is 0.5."""
+    for kind in wrong_kinds:
+        candidate(kind, 0, random.Random(0))  # unknown kinds fail here
     out = []
     for i, base in enumerate(_prompts(n, split, seed, digits=digits, **arithmetic)):
         rng = random.Random(f"lmrl:orm:{split}:{seed}:{i}")
         answer = int(base["answer"])
-        kind = "correct" if rng.random() < 0.5 and "correct" in kinds else rng.choice(list(kinds))
-        text = candidate(kind, answer, rng)
+        label = int(rng.random() < 0.5)
+        text = str(answer) if label else candidate(rng.choice(list(wrong_kinds)), answer, rng)
         numbers = _INTEGER.findall(text)
-        label = int(bool(numbers) and int(numbers[-1]) == answer)
+        if not label and numbers and int(numbers[-1]) == answer:  # a verbose candidate may carry the right answer
+            label = 1
         out.append({"prompt": base["prompt"], "completion": text, "label": label, "answer": base["answer"]})
     return out
 

@@ -46,7 +46,7 @@ class RewardModel(nn.Module):
     forward) so the saved directory stays a loadable causal LM.
     """
 
-    def __init__(self, causal_lm: nn.Module, kind: str = "bt", chat: bool = True):
+    def __init__(self, causal_lm: nn.Module, kind: str = "bt", chat: bool = True, seed: int = 0):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"reward model kind must be one of {sorted(KINDS)}, got {kind!r}.")
@@ -58,8 +58,10 @@ class RewardModel(nn.Module):
         self.kind, self.chat = kind, chat
         hidden = causal_lm.config.hidden_size
         self.score = nn.Linear(hidden, KINDS[kind])
-        # Stiennon et al. 2020 (App. B): reward head drawn from N(0, 1/(d_model + 1)).
-        nn.init.normal_(self.score.weight, std=(hidden + 1) ** -0.5)
+        with torch.random.fork_rng():  # the head's init depends on `seed` only, not on the global RNG
+            torch.manual_seed(seed)
+            # Stiennon et al. 2020 (App. B): reward head drawn from N(0, 1/(d_model + 1)).
+            nn.init.normal_(self.score.weight, std=(hidden + 1) ** -0.5)
         nn.init.zeros_(self.score.bias)
 
     @property

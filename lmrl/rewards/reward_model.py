@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lmrl.data.chat import render_prompt
+from lmrl.data.chat import encode_prompt, render_prompt
 from lmrl.data.preference import STEP_SEPARATOR, Tokenized, collate_sequences, step_positions
 from lmrl.models.precision import autocast, autocast_dtype
 from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
@@ -41,14 +41,10 @@ def tokenize_for_scoring(tokenizer: Any, prompt: str | list, completion: str, ch
                          finished: bool = True) -> Tokenized:
     """Token ids as the policy produced them: the rendered prompt, the completion, then EOS if it finished."""
     if chat and isinstance(prompt, str) and prompt.endswith(_generation_suffix(tokenizer)):
-        text = prompt  # already rendered (rollout engines report rendered prompts)
-    elif chat:
-        text = render_prompt(tokenizer, prompt)
-    elif isinstance(prompt, str):
-        text = prompt
+        # already rendered (rollout engines report rendered prompts)
+        prompt_ids = tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     else:
-        raise ValueError("a reward model trained with chat=false needs plain-text prompts, got a message list.")
-    prompt_ids = tuple(tokenizer(text, add_special_tokens=not chat)["input_ids"])
+        prompt_ids = tuple(encode_prompt(tokenizer, prompt, chat))  # as training tokenized it
     completion_ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
     if finished and tokenizer.eos_token_id is not None:
         completion_ids.append(tokenizer.eos_token_id)

@@ -111,7 +111,6 @@ class Example:
     seqs: tuple[prefs.Tokenized, prefs.Tokenized]
     label: int = 1  # KTO: 1 desirable, 0 undesirable
     scores: tuple[float, float] | None = None  # ratings of chosen/rejected (ODPO)
-    row: dict | None = None
 
 
 # ----------------------------------------------------------------------------- data
@@ -122,23 +121,24 @@ def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -
     tok = lambda p, c, w: prefs.tokenize(tokenizer, p, c, config.chat, w)  # noqa: E731
     if config.loss == "kto":
         if "label" in rows[0] and "completion" in rows[0]:
-            records = [(r.prompt, r.completion, r.label, r.where, {}) for r in prefs.parse_labelled_rows(rows, where)]
+            records = [(r.prompt, r.completion, r.label, r.where) for r in prefs.parse_labelled_rows(rows, where)]
         else:
             pairs = prefs.to_pairs(prefs.parse_preference_rows(rows, where), "best_worst")
-            records = [(g.prompt, c, label, g.where, g.row) for g in pairs for c, label in zip(g.completions, (1, 0))]
-        examples = []
-        for i, (prompt, completion, label, w, row) in enumerate(records):
-            other = next((r for r in records[i + 1 :] + records[:i] if r[0] != prompt), None)
+            records = [(g.prompt, c, label, g.where) for g in pairs for c, label in zip(g.completions, (1, 0))]
+        examples, n = [], len(records)
+        for i, (prompt, completion, label, w) in enumerate(records):
+            # z0's mismatched pair: this prompt with the next example's completion that answers another prompt
+            other = next((records[(i + j) % n] for j in range(1, n) if records[(i + j) % n][0] != prompt), None)
             if other is None:
                 raise ValueError(f"{where}: KTO needs at least two different prompts (z0 uses mismatched pairs).")
-            examples.append(Example((tok(prompt, completion, w), tok(prompt, other[1], w)), label, row=row))
+            examples.append(Example((tok(prompt, completion, w), tok(prompt, other[1], w)), label))
     else:
         pairs = prefs.to_pairs(prefs.parse_preference_rows(rows, where), config.ranking_pairs)
         if config.loss == "odpo" and any(g.scores is None for g in pairs):
             bad = next(g for g in pairs if g.scores is None)
             raise ValueError(f"{bad.where}: loss=odpo needs chosen_score and rejected_score (or ranked `scores`).")
         examples = [Example((tok(g.prompt, g.completions[0], g.where), tok(g.prompt, g.completions[1], g.where)),
-                            scores=g.scores, row=g.row) for g in pairs]
+                            scores=g.scores) for g in pairs]
     kept = [e for e in examples if max(len(s) for s in e.seqs) <= config.max_length]
     if len(kept) < len(examples) and config.overlong == "error":
         raise ValueError(f"{where}: {len(examples) - len(kept)} of {len(examples)} examples are longer than "
@@ -194,10 +194,12 @@ def load_reference(config: DPOConfig, tokenizer):
     return load_model(config.ref_model, tokenizer, seed=config.seed, model_args=args)
 
 
-def fingerprint(config: DPOConfig, examples: list[Example], eval_examples: list[Example]) -> str:
-    """Hash of what the cached reference log-probs depend on: reference model, precision and every token."""
-    what = (config.ref_model or config.model, config.model_args, config.seed, config.precision)
-    h = hashlib.sha256(repr(what).encode())
+def fingerprint(ref_model, precision: str, examples: list[Example], eval_examples: list[Example]) -> str:
+    """Hash of what cached reference log-probs depend on: the reference weights, the precision and every token."""
+    h = hashlib.sha256(precision.encode())
+    for name, tensor in ref_model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     for e in examples + eval_examples:
         for s in e.seqs:
             h.update(repr((s.prompt_ids, s.completion_ids, s.learn)).encode())
@@ -228,14 +230,14 @@ def setup_reference(config: DPOConfig, run_dir: Path, model, tokenizer, examples
     if not config.precompute_ref:
         frozen = load_reference(config, tokenizer) if config.ref_model else copy.deepcopy(model)
         return Reference(model=frozen.eval().requires_grad_(False))
-    key, path = fingerprint(config, examples, eval_examples), run_dir / REF_CACHE
+    ref = load_reference(config, tokenizer) if config.ref_model else model
+    key, path = fingerprint(ref, config.precision, examples, eval_examples), run_dir / REF_CACHE
     if path.exists():
         cache = torch.load(path)
         if cache.get("fingerprint") == key:
             tracker.print(f"Reference log-probs: loaded from {path}")
             return Reference(cache["train"], cache["eval"])
     t0 = time.perf_counter()
-    ref = load_reference(config, tokenizer) if config.ref_model else model
     train_ref = reference_logps(ref, examples, tokenizer.pad_token_id, dtype)
     eval_ref = reference_logps(ref, eval_examples, tokenizer.pad_token_id, dtype)
     torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, path)
@@ -344,6 +346,17 @@ def gold_eval(model, tokenizer, rows: list[dict], config: DPOConfig, dtype) -> t
     return metrics, samples
 
 
+def check_kto_balance(examples: list[Example], config: DPOConfig, tracker) -> None:
+    """Warn when λD·nD / (λU·nU) is outside [1, 4/3], the range the KTO paper recommends (spec §1)."""
+    n_d = sum(e.label for e in examples)
+    n_u = len(examples) - n_d
+    lambda_d, lambda_u = config.loss_args.get("lambda_d", 1.0), config.loss_args.get("lambda_u", 1.0)
+    ratio = lambda_d * n_d / max(1e-9, lambda_u * n_u)
+    if not 1.0 <= ratio <= 4 / 3:
+        tracker.print(f"[yellow]KTO: λD·nD / (λU·nU) = {ratio:.2f} with {n_d} desirable and {n_u} undesirable "
+                      "examples; the KTO paper recommends [1, 4/3]. Set loss_args.lambda_d / lambda_u.")
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -355,6 +368,8 @@ def train(config: DPOConfig) -> dict[str, float]:
     tracker, dtype, pad_id = run.tracker, autocast_dtype(config.precision), tokenizer.pad_token_id
     tracker.print(f"{config.loss}: {count_parameters(model) / 1e6:.2f}M params, {len(examples)} training examples "
                   f"({dropped} dropped as overlong), {len(eval_examples)} held-out, run dir {run.dir}")
+    if config.loss == "kto":
+        check_kto_balance(examples, config, tracker)
     ref = setup_reference(config, run.dir, model, tokenizer, examples, eval_examples, dtype, tracker)
     optimizer = common.build_optimizer(model, config)
     scheduler = common.build_scheduler(optimizer, config)

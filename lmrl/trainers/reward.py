@@ -10,12 +10,13 @@ RLHF book ch. 5 (`spec/rlhf-book-core.md` §3). A reward model is the causal LM 
 Held-out pairwise accuracy (fraction of ranked pairs the RM orders correctly) is `eval/accuracy`;
 for ORM/PRM it is the token/step classification accuracy.
 
-Deviation: none of the book's; the default is a short run on the built-in arithmetic preferences
-(`builtin:prefs`), whose labels come from a hidden gold score, so accuracy is measured exactly.
+Deviations: the ORM head is a plain linear head trained without Cobbe et al.'s auxiliary LM loss (as in
+"Let's Verify"); the default data is the built-in arithmetic preferences (`builtin:prefs`), whose labels
+come from a hidden gold score, so accuracy is exact.
 
 Launch::
 
-    lmrl reward --config reward/tiny_prefs                          # built-in data, CPU, < 1 min
+    lmrl reward --config reward/tiny_prefs                          # built-in data, CPU, ~2 min
     lmrl reward model=runs/sft/final dataset=prefs.jsonl batch_size=64 lr=1e-5 max_steps=1000
     lmrl reward mode=score model=runs/reward/final dataset=pairs.jsonl   # writes scores.jsonl
 """
@@ -46,7 +47,8 @@ KIND_OF_LOSS = {"bt": "bt", "plackett_luce": "bt", "orm": "orm", "prm": "prm"}
 
 @dataclasses.dataclass
 class RewardConfig(TrainConfig):
-    mode: Literal["train", "score"] = field("train", "train a reward model, or score `dataset` with the RM at `model`")
+    mode: Literal["train", "score"] = field("train", "train a reward model, or score every row of `dataset` with "
+                                                     "the RM at `model`")
     loss: Literal["bt", "plackett_luce", "orm", "prm"] = field(
         "bt", "bt (pairs; all C(K,2) pairs for K > 2), plackett_luce (rankings), orm, prm")
     dataset: str = field("builtin:prefs", "builtin:prefs|orm|prm, a .jsonl/.json/.parquet/.csv file, or an HF dataset")
@@ -244,7 +246,7 @@ def train(config: RewardConfig) -> dict[str, float]:
     if config.mode == "score":
         return score(config)
     lm, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
-    model = RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat)
+    model = RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat, seed=config.seed)
     items, eval_items, eval_records, dropped = load_data(config, tokenizer)
     run = common.start_run(config, f"reward ({config.loss})")
     tracker, dtype, pad_id = run.tracker, autocast_dtype(config.precision), tokenizer.pad_token_id
@@ -296,39 +298,51 @@ def train(config: RewardConfig) -> dict[str, float]:
 def score(config: RewardConfig) -> dict[str, float]:
     """mode=score: every completion of `dataset` scored by the RM at `model`, written as JSONL.
 
-    Pairwise rows get `reward_chosen`/`reward_rejected`, ranked and stepwise rows `rewards` (one per
-    completion; stepwise: one for the whole solution), unpaired rows `reward`. Returns the row count
-    and, for pairs/rankings, the pairwise accuracy of the RM against the data's order.
+    Pairwise rows get `reward_chosen`/`reward_rejected`, ranked rows `rewards` (one per completion, in the
+    file's order), prompt/completion and stepwise rows `reward`. Returns the row count and, for pairs and
+    rankings, the RM's pairwise accuracy against the data's order.
     """
     model, tokenizer = load_reward_model(config.model)
-    dtype = autocast_dtype(config.precision)
-    rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows, **config.data_args)
+    builtin = config.dataset in prefs.BUILTIN_SOURCES  # a file is scored whole; train_rows sizes built-in data
+    rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows if builtin else None,
+                                      **config.data_args)
+    prompts, texts, spans = [], [], []  # spans[i]: (first, the row's completions best first or None)
+    for i, row in enumerate(rows):
+        where = row_where(i, config.dataset)
+        if isinstance(row, dict) and ("chosen" in row or "ranking" in row or "scores" in row):
+            group = prefs.parse_preference_row(row, where)
+            spans.append((len(texts), group.completions))
+            prompts += [group.prompt] * group.k
+            texts += list(group.completions)
+        elif isinstance(row, dict) and "completions" in row:
+            (record,) = prefs.parse_step_rows([row], where)
+            spans.append((len(texts), None))
+            prompts.append(record.prompt)
+            texts.append(record.completion)
+        elif isinstance(row, dict) and "prompt" in row and "completion" in row:
+            spans.append((len(texts), None))
+            prompts.append(row["prompt"])
+            texts.append(row["completion"])
+        else:
+            found = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{where}: mode=score needs prompt+completion, prompt+chosen+rejected or "
+                             f"prompt+completions columns; found {found}.")
+    values = score_texts(model, tokenizer, prompts, texts, dtype=autocast_dtype(config.precision))
     out_path = Path(config.scores_file or Path(config.output_dir) / "scores.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     correct = pairs = 0
     with out_path.open("w") as f:
-        for i, row in enumerate(rows):
-            where = row_where(i, config.dataset)
-            if "chosen" in row or "ranking" in row or "scores" in row:
-                group = prefs.parse_preference_row(row, where)
-                values = score_texts(model, tokenizer, [group.prompt] * group.k, list(group.completions), dtype=dtype)
-                pairs += group.k * (group.k - 1) // 2
-                correct += sum(values[a] > values[b] for a in range(group.k) for b in range(a + 1, group.k))
-                extra = ({"reward_chosen": values[0], "reward_rejected": values[1]} if "chosen" in row else
-                         {"rewards": [values[group.completions.index(c)] for c in row["completions"]]})
-            elif "completions" in row:
-                (record,) = prefs.parse_step_rows([row], where)
-                extra = {"reward": score_texts(model, tokenizer, [record.prompt], [record.completion], dtype=dtype)[0]}
-            elif "completion" in row and "prompt" in row:
-                extra = {"reward": score_texts(model, tokenizer, [row["prompt"]], [row["completion"]], dtype=dtype)[0]}
+        for row, (first, ranked) in zip(rows, spans):
+            if ranked is None:
+                extra = {"reward": values[first]}
             else:
-                raise ValueError(f"{where}: mode=score needs prompt+completion, prompt+chosen+rejected or "
-                                 f"prompt+completions columns; found {sorted(row)}.")
+                v = values[first : first + len(ranked)]  # best first
+                pairs += len(v) * (len(v) - 1) // 2
+                correct += sum(v[a] > v[b] for a in range(len(v)) for b in range(a + 1, len(v)))
+                extra = ({"reward_chosen": v[0], "reward_rejected": v[1]} if "chosen" in row else
+                         {"rewards": [v[ranked.index(c)] for c in row["completions"]]})
             f.write(json.dumps({**row, **extra}) + "\n")
-    result = {"rows": float(len(rows))}
-    if pairs:
-        result["accuracy"] = correct / pairs
+    result = {"rows": float(len(rows)), **({"accuracy": correct / pairs} if pairs else {})}
     print(f"Scored {len(rows)} rows with {config.model} -> {out_path}"
           + (f"; pairwise accuracy {result['accuracy']:.3f} over {pairs} pairs" if pairs else ""))
     return result
-

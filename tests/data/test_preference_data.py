@@ -83,10 +83,15 @@ def test_preference_rows_bad_arguments():
 
 
 def test_orm_rows_label_is_correctness():
-    rows = prefs.orm_rows(200, digits=1)
-    assert {r["label"] for r in rows} == {0, 1}
+    rows = prefs.orm_rows(1000, digits=1)
+    assert 0.45 < sum(r["label"] for r in rows) / 1000 < 0.55  # balanced: majority-class accuracy is 0.5
     for r in rows:
         assert r["label"] == int(r["completion"] == r["answer"])  # bare integers: correct iff equal
+    for r in prefs.orm_rows(200, wrong_kinds=("verbose", "garbage")):
+        last = re.findall(r"-?\d+", r["completion"])
+        assert r["label"] == int(bool(last) and last[-1] == r["answer"])
+    with pytest.raises(ValueError, match="unknown candidate kind 'nearr'"):
+        prefs.orm_rows(5, wrong_kinds=("nearr",))
 
 
 def test_prm_rows_labels_follow_the_first_error():
@@ -249,3 +254,22 @@ def test_collate_sequences_and_completions_by_hand():
     assert c["completion_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert int(c["completion_start"]) == 3
     assert c["completion_mask"].dtype == torch.float32
+
+
+def test_conversational_prompt_and_completions(tok):
+    row = {"prompt": [{"role": "user", "content": "2+2="}], "chosen": [{"role": "assistant", "content": "4"}],
+           "rejected": [{"role": "assistant", "content": "5"}]}
+    g = prefs.parse_preference_row(row, "row 1")
+    assert prefs.tokenize(tok, g.prompt, g.completions[0]) == prefs.tokenize(tok, "2+2=", "4")
+
+
+def test_completion_rows_and_export(tmp_path):
+    rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "q", "completions": ["c", "d", "e"]}]
+    assert prefs.completion_rows(rows) == [{"prompt": "p", "completion": c} for c in "ab"] + [
+        {"prompt": "q", "completion": c} for c in "cde"]
+    assert prefs.export_rows("builtin:prefs-sft", str(tmp_path / "s.jsonl"), n=5, seed=1) == 10
+    written = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    pairs = prefs.preference_rows(5, seed=1)
+    assert written == prefs.completion_rows(pairs)
+    prefs.main(["builtin:prm", str(tmp_path / "p.jsonl"), "--n", "3", "--split", "test"])
+    assert [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()] == prefs.prm_rows(3, "test")

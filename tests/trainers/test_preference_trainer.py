@@ -95,6 +95,28 @@ def test_resume_reuses_the_reference_cache(tmp_path, monkeypatch):
                 assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (x["step"], key)
 
 
+def test_reference_fingerprint_follows_weights_precision_and_tokens(tok):
+    model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS)
+    examples = [preference.Example((prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "1+1=", "3")))]
+    key = preference.fingerprint(model, "fp32", examples, [])
+    assert preference.fingerprint(load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS), "fp32", examples,
+                                  []) == key
+    assert preference.fingerprint(load_model("builtin:tiny", tok, seed=1, model_args=TINY_ARGS), "fp32", examples,
+                                  []) != key
+    assert preference.fingerprint(model, "bf16", examples, []) != key
+    assert preference.fingerprint(model, "fp32", examples[::-1] + examples, []) != key
+
+
+def test_kto_balance_warning(tmp_path):
+    printed = []
+    tracker = type("T", (), {"print": lambda self, msg: printed.append(msg)})()
+    examples = [preference.Example((None, None), label) for label in (1, 0, 0, 0)]
+    preference.check_kto_balance(examples, config(tmp_path, "loss=kto"), tracker)
+    assert "λD·nD / (λU·nU) = 0.33 with 1 desirable and 3 undesirable" in printed[0]
+    preference.check_kto_balance(examples, config(tmp_path, "loss=kto", "loss_args.lambda_d=3.5"), tracker)
+    assert len(printed) == 1  # 3.5·1 / (1·3) = 1.17 is inside [1, 4/3]
+
+
 @pytest.mark.parametrize("loss", PREFERENCE_LOSSES.names())
 def test_every_registered_loss_trains(tmp_path, loss):
     cfg = config(tmp_path, *SMALL_RUN, "max_steps=2", f"loss={loss}", "lr=1e-2")

@@ -37,7 +37,7 @@ def tok():
 
 
 def tiny_rm(tok, kind="bt", seed=0):
-    return RewardModel(load_model("builtin:tiny", tok, seed=seed, model_args=TINY_ARGS), kind)
+    return RewardModel(load_model("builtin:tiny", tok, seed=seed, model_args=TINY_ARGS), kind, seed=seed)
 
 
 # --------------------------------------------------------------------------- model
@@ -61,6 +61,15 @@ def test_reward_is_the_same_with_left_or_right_padding(tok):
     torch.testing.assert_close(r_right[:1], alone, rtol=0, atol=1e-5)
     # the head reads the hidden state at the last real token: same as the per-token output there
     torch.testing.assert_close(r_right, model.token_logits(*right)[[0, 1], [2, 5]], rtol=0, atol=0)
+
+
+def test_head_init_depends_on_the_seed_only(tok):
+    torch.manual_seed(123)
+    a = tiny_rm(tok, seed=0)
+    torch.manual_seed(456)
+    b, c = tiny_rm(tok, seed=0), tiny_rm(tok, seed=1)
+    assert torch.equal(a.score.weight, b.score.weight) and not torch.equal(a.score.weight, c.score.weight)
+    assert a.score.weight.std().item() == pytest.approx(33 ** -0.5, rel=0.2)  # N(0, 1/(d + 1)), d = 32
 
 
 def test_save_load_round_trip_and_checkpoint_restore(tmp_path, tok):
@@ -182,8 +191,8 @@ def pair_accuracy(model, tok, rows):
 def test_reward_model_learns_builtin_preferences(tmp_path):
     """Held-out pairwise accuracy against the hidden gold score (chance: 0.5) after 100 steps (~30 s of one core).
 
-    100 steps learn the rule's surface parts (a number beats junk, short beats verbose); telling a right answer
-    from a near miss needs arithmetic, which the tiny RM learns later (test_reward_model_learns_arithmetic_slowly).
+    100 steps learn the rule's coarse parts (a number beats junk, closeness); telling a right answer from a
+    near miss needs arithmetic, which a tiny RM does not learn this fast (docs/reward-models.md).
     """
     cfg = config(tmp_path, "model_args={}", "train_rows=2000", "eval_rows=200", "max_steps=100", "batch_size=32",
                  "lr=1e-3", "warmup_steps=10", "eval_every=0", "save_every=0", "log_every=25")
@@ -201,15 +210,6 @@ def test_reward_model_learns_builtin_preferences(tmp_path):
     # ... and ranks any answer with a number above junk without one (the rule's first term) nearly always
     junk = [r for r in rows if re.search(r"\d", r["chosen"]) and not re.search(r"\d", r["rejected"])]
     assert len(junk) > 40 and pair_accuracy(model, tok, junk) > 0.9
-
-
-@pytest.mark.slow
-def test_reward_model_learns_arithmetic_slowly(tmp_path):
-    """With 500 steps the RM also learns enough arithmetic to rank right answers above near misses."""
-    cfg = config(tmp_path, "model_args={}", "train_rows=2000", "eval_rows=200", "max_steps=500", "batch_size=32",
-                 "lr=2e-3", "warmup_steps=10", "eval_every=0", "save_every=0", "log_every=100")
-    result = reward.train(cfg)
-    assert result["eval/accuracy"] > 0.83, result
 
 
 @pytest.mark.parametrize("loss_name, source", [("orm", "builtin:orm"), ("prm", "builtin:prm")])
@@ -261,6 +261,7 @@ def test_reward_function_for_rl(trained_rm):
     t = prefs.tokenize(tok, "1+1=", "2")
     assert tokenize_for_scoring(tok, rendered, "2", chat=True) == t
     assert tokenize_for_scoring(tok, "1+1=", "2", chat=True) == t
+    assert tokenize_for_scoring(tok, "1+1=", "2", chat=False) == prefs.tokenize(tok, "1+1=", "2", chat=False)
 
 
 def test_resume_continues_exactly(tmp_path):
