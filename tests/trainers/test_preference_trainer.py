@@ -217,3 +217,17 @@ def test_bad_config():
         load_config(preference.DPOConfig, None, ["loss_args.beta=0.1"])
     assert load_config(preference.DPOConfig, None, ["loss=ipo", "loss_args.tau=0.2"]).loss_options == {"tau": 0.2}
     assert load_config(preference.DPOConfig, None, ["loss=simpo", "beta=2"]).loss_options == {"beta": 2.0}
+
+
+def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    data = write(tmp_path, [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "b"}])
+    result = subprocess.run([sys.executable, "-m", "lmrl", "dpo", f"dataset={data}", f"output_dir={tmp_path / 'run'}",
+                             *TINY], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "error: row 2 of" in out and "missing ['rejected']" in out, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

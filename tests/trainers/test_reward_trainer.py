@@ -323,3 +323,17 @@ def test_bad_config():
         load_config(reward.RewardConfig, None, ["loss=btt"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         reward.train(load_config(reward.RewardConfig, None, ["mode=score", "model=/no/such/rm"]))
+
+
+def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    data = write(tmp_path, [{"prompt": "a", "completions": ["x", "y", "z"], "ranking": [0, [1, 2]]}])
+    result = subprocess.run([sys.executable, "-m", "lmrl", "reward", f"dataset={data}", "loss=plackett_luce",
+                             f"output_dir={tmp_path / 'run'}", *TINY], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "error: row 1 of" in out and "tied completions [1, 2]" in out, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
