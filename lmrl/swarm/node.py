@@ -320,8 +320,8 @@ class SwarmNode:
             self.cumulative_reward += own.rewards.mean().item()
             own_groups = own.rewards.view(-1, G)[: cfg.local]  # (I, G)
             keep = [i for i in range(len(own_groups)) if not cfg.drop_zero_advantage or informative(own_groups[i])]
-            metrics["groups/local_informative_frac"] = (
-                sum(informative(g) for g in own_groups) / len(own_groups) if len(own_groups) else 0.0)
+            n_informative = sum(informative(g) for g in own_groups)
+            metrics["groups/local_informative_frac"] = n_informative / len(own_groups) if len(own_groups) else 0.0
             if keep:
                 batches.append(own.batch.select_groups(keep))
                 rewards += [own_groups[i] for i in keep]
@@ -335,9 +335,9 @@ class SwarmNode:
                 rewards += peer_rewards
                 sizes += [len(r) for r in peer_rewards]
         metrics.update(self.counter.metrics())
-        stats = getattr(self.transport, "stats", None)
-        if isinstance(stats, SkipCounter):
-            metrics.update(stats.metrics(prefix="swarm/transport/"))
+        transport_skips = getattr(self.transport, "stats", None)  # HivemindTransport counts its own skips
+        if isinstance(transport_skips, SkipCounter):
+            metrics.update(transport_skips.metrics(prefix="swarm/transport/"))
         metrics.update({"swarm/publish_errors": float(self.publish_errors), "cumulative_reward": self.cumulative_reward,
                         "groups/trained": float(len(sizes))})
         if not sizes:  # nothing informative this round: no update (counted, not an error)
