@@ -32,6 +32,7 @@ VERBS: dict[str, Verb] = {
     "dpo": Verb("direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...", "lmrl.trainers.preference", "DPOConfig", "train"),
     "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run"),
     "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),
+    "selfplay": Verb("Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)", "lmrl.trainers.selfplay", "SelfPlayConfig", "train"),
     "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
 }
 

@@ -73,11 +73,12 @@ class RewardSet:
             raise ValueError(f"`on_reward_error` must be one of {ON_REWARD_ERROR}, got {on_reward_error!r}.")
         reward_kwargs = dict(reward_kwargs or {})
         specs = [s for s in rewards if isinstance(s, str)]
-        unused = sorted(set(reward_kwargs) - set(specs))
+        unused = sorted(set(reward_kwargs) - set(specs) - {reward_name(s) for s in specs})
         if unused:
             raise ValueError(
                 f"`reward_kwargs` has options for {unused}, which are not in `rewards` {specs}. "
-                "Key `reward_kwargs` by the reward's name as listed in `rewards`, or remove the entry."
+                "Key `reward_kwargs` by the reward as listed in `rewards` or by its metric name (e.g. "
+                "'reward_model' for 'model:PATH'), or remove the entry."
             )
         self.names = [reward_name(s) for s in rewards]
         dupes = sorted({n for n in self.names if self.names.count(n) > 1})
@@ -87,7 +88,8 @@ class RewardSet:
                 "more than once in `rewards`. Remove the duplicate or rename one of the functions."
             )
         self.fns: list[RewardFn] = [
-            load_reward(s, **reward_kwargs.get(s, {})) if isinstance(s, str) else _check_callable(s)
+            load_reward(s, **reward_kwargs.get(s, reward_kwargs.get(reward_name(s), {})))
+            if isinstance(s, str) else _check_callable(s)
             for s in rewards
         ]
         self.weights = _check_weights(reward_weights, self.names)

@@ -26,6 +26,7 @@ RewardFactory = Callable[..., RewardFn]
 
 REWARDS: dict[str, RewardFactory] = {}
 
+MODEL_PREFIX = "model:"
 _IMPORT_SPEC = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 
 
@@ -66,14 +67,16 @@ def make_reward(name: str, **kwargs: Any) -> RewardFn:
 
 
 def load_reward(spec: str, **kwargs: Any) -> RewardFn:
-    """Resolve a reward spec: a registry name (options in `kwargs`) or 'module.path:function'.
-
-    Further spec forms (e.g. reward models) get their own branch here.
-    """
+    """Resolve a reward spec: a registry name (options in `kwargs`), 'model:PATH' (a reward model
+    trained with `lmrl reward`; options of `reward_model_reward`) or 'module.path:function'."""
     if not isinstance(spec, str):
         raise ValueError(f"A reward spec must be a string, got {type(spec).__name__} {spec!r}.")
     if spec in REWARDS:
         return make_reward(spec, **kwargs)
+    if spec.startswith(MODEL_PREFIX):
+        from lmrl.rewards.reward_model import reward_model_reward  # loads torch models: import on use
+
+        return reward_model_reward(spec[len(MODEL_PREFIX):], **kwargs)
     match = _IMPORT_SPEC.match(spec)
     if match is None:
         raise ValueError(
@@ -92,6 +95,8 @@ def load_reward(spec: str, **kwargs: Any) -> RewardFn:
 def reward_name(spec: str | RewardFn) -> str:
     """The name used in metrics (`rewards/<name>/mean`): the registry name, the function name of
     'module:function', or a callable's `__name__`."""
+    if isinstance(spec, str) and spec.startswith(MODEL_PREFIX):
+        return "reward_model"
     if isinstance(spec, str):
         return spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     return getattr(spec, "__name__", type(spec).__name__)

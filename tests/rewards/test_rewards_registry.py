@@ -69,11 +69,17 @@ def test_load_user_function_errors_name_module_and_function(user_module):
 
 
 def test_unknown_spec_lists_what_is_accepted():
-    for spec in ["model:/ckpt/rm", "not a spec", "mod:"]:
+    for spec in ["not a spec", "mod:", "model"]:
         with pytest.raises(ValueError, match=r"Unknown reward spec.*registered name.*'module.path:function'"):
             load_reward(spec)
     with pytest.raises(ValueError, match="must be a string"):
         load_reward(3)
+
+
+def test_model_spec_names_a_missing_reward_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"Reward model '.*nowhere' does not exist.*lmrl reward"):
+        load_reward(f"model:{tmp_path / 'nowhere'}")
+    assert reward_name("model:runs/reward/final") == "reward_model"
 
 
 def test_load_registry_name_with_options():

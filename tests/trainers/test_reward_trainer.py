@@ -16,6 +16,7 @@ from lmrl.data.chat import render_prompt
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
+from lmrl.rewards import RewardSet
 from lmrl.rewards.reward_model import reward_model_reward, score_texts, tokenize_for_scoring
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common, reward
@@ -257,6 +258,10 @@ def test_reward_function_for_rl(trained_rm):
     assert fn([rendered, rendered], ["2", "3"]) == pytest.approx(raw, abs=1e-6)
     assert raw == pytest.approx(score_texts(model, tok, ["1+1="] * 2, ["2", "3"]), abs=1e-6)
     assert fn(["1+1="] * 2, ["2", "3"], truncated=[False, True]) == pytest.approx([raw[0], -5.0], abs=1e-6)
+    reward_set = RewardSet([f"model:{trained_rm}"], reward_kwargs={"reward_model": {"precision": "fp32"}})  # lmrl rl's path
+    assert reward_set.names == ["reward_model"]
+    result = reward_set.compute(["1+1=", "1+1="], ["2", "3"])
+    assert result.total.tolist() == pytest.approx(raw, abs=1e-6)
     # scoring tokenizes exactly like training: rendered prompt, completion, <|im_end|>
     t = prefs.tokenize(tok, "1+1=", "2")
     assert tokenize_for_scoring(tok, rendered, "2", chat=True) == t
