@@ -143,3 +143,6 @@ def _describe_options(factory: RewardFactory) -> str:
     params = inspect.signature(factory).parameters.values()
     opts = [p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in params]
     return "(" + ", ".join(opts) + ")" if opts else "none"
+
+
+from lmrl.rewards import judge as _judge  # noqa: E402,F401  (registers `judge` and `rubric`; judge imports this module)
