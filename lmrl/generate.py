@@ -1,20 +1,31 @@
 """``lmrl generate``: sample completions from any model or checkpoint, to look at what it does.
 
     lmrl generate model=runs/sft/final prompts='["12+34=", "7*8="]' n=4 temperature=0.8
+
+Best-of-N at inference (RLHF book ch. 9): sample N completions per prompt, score them with `rewards`, show
+the best one and its reward, and report KL(π_BoN ‖ π) both ways: the analytic log N − (N−1)/N (exact for a
+reward without ties, an upper bound otherwise) and an empirical plug-in estimate from the scored samples
+(`lmrl.algorithms.best_of_n`; add `kl_samples` extra samples per prompt for a tighter estimate).
+
+    lmrl generate model=runs/sft/final prompts='["12+34="]' best_of=16 rewards=[model:runs/reward/final]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import torch
 from rich.table import Table
 
+from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best
 from lmrl.config import ConfigError, field
 from lmrl.data.chat import render_prompt
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
+from lmrl.rewards import RewardSet
 from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import console
 
 
@@ -33,12 +44,37 @@ class GenerateConfig:
     chat: bool = field(True, "apply the tokenizer's chat template (ChatML when it has none)")
     seed: int = field(0, "sampling seed")
     precision: str = field("auto", "auto | bf16 | fp32")
+    best_of: int = field(1, "best-of-N: sample N completions per prompt, keep the best by `rewards` (1: off)")
+    rewards: list[str] = field([], "best_of: reward functions (model:PATH, a registry name, module:function)")
+    reward_weights: list[float] = field([], "best_of: one weight per reward (default 1.0 each)")
+    reward_kwargs: dict = field({}, "best_of: options per reward name")
+    kl_samples: int = field(0, "best_of: extra samples per prompt, scored but never shown, that enlarge the pool "
+                               "of the empirical KL estimate")
+    output_file: str | None = field(None, "also write the completions (best_of: the chosen ones, with rewards) "
+                                          "as JSONL")
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
             raise ConfigError("'n' and 'max_new_tokens' must be >= 1.")
         if self.temperature < 0:
             raise ConfigError(f"'temperature' must be >= 0 (0 is greedy), got {self.temperature}.")
+        if self.best_of < 1:
+            raise ConfigError(f"'best_of' (N) must be >= 1, got {self.best_of}; best_of=1 samples once, "
+                              "best_of=N samples N completions per prompt and keeps the best by `rewards`.")
+        if self.kl_samples < 0:
+            raise ConfigError(f"'kl_samples' must be >= 0, got {self.kl_samples}.")
+        if self.best_of > 1:
+            if not self.rewards:
+                raise ConfigError("best_of > 1 needs rewards to pick the best completion, e.g. "
+                                  "rewards=model:runs/reward/final (a reward model) or rewards=mypkg.rewards:score.")
+            if self.n != 1:
+                raise ConfigError(f"best_of returns one completion per prompt; got n={self.n}. Drop n "
+                                  "(or use best_of=1 to see n raw samples).")
+            if self.temperature == 0:
+                raise ConfigError("best_of > 1 needs sampling (temperature > 0): greedy decoding gives N identical "
+                                  "completions.")
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards.")
 
     def all_prompts(self) -> list[str]:
         prompts = list(self.prompts)
@@ -53,7 +89,7 @@ class GenerateConfig:
 
 
 def run(config: GenerateConfig) -> list[list[str]]:
-    """Prints a table of completions and returns them, grouped per prompt."""
+    """Prints a table of completions and returns them, grouped per prompt (best_of: the best one per prompt)."""
     prompts = config.all_prompts()
     model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed)
     engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype(config.precision))
@@ -63,7 +99,13 @@ def run(config: GenerateConfig) -> list[list[str]]:
     )
     texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    if config.best_of > 1:
+        rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, "stop")
+        return [[c] for c in run_best_of(engine, ids, params, rewards, config, prompts)["completion"]]
     batch = engine.generate(ids, params, n=config.n, generator=torch.Generator().manual_seed(config.seed))
+    if config.output_file:
+        write_jsonl(config.output_file, [{"prompt": prompts[k // config.n], "completion": c}
+                                         for k, c in enumerate(batch.completions)])
     grouped = [batch.completions[i * config.n : (i + 1) * config.n] for i in range(len(prompts))]
     table = Table(title=f"{config.model}", show_lines=True)
     for column in ("prompt", "completion", "tokens", "finish"):
@@ -75,3 +117,54 @@ def run(config: GenerateConfig) -> list[list[str]]:
             table.add_row(prompt if j == 0 else "", completion, str(int(lengths[k])), batch.finish_reason[k])
     console.print(table)
     return grouped
+
+
+def run_best_of(engine: HFEngine, ids: list[list[int]], params: SamplingParams, rewards: RewardSet,
+                config: GenerateConfig, prompts: list[str]) -> dict:
+    """Best-of-N per prompt: the chosen completions, their rewards and the KL of best-of-N (printed too).
+
+    The pool per prompt is N + kl_samples i.i.d. samples; the best is picked among the first N (ties: the
+    earlier sample), and the empirical KL is the plug-in estimate from the whole pool's rewards.
+    """
+    n, pool_size = config.best_of, config.best_of + config.kl_samples
+    batch = engine.generate(ids, params, n=pool_size, generator=torch.Generator().manual_seed(config.seed))
+    result = rewards.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
+                             completion_lengths=batch.completion_lengths.tolist())
+    pool = result.total.view(len(prompts), pool_size)  # (B, N + kl_samples)
+    chosen = select_best(pool[:, :n])  # (B,) flat indices into the (B, N) candidates
+    rows = (chosen // n) * pool_size + chosen % n  # (B,) rows of `batch`
+    out = {"completion": [batch.completions[k] for k in rows.tolist()],
+           "reward": pool.reshape(-1)[rows].tolist(),
+           "kl_bound": bon_kl_bound(n), "kl_empirical": bon_kl_empirical(pool, n).mean().item()}
+    show_best_of(batch, rows, out, prompts, n, pool)
+    if config.output_file:
+        write_jsonl(config.output_file, [
+            {"prompt": p, "completion": c, "reward": r, "best_of": n, "mean_reward_of_n": pool[i, :n].mean().item(),
+             "kl_bound": out["kl_bound"], "kl_empirical": out["kl_empirical"]}
+            for i, (p, c, r) in enumerate(zip(prompts, out["completion"], out["reward"]))])
+    return out
+
+
+def show_best_of(batch: RolloutBatch, rows: torch.Tensor, out: dict, prompts: list[str], n: int,
+                 pool: torch.Tensor) -> None:
+    table = Table(title=f"best of {n}", show_lines=True)
+    for column in ("prompt", "best completion", "reward", f"mean reward of the {n}", "tokens", "finish"):
+        table.add_column(column, overflow="fold")
+    lengths = batch.completion_lengths.tolist()
+    for i, k in enumerate(rows.tolist()):
+        table.add_row(prompts[i], out["completion"][i], f"{out['reward'][i]:.4g}", f"{pool[i, :n].mean().item():.4g}",
+                      str(int(lengths[k])), batch.finish_reason[k])
+    console.print(table)
+    console.print(
+        f"KL(π_BoN ‖ π) with N={n}: analytic log N − (N−1)/N = {out['kl_bound']:.4f} nats (exact for a reward "
+        f"without ties, an upper bound otherwise); empirical plug-in estimate = {out['kl_empirical']:.4f} nats "
+        f"(mean over {len(prompts)} prompts of the exact best-of-{n} KL of each prompt's {pool.shape[1]} scored "
+        f"samples; at most log {pool.shape[1]} = {torch.tensor(float(pool.shape[1])).log().item():.3f}, so raise "
+        "kl_samples for a tighter estimate)."
+    )
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    console.print(f"wrote {len(records)} rows to {path}")
