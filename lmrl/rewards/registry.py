@@ -145,4 +145,4 @@ def _describe_options(factory: RewardFactory) -> str:
     return "(" + ", ".join(opts) + ")" if opts else "none"
 
 
-from lmrl.rewards import judge as _judge  # noqa: E402,F401  (registers `judge` and `rubric`; judge imports this module)
+from lmrl.rewards import gold as _gold, judge as _judge  # noqa: E402,F401  (register gold, judge, rubric)

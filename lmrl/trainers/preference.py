@@ -20,6 +20,7 @@ Launch::
 
     lmrl dpo --config dpo/tiny_prefs                                   # built-in data, CPU
     lmrl dpo model=runs/sft/final dataset=prefs.jsonl loss=ipo loss_args.tau=0.1 lr=5e-7 batch_size=64
+    lmrl dpo --config dpo/online_tiny_prefs                            # online DPO (lmrl/trainers/online_dpo.py)
 """
 
 from __future__ import annotations
@@ -71,8 +72,20 @@ class DPOConfig(TrainConfig):
     chat: bool = field(True, "render prompt/completion with the chat template (False: raw text + EOS)")
     max_length: int = field(256, "tokens per prompt + completion")
     overlong: Literal["drop", "error"] = field("drop", "pairs longer than max_length: drop them or stop")
-    batch_size: int = field(32, "pairs (KTO: examples) per optimizer step, split into grad_accum micro-batches")
+    batch_size: int = field(32, "pairs (KTO: examples) per optimizer step, split into grad_accum micro-batches; "
+                                "online: prompts per step")
     output_dir: str = field("runs/dpo", "run directory")
+    # online DPO (lmrl/trainers/online_dpo.py): pairs sampled from the current policy and labelled each step
+    online: bool = field(False, "sample pairs from the current policy each step, label them with `rewards` or `judge`")
+    samples_per_prompt: int = field(2, "online: completions per prompt (K); the pair is the best vs the worst")
+    max_new_tokens: int = field(16, "online: completion length cap in tokens")
+    temperature: float = field(1.0, "online: sampling temperature")
+    rewards: list[str] = field([], "online: label rewards (registry names, model:PATH, module:function), weighted sum")
+    reward_weights: list[float] = field([], "online: one weight per reward (default 1.0 each)")
+    reward_kwargs: dict = field({}, "online: options per reward name, e.g. {judge: {model: PATH}}")
+    min_gap: float = field(0.0, "online: skip a prompt (a tie) when best - worst label reward <= min_gap")
+    judge: str | None = field(None, "online: label each pair with this pairwise LLM judge (K=2); rewards are only logged")
+    judge_args: dict = field({}, "online: PairwiseJudge options: swap, max_new_tokens, batch_size, prompt, chat")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,6 +106,10 @@ class DPOConfig(TrainConfig):
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
         if self.loss == "kto" and self.batch_size // self.grad_accum < 2:
             raise ConfigError("loss=kto needs >= 2 examples per micro-batch (z0 pairs prompts with other completions).")
+        if self.online:
+            from lmrl.trainers.online_dpo import check_online_config
+
+            check_online_config(self)
 
     @property
     def loss_options(self) -> dict[str, Any]:
@@ -282,21 +299,21 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
 
 def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, state: dict) -> dict[str, float]:
     """Forward/backward over grad_accum micro-batches; the loss is the mean over all examples of the step."""
-    micro = len(examples) // config.grad_accum
     sums: dict[str, float] = {}
-    for i in range(config.grad_accum):
-        part = slice(i * micro, (i + 1) * micro)
+    for part in torch.arange(len(examples)).tensor_split(config.grad_accum):  # equal parts when divisible
+        if not len(part):
+            continue
         delta = state["bco"][0] / max(1, state["bco"][1])
-        losses, stats, fields = example_loss(model, examples[part], None if ref is None else ref[part], config,
-                                             pad_id, dtype, delta)
+        losses, stats, fields = example_loss(model, [examples[i] for i in part], None if ref is None else ref[part],
+                                             config, pad_id, dtype, delta)
         loss = losses.sum() / len(examples)
         common.check_finite(loss, step)
         loss.backward()
         if config.loss == "bco":  # δ: running mean of the implicit rewards β·u of chosen and rejected
             u = torch.cat([fields["chosen"] - fields["ref_chosen"], fields["rejected"] - fields["ref_rejected"]])
             state["bco"] = (state["bco"][0] + config.beta * u.detach().sum().item(), state["bco"][1] + u.numel())
-        for key, value in {"loss": loss.item() * config.grad_accum, **stats}.items():
-            sums[key] = sums.get(key, 0.0) + value / config.grad_accum
+        for key, value in {"loss": losses.mean().item(), **stats}.items():
+            sums[key] = sums.get(key, 0.0) + value * len(part) / len(examples)
     return sums
 
 
@@ -362,6 +379,10 @@ def check_kto_balance(examples: list[Example], config: DPOConfig, tracker) -> No
 
 def train(config: DPOConfig) -> dict[str, float]:
     """Run a DPO-family loss end to end; returns the final evaluation metrics (plus `initial/...` ones)."""
+    if config.online:
+        from lmrl.trainers.online_dpo import train_online
+
+        return train_online(config)
     model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
     examples, eval_examples, gold_rows, dropped = load_data(config, tokenizer)
     run = common.start_run(config, f"dpo ({config.loss})")
