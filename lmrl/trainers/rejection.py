@@ -1,0 +1,356 @@
+"""Rejection sampling: sample N completions per prompt, score them, keep the best, SFT on the selection.
+
+RLHF book ch. 9 (spec `rlhf-book-advanced.md` §2):
+1. sample `samples_per_prompt` (N) completions for each of `train_rows` (M) prompts with the rollout engine;
+2. score the M x N completions with a RewardSet (a reward model `model:PATH`, a verifier like `task`, or
+   a user function `module:function`);
+3. select per prompt (`select=best`: argmax_j r_ij, or the `per_prompt` best) or over all prompts
+   (`select=top_k`: the `top_k` best of the flat M*N rewards); empty or truncated completions, duplicates
+   within a prompt and rewards below `min_reward` are never selected;
+4. write the selection to `<output_dir>/round-R/selection.jsonl` (prompt, completion, reward) and SFT the
+   policy on it with the SFT trainer (`lmrl.trainers.sft.train`, run in `round-R/sft/`);
+5. repeat for `rounds` rounds, each sampling from the previous round's policy.
+Logged per round (step = round): reward of all samples vs the selected ones, the per-prompt max, and for
+per-prompt best-of-N the KL(π_BoN ‖ π) the selection targets (`rs/kl_bon_bound` = log N − (N−1)/N, analytic;
+`rs/kl_bon_empirical`, the plug-in estimate from each prompt's N rewards); then held-out `eval/...` metrics.
+
+Deviations: rounds after the first continue from the previous round's policy (iterated rejection sampling,
+as Llama 2), not from the starting checkpoint; `max_steps` is the number of SFT steps per round.
+
+Launch::
+
+    lmrl rejection-sampling --config rejection/tiny_arithmetic              # built-in task, CPU
+    lmrl rejection-sampling model=runs/sft/final rewards=[model:runs/rm/final] dataset=prompts.jsonl \
+        samples_per_prompt=16 select=top_k top_k=2000 lr=1e-5 batch_size=64
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+
+from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best, select_top_k
+from lmrl.config import ConfigError, TrainConfig, field, to_dict
+from lmrl.data import preference as prefs
+from lmrl.data.chat import encode_prompt
+from lmrl.data.loading import load_rows
+from lmrl.eval.generation import task_accuracy
+from lmrl.models import autocast_dtype, load_model, load_model_and_tokenizer
+from lmrl.models.logprobs import completion_logprobs
+from lmrl.rewards import RewardSet
+from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.types import RolloutBatch
+from lmrl.trainers import sft
+from lmrl.tracking import Tracker
+
+
+@dataclasses.dataclass
+class RejectionConfig(TrainConfig):
+    dataset: str = field("task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a prompt column")
+    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 1)")
+    split: str = field("train", "dataset split")
+    train_rows: int | None = field(200, "prompts sampled each round (M); null: every row")
+    eval_dataset: str | None = field(None, "held-out prompts; default: the test split of a built-in task, none for files")
+    eval_split: str = field("test", "split of eval_dataset (or of the built-in task)")
+    eval_rows: int = field(100, "held-out prompts")
+    eval_samples: int = field(4, "completions sampled per held-out prompt for eval/reward (and eval/gold_score, eval/kl)")
+    eval_gold: bool = field(False, "also report eval/gold_score, the hidden rule of the built-in preference task "
+                                   "(arithmetic prompts only)")
+    eval_kl: bool = field(True, "report eval/kl: KL(π ‖ π_start) summed over completion tokens (k1 on sampled "
+                                "held-out completions; keeps the starting model in memory)")
+    samples_per_prompt: int = field(8, "completions sampled per prompt (N)")
+    max_new_tokens: int = field(32, "completion length cap in tokens")
+    temperature: float = field(1.0, "sampling temperature (book: 0.7-1.0)")
+    top_p: float = field(1.0, "nucleus sampling")
+    sample_top_k: int = field(0, "top-k sampling (0: off); not to be confused with top_k (selection)")
+    generation_batch: int = field(64, "prompts per call of the rollout engine")
+    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model), module:function")
+    reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
+    reward_kwargs: dict = field({}, "options per reward name, e.g. {reward_model: {batch_size: 64}}")
+    select: Literal["best", "top_k"] = field("best", "best: the per_prompt best of each prompt; top_k: the top_k "
+                                                    "best over all prompts")
+    per_prompt: int = field(1, "select=best: completions kept per prompt")
+    top_k: int | None = field(None, "select=top_k: completions kept in total (K)")
+    min_reward: float | None = field(None, "never select a completion with a lower reward (e.g. 1 with a 0/1 verifier)")
+    drop_truncated: bool = field(True, "never select completions that hit max_new_tokens without a stop")
+    dedupe: bool = field(True, "never select a completion identical to a better one of the same prompt")
+    rounds: int = field(1, "sample -> select -> SFT rounds; each samples from the previous round's policy")
+    chat: bool = field(True, "prompts use the chat template (SFT renders the selection the same way)")
+    max_length: int = field(128, "SFT: tokens per example (prompt + completion)")
+    batch_size: int = field(32, "SFT: examples per optimizer step")
+    max_steps: int = field(100, "SFT optimizer steps per round")
+    output_dir: str = field("runs/rejection", "run directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.samples_per_prompt < 1:
+            raise ConfigError(f"'samples_per_prompt' (N) must be >= 1, got {self.samples_per_prompt}; "
+                              "rejection sampling draws N completions per prompt and keeps the best.")
+        for name in ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        if self.temperature <= 0:
+            raise ConfigError(f"'temperature' must be > 0 (rejection sampling needs diverse samples), got {self.temperature}.")
+        if self.per_prompt > self.samples_per_prompt:
+            raise ConfigError(f"per_prompt={self.per_prompt} exceeds samples_per_prompt={self.samples_per_prompt}; "
+                              "keep at most the N completions drawn per prompt.")
+        if self.select == "top_k":
+            if self.top_k is None or self.top_k < 1:
+                raise ConfigError("select=top_k needs top_k=K >= 1, the number of completions kept over all prompts.")
+            available = None if self.train_rows is None else self.train_rows * self.samples_per_prompt
+            if available is not None and self.top_k > available:
+                raise ConfigError(f"top_k={self.top_k} exceeds the {available} completions sampled per round "
+                                  f"(train_rows={self.train_rows} x samples_per_prompt={self.samples_per_prompt}); "
+                                  "lower top_k or sample more.")
+        elif self.top_k is not None:
+            raise ConfigError("top_k applies to select=top_k only; with select=best use per_prompt=k.")
+        if not self.rewards:
+            raise ConfigError("'rewards' is empty: name at least one reward (task, model:PATH, module:function).")
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards.")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.sample_top_k)
+
+
+# ----------------------------------------------------------------------------- sampling and scoring
+
+
+@dataclasses.dataclass
+class Pool:
+    """M prompts x N scored completions, prompt-major."""
+
+    rows: list[dict]  # the M dataset rows
+    batch: RolloutBatch  # M*N rows
+    rewards: torch.Tensor  # (M, N) weighted total
+    metrics: dict[str, float]  # RewardSet metrics (rewards/<fn>/mean, reward/mean, ...)
+
+
+def sample_and_score(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, n: int,
+                     seed: int, dtype) -> Pool:
+    """N completions per row from `model` (batched, seeded) scored by `rewards`."""
+    engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for start in range(0, len(rows), config.generation_batch):
+        chunk = rows[start : start + config.generation_batch]
+        ids = [encode_prompt(tokenizer, r["prompt"], config.chat) for r in chunk]
+        batches.append(engine.generate(ids, config.sampling, n=n, generator=generator))
+    batch = concat_batches(batches, n, tokenizer.pad_token_id)
+    keys = [k for k in rows[0] if k not in ("prompt", "completion")]
+    columns = {k: [row[k] for row in rows for _ in range(n)] for k in keys}
+    result = rewards.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
+                             completion_lengths=batch.completion_lengths.tolist(), **columns)
+    return Pool(rows, batch, result.total.view(-1, n), result.metrics)
+
+
+def concat_batches(batches: list[RolloutBatch], n: int, pad_id: int) -> RolloutBatch:
+    """One RolloutBatch from several (prompts left-padded, completions right-padded to the widest)."""
+    if len(batches) == 1:
+        return batches[0]
+    p, t = max(b.prompt_ids.shape[1] for b in batches), max(b.completion_ids.shape[1] for b in batches)
+    left = lambda x, w, v: torch.nn.functional.pad(x, (w - x.shape[1], 0), value=v)  # noqa: E731
+    right = lambda x, w, v: torch.nn.functional.pad(x, (0, w - x.shape[1]), value=v)  # noqa: E731
+    cat = lambda f: torch.cat([f(b) for b in batches])  # noqa: E731
+    return RolloutBatch(
+        prompt_ids=cat(lambda b: left(b.prompt_ids, p, pad_id)), prompt_mask=cat(lambda b: left(b.prompt_mask, p, 0)),
+        completion_ids=cat(lambda b: right(b.completion_ids, t, pad_id)),
+        completion_mask=cat(lambda b: right(b.completion_mask, t, 0.0)),
+        sampler_logp=cat(lambda b: right(b.sampler_logp, t, 0.0)), truncated=cat(lambda b: b.truncated),
+        finish_reason=[x for b in batches for x in b.finish_reason], prompts=[x for b in batches for x in b.prompts],
+        completions=[x for b in batches for x in b.completions], group_size=n,
+    )
+
+
+def eligible_mask(pool: Pool, config: RejectionConfig) -> torch.Tensor:
+    """Bool (M, N): samples that may be selected: non-empty text (SFT needs a target), not truncated, not a
+    repeat within the prompt, reward >= min_reward."""
+    m, n = pool.rewards.shape
+    ok = torch.tensor([bool(c.strip()) for c in pool.batch.completions]).view(m, n)
+    if config.drop_truncated:
+        ok &= ~pool.batch.truncated.view(m, n)
+    if config.min_reward is not None:
+        ok &= pool.rewards >= config.min_reward
+    if config.dedupe:  # the best copy of a repeated completion stays eligible
+        for i in range(m):
+            seen: set[str] = set()
+            for j in torch.sort(pool.rewards[i], descending=True, stable=True).indices.tolist():
+                text = pool.batch.completions[i * n + j]
+                ok[i, j] &= text not in seen
+                seen.add(text)
+    return ok
+
+
+def select(pool: Pool, config: RejectionConfig, tracker: Tracker | None = None) -> torch.Tensor:
+    """Flat indices of the selected completions (select=best per prompt, or the global top_k)."""
+    ok = eligible_mask(pool, config)
+    if config.select == "best":
+        return select_best(pool.rewards, config.per_prompt, ok)
+    k = config.top_k
+    if k > int(ok.sum()):  # too few eligible this round: keep them all rather than fail mid-run
+        if tracker is not None:
+            tracker.print(f"[yellow]top_k={k} but only {int(ok.sum())} completions are eligible this round; "
+                          "keeping all of them.")
+        k = int(ok.sum())
+    return select_top_k(pool.rewards, k, ok) if k else torch.zeros(0, dtype=torch.long)
+
+
+def selection_stats(pool: Pool, chosen: torch.Tensor, config: RejectionConfig) -> dict[str, float]:
+    """Mean reward of all samples vs the selected ones, per-prompt max, coverage, and the BoN KL."""
+    m, n = pool.rewards.shape
+    flat = pool.rewards.reshape(-1)  # (M*N,)
+    stats = {**pool.metrics, "rs/reward_all": flat.mean().item(), "rs/reward_max": pool.rewards.max(1).values.mean().item(),
+             "rs/selected": float(chosen.numel()), "rs/prompts_covered": len(set((chosen // n).tolist())) / m,
+             "rs/truncated_frac": pool.batch.truncated.float().mean().item(),
+             "completion_len/mean": pool.batch.completion_lengths.float().mean().item()}
+    if chosen.numel():
+        stats["rs/reward_selected"] = flat[chosen].mean().item()
+    if config.select == "best" and config.per_prompt == 1:  # the selection is a sample of π_BoN
+        stats["rs/kl_bon_bound"] = bon_kl_bound(n)
+        stats["rs/kl_bon_empirical"] = bon_kl_empirical(pool.rewards, n).mean().item()
+    return stats
+
+
+def write_selection(path: Path, pool: Pool, chosen: torch.Tensor) -> list[dict]:
+    """selection.jsonl: one {prompt, completion, reward, ...dataset columns} row per selected completion."""
+    n = pool.rewards.shape[1]
+    records = []
+    for k in chosen.tolist():
+        row = pool.rows[k // n]
+        extra = {key: v for key, v in row.items() if key not in ("prompt", "completion", "reward")}
+        records.append({"prompt": row["prompt"], "completion": pool.batch.completions[k],
+                        "reward": pool.rewards.view(-1)[k].item(), **extra})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, dtype,
+             reference=None) -> dict[str, float]:
+    """Held-out reward of sampled completions, greedy task accuracy, gold score and KL to the start."""
+    if not rows:
+        return {}
+    was_training = model.training
+    model.eval()
+    pool = sample_and_score(model, tokenizer, rows, rewards, config, config.eval_samples, config.seed + 7, dtype)
+    metrics = {"eval/reward": pool.rewards.mean().item(),
+               **{f"eval/{k}": v for k, v in pool.metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
+    if config.eval_gold:
+        gold = [prefs.gold_score(r["prompt"], pool.batch.completions[k], r.get("meta"))
+                for k, r in enumerate(r for r in rows for _ in range(config.eval_samples))]
+        metrics["eval/gold_score"] = sum(gold) / len(gold)
+    if reference is not None:
+        batch = pool.batch
+        ref_logp = completion_logprobs(reference, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
+                                       temperature=config.temperature, autocast_dtype=dtype)  # (N, T)
+        metrics["eval/kl"] = ((batch.sampler_logp - ref_logp) * batch.completion_mask).sum(1).mean().item()
+    if "task" in rows[0] and "answer" in rows[0]:
+        acc, _ = task_accuracy(model, tokenizer, rows, config.max_new_tokens, dtype, num_samples=0)
+        metrics["eval/accuracy"] = acc["accuracy"]
+    model.train(was_training)
+    return metrics
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def load_prompts(config: RejectionConfig) -> tuple[list[dict], list[dict]]:
+    """Training prompts and held-out prompts, checked at start-up."""
+    rows = load_rows(config.dataset, split=config.split, limit=config.train_rows, **config.task_args)
+    if "prompt" not in rows[0]:
+        raise ValueError(f"{config.dataset}: rejection sampling needs a `prompt` column; found {sorted(rows[0])}.")
+    source = config.eval_dataset or (config.dataset if config.dataset.startswith("task:") else None)
+    eval_rows = []
+    if source:
+        args = config.task_args if source.startswith("task:") else {}
+        eval_rows = load_rows(source, split=config.eval_split, limit=config.eval_rows, **args)
+    if config.select == "top_k" and config.top_k > len(rows) * config.samples_per_prompt:
+        raise ValueError(f"top_k={config.top_k} exceeds the {len(rows) * config.samples_per_prompt} completions "
+                         f"sampled per round ({len(rows)} prompts x {config.samples_per_prompt}); lower top_k.")
+    return rows, eval_rows
+
+
+def sft_config(config: RejectionConfig, dataset: Path, model: str, out: Path, first: bool) -> sft.SFTConfig:
+    """The SFT phase of a round: the shared training fields of `config`, on the selection file."""
+    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)}
+    shared.update(model=model, model_args=config.model_args if first else {}, output_dir=str(out),
+                  overwrite=True, eval_every=0)
+    return sft.SFTConfig(**shared, dataset=str(dataset), train_rows=None, eval_dataset=None, chat=config.chat,
+                         max_length=config.max_length, batch_size=config.batch_size)
+
+
+def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
+    """The run directory and the number of rounds already completed (resume=true)."""
+    run_dir = Path(config.output_dir)
+    done = 0
+    while (run_dir / f"round-{done + 1}" / "sft" / "final").is_dir():
+        done += 1
+    if (run_dir / "metrics.jsonl").exists() and not config.resume:
+        if not config.overwrite:
+            raise FileExistsError(f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, "
+                                  "overwrite=true to replace it, or choose another output_dir=...")
+        for path in [*run_dir.glob("round-*"), run_dir / "final", run_dir / "plots"]:
+            shutil.rmtree(path, ignore_errors=True)
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            (run_dir / name).unlink(missing_ok=True)
+        done = 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return run_dir, (done if config.resume else 0)
+
+
+def train(config: RejectionConfig) -> dict[str, float]:
+    """Run rejection sampling end to end; returns the final eval metrics (plus `initial/...` ones)."""
+    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
+    rows, eval_rows = load_prompts(config)
+    rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, "stop")
+    run_dir, done = prepare_run_dir(config)
+    dtype = autocast_dtype(config.precision)
+    reference = model if config.eval_kl else None  # π_start: `model` is rebound to each round's trained policy
+    tracker = Tracker(run_dir, config.rounds, to_dict(config), config.report_to, "rejection sampling", done)
+    policy = config.model if done == 0 else str(run_dir / f"round-{done}" / "sft" / "final")
+    if done:
+        reference = load_model(config.model, tokenizer, config.seed, config.model_args) if config.eval_kl else None
+        model, tokenizer = load_model_and_tokenizer(policy, config.tokenizer)
+    initial = {f"initial/{k}": v for k, v in evaluate(model, tokenizer, eval_rows, rewards, config, dtype).items()}
+    if not done:
+        tracker.log(0, {k.removeprefix("initial/"): v for k, v in initial.items()})
+    final = dict(initial)
+    for r in range(done + 1, config.rounds + 1):
+        pool = sample_and_score(model, tokenizer, rows, rewards, config, config.samples_per_prompt,
+                                config.seed * 1_000_003 + r, dtype)
+        chosen = select(pool, config, tracker)
+        if chosen.numel() == 0:
+            raise ValueError(f"round {r}: no completion was eligible for selection (all truncated, or below "
+                             f"min_reward={config.min_reward}); lower min_reward or raise max_new_tokens.")
+        records = write_selection(run_dir / f"round-{r}" / "selection.jsonl", pool, chosen)
+        tracker.log(r, selection_stats(pool, chosen, config))
+        tracker.log_samples(r, [{k: rec[k] for k in ("prompt", "completion", "reward")}
+                                for rec in records[: config.num_samples]], f"round {r} selection")
+        tracker.progress.stop()  # the SFT trainer shows its own progress bar
+        sft.train(sft_config(config, run_dir / f"round-{r}" / "selection.jsonl", policy,
+                             run_dir / f"round-{r}" / "sft", first=r == 1))
+        tracker.progress.start()
+        policy = str(run_dir / f"round-{r}" / "sft" / "final")
+        model, tokenizer = load_model_and_tokenizer(policy, config.tokenizer)
+        final = evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference)
+        tracker.log(r, final)
+    model.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
+    tracker.close()
+    tracker.print(f"Final model: {run_dir / 'final'}  selections: {run_dir}/round-*/selection.jsonl")
+    return {**initial, **final}
