@@ -77,6 +77,11 @@ def peak_rss_mb() -> float:
     return _status_mb("VmHWM")
 
 
+def digit_share(completion: str) -> float:
+    """The dense benchmark reward: the share of digit characters in a completion (0 for an empty one)."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
 class DtypeProbe:
     """Records the output dtype of the first nn.Linear call with grad off (generation) and on (training).
 
@@ -163,6 +168,12 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         f"max_steps={args.steps}", "log_every=1", "eval_every=0", "save_every=0", f"sample_every={args.steps + 1}",
         f"output_dir={out}", "overwrite=true",
     ]
+    if args.reward == "digits":
+        from lmrl.rewards import REWARDS, register_reward
+
+        if "digit_share" not in REWARDS:
+            register_reward("digit_share")(lambda **_: lambda prompts, completions, **kw: [digit_share(c) for c in completions])
+        overrides.append("rewards=[digit_share]")
     config = load_config(online.RLConfig, None, overrides)
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
@@ -186,6 +197,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "generate_s": [r["time/rollout_s"] for r in records],
         "rewards": [r["reward/mean"] for r in records],
         "losses": [r["loss"] for r in records],
+        "skipped_rows": sum(r.get("train/skipped_rows_frac", 0.0) for r in records) / len(records),
         "baseline_mb": baseline, "peak_mb": peak_at_last_step[0], "exit_peak_mb": peak_rss_mb(),
         "dtypes": probe.seen, "threads": torch.get_num_threads(),
     }
@@ -219,6 +231,10 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         raise RuntimeError(f"TRL reward function scores a right/wrong answer as {check}, expected [1.0, 0.0]")
     calls["reward"] = 0
 
+    def digits_reward(completions, **kwargs) -> list[float]:
+        calls["reward"] += 1
+        return [digit_share(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
+
     config = GRPOConfig(
         output_dir=str(workdir / "trl-run"), use_cpu=True, bf16=args.precision == "bf16", fp16=False,
         per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
@@ -244,7 +260,8 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     probe = DtypeProbe()
     baseline = rss_mb()
-    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=task_reward, args=config, train_dataset=dataset,
+    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=task_reward if args.reward == "task" else digits_reward,
+                          args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Timer()])
     generate_s: list[float] = []
     original_generate = trainer._generate_single_turn
@@ -303,7 +320,7 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
     cmd = [sys.executable, __file__, "--child", name, "--workdir", str(workdir), "--model", args.model,
            "--prompts", str(args.prompts), "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--precision", args.precision,
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), "--reward", args.reward]
     if args.trl_gradient_checkpointing:
         cmd.append("--trl-gradient-checkpointing")
     log = workdir / f"{name}.log"
@@ -324,7 +341,7 @@ def report(results: dict[str, dict], args: argparse.Namespace, info: dict) -> No
     print(f"\nmachine: {machine()}; torch threads {next(iter(results.values()))['threads']}")
     print(f"model {args.model} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
           f"{args.max_new_tokens} new tokens, {args.steps} steps ({args.warmup} warm-up), {args.precision}, "
-          f"fastest of {args.rounds} round(s)"
+          f"reward {args.reward}, fastest of {args.rounds} round(s)"
           + (", TRL gradient checkpointing on" if args.trl_gradient_checkpointing else ""))
     head = f"{'framework':10s} {'steps/s':>8s} {'s/step':>7s} {'gen s/step':>10s} {'tok/s':>7s} " \
            f"{'peak RSS MB':>11s} {'peak-base MB':>12s} {'exit MB':>8s} {'reward':>7s} {'loss':>9s}  dtypes (gen/train), load"
@@ -346,6 +363,8 @@ def report(results: dict[str, dict], args: argparse.Namespace, info: dict) -> No
     for name, r in results.items():
         finite = all(x == x and abs(x) != float("inf") for x in r["losses"])
         extra = f", reward function called {r['reward_calls']} times" if "reward_calls" in r else ""
+        if "skipped_rows" in r:  # zero-advantage rows lmrl did not forward (their gradient is exactly 0)
+            extra += f", rows skipped as zero-advantage {100 * r['skipped_rows']:.0f}%"
         print(f"{name}: {len(r['step_ends'])} steps, losses finite: {finite}{extra}, child wall time {r['wall_s']:.0f} s")
 
 
@@ -358,6 +377,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per framework")
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the steady-state rate (>= 1)")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or plain fp32")
+    parser.add_argument("--reward", choices=("digits", "task"), default="digits",
+                        help="digits: share of digit characters (dense: every group has reward variance, so both "
+                             "frameworks train on every row); task: the arithmetic verifier (0 for a random model)")
     parser.add_argument("--frameworks", default="lmrl,trl", help="comma-separated, run in this order")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the frameworks this many times, alternating; report each one's fastest round")

@@ -12,7 +12,8 @@ import inspect
 
 import torch
 
-__all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "selective_log_softmax"]
+__all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "prompt_groups", "selective_log_softmax",
+           "shared_prompt_logits"]
 
 
 def _row_chunks(n_rows: int, vocab: int, chunk_size: int | None) -> int:
@@ -85,6 +86,7 @@ def completion_logprobs(
     chunk_size: int | None = None,
     return_entropy: bool = False,
     autocast_dtype: torch.dtype | None = None,
+    share_prompts: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
 
@@ -94,6 +96,11 @@ def completion_logprobs(
     positions whose attention_mask is 0 get 0. With return_entropy, also returns the entropy (N, T) of the
     same distributions. Gradients flow unless the caller disables them. autocast_dtype: run the forward
     under torch.autocast with that dtype (None: the model's dtype).
+
+    share_prompts: rows with the same prompt (a group of G samples) run their prompt through the model once;
+    the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_logits`). Same
+    values and gradients, (G-1)/G fewer prompt FLOPs; ignored when every prompt is distinct or the model takes
+    no `past_key_values`. The entropy is computed without gradient (it is a metric, not a loss term).
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -111,20 +118,68 @@ def completion_logprobs(
         raise ValueError(f"completion_logprobs: temperature must be > 0, got {temperature}.")
     width = seq_len - completion_start  # T
     position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (N, P+T)
-    extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
     device_type = input_ids.device.type
     ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     with ctx:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
-    logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
+        if groups is not None and accepts_kwarg(model, "past_key_values"):
+            logits = shared_prompt_logits(model, input_ids, attention_mask, position_ids, completion_start, *groups)
+        else:
+            extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
+            logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
     logp = selective_log_softmax(logits, targets, temperature=temperature, chunk_size=chunk_size)
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     if not return_entropy:
         return logp
-    entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
     return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
+
+
+def prompt_groups(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first row of each distinct prompt (U,), each row's prompt index (N,)), or None if no prompt repeats.
+
+    A prompt is its ids and mask over the first `completion_start` positions; rows may come in any order.
+    """
+    prompts = torch.cat([input_ids[:, :completion_start], attention_mask[:, :completion_start].long()], 1)  # (N, 2P)
+    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # (N,) ids of distinct prompts, sorted
+    n_unique = int(inverse.max()) + 1
+    if n_unique == len(inverse):
+        return None
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((n_unique,), len(inverse), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
+    return first, inverse
+
+
+def shared_prompt_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+    completion_start: int, first: torch.Tensor, inverse: torch.Tensor,
+) -> torch.Tensor:
+    """Logits (N, T, V) at positions P-1 .. P+T-2, running each distinct prompt once.
+
+    Forward 1: the U distinct prompts (U, P), keeping their KV cache and the last position's logits.
+    Forward 2: the N completions (N, T) on the cache rows `inverse` (indexing is differentiable, so the prompt
+    tokens get the gradient of every completion of their group), with the full (N, P+T) attention mask.
+    """
+    from transformers.cache_utils import DynamicCache
+
+    p = completion_start
+    extra = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
+    out = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
+                position_ids=position_ids[first, :p], past_key_values=DynamicCache(), use_cache=True, **extra)
+    cache = out.past_key_values
+    cache.batch_select_indices(inverse)  # (U, ...) -> (N, ...) per layer
+    last_prompt_logits = out.logits[inverse, -1:]  # (N, 1, V): predicts completion token 0
+    if input_ids.shape[1] == p + 1:  # T = 1: the prompt's logits are all there is
+        return last_prompt_logits
+    completion_logits = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
+                              position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True).logits
+    return torch.cat([last_prompt_logits, completion_logits], 1)  # (N, T, V)
 
 
 def accepts_kwarg(model, name: str) -> bool:

@@ -94,6 +94,8 @@ class RLConfig(TrainConfig):
     kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
     tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off)")
+    share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
+    skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")
     vf_coef: float = field(0.1, "PPO: value-loss weight")
     value_clip: float | None = field(0.2, "PPO: value clipping range")
     gamma: float = field(1.0, "PPO: discount")
@@ -169,7 +171,25 @@ def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
 @torch.no_grad()
 def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> torch.Tensor:
     return completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                               temperature=config.temperature, autocast_dtype=dtype)
+                               temperature=config.temperature, autocast_dtype=dtype,
+                               share_prompts=getattr(config, "share_prompts", False))
+
+
+def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.Generator) -> torch.Tensor:
+    """A random order of the n rows in which every minibatch holds whole groups (so prompts can be shared),
+    when the groups split evenly into minibatches; else a random order of rows."""
+    if n % group_size or (n // group_size) % minibatches:
+        return torch.randperm(n, generator=generator)
+    groups = torch.randperm(n // group_size, generator=generator)  # (n/G,)
+    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()  # (n,)
+
+
+def zero_gradient_rows(adv: torch.Tensor, config: RLConfig, value_model, use_kl_loss: bool) -> torch.Tensor | None:
+    """Rows (N,) bool whose policy-loss gradient is exactly 0: advantage 0 on every token, no KL term in the loss
+    and no value loss (pg, ppo, gspo and cispo all scale each row's term by its advantage). None: skip nothing."""
+    if not config.skip_zero_advantage or use_kl_loss or value_model is not None:
+        return None
+    return (adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0
 
 
 def completion_values(value_model: ValueModel, batch: RolloutBatch, dtype) -> torch.Tensor:
@@ -204,17 +224,25 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
         opts["kl_coef"] = config.kl_coef
     totals: dict[str, float] = {}
     n = len(batch)
+    skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
+    params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
     for _ in range(config.ppo_epochs):
-        order = torch.randperm(n, generator=generator)
+        order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
             mb_tokens = batch.completion_mask[mb].sum().clamp(min=1)
             for micro in mb.chunk(config.grad_accum):
+                if skip is not None:
+                    totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
+                                                         + skip[micro].float().sum().item() / n / config.ppo_epochs)
+                    micro = micro[~skip[micro]]  # dropped rows add exactly 0 to the loss; the weights keep mb's size
+                    if len(micro) == 0:
+                        continue
                 sub = batch.select(micro)
                 mask = sub.completion_mask
                 weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / len(mb)
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
-                                                    autocast_dtype=dtype)
+                                                    autocast_dtype=dtype, share_prompts=config.share_prompts)
                 loss, stats = policy_loss(
                     config.preset.loss, logp, logp.detach() if old_logp is None else old_logp[micro], adv[micro], mask,
                     ref_logp=ref_logp[micro] if ref_logp is not None else None,
@@ -231,7 +259,9 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                 (loss * weight).backward()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step
-            params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
+            if all(p.grad is None for p in params):  # every row skipped: step on the exact zero gradient (momentum)
+                for p in params:
+                    p.grad = torch.zeros_like(p) if p.requires_grad else None
             norm = common.optimizer_step(params, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm / config.updates_per_step
     return totals

@@ -6,7 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from lmrl.models.logprobs import accepts_kwarg, completion_logprobs, entropy_from_logits, selective_log_softmax
+from lmrl.models.logprobs import (
+    accepts_kwarg, completion_logprobs, entropy_from_logits, prompt_groups, selective_log_softmax,
+)
 
 PAD = 0
 
@@ -163,3 +165,50 @@ def test_completion_logprobs_errors(model):
         completion_logprobs(model, ids, torch.ones(2, 4, dtype=torch.long), completion_start=2)
     with pytest.raises(ValueError, match="temperature"):
         completion_logprobs(model, ids, torch.ones_like(ids), completion_start=2, temperature=0.0)
+
+
+def grouped_batch(gen, n_prompts=3, group=4, width=5):
+    """Left-padded prompts of lengths 2..4, each repeated `group` times (shuffled), completions of lengths 1..width."""
+    rows, completion_lens = [], []
+    for i in range(n_prompts):
+        prompt = torch.randint(1, 97, (2 + i,), generator=gen).tolist()
+        for _ in range(group):
+            c = int(torch.randint(1, width + 1, (1,), generator=gen))
+            rows.append(prompt + torch.randint(1, 97, (c,), generator=gen).tolist())
+            completion_lens.append(c)
+    ids, mask = left_padded(rows, completion_lens, pad_prompt_to=n_prompts + 1, pad_completion_to=width)
+    order = torch.randperm(len(rows), generator=gen)  # groups need not be contiguous
+    return ids[order], mask[order]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("width", [5, 1])
+def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, width):
+    model = {"llama": model, "gpt2": gpt2}[arch]
+    ids, mask = grouped_batch(torch.Generator().manual_seed(4), width=width)
+    start = ids.shape[1] - width
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logp, entropy = completion_logprobs(model, ids, mask, start, temperature=0.8, return_entropy=True,
+                                            share_prompts=share)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results.append((logp.detach(), entropy, grads))
+    (a, ha, ga), (b, hb, gb) = results
+    assert torch.allclose(a, b, atol=1e-5) and torch.allclose(ha, hb, atol=1e-5)
+    assert len(ga) == len(gb) and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(ga, gb))
+    model.zero_grad()
+
+
+def test_prompt_groups_find_repeated_prompts_in_any_order():
+    ids = torch.tensor([[0, 5, 6, 9], [7, 7, 7, 1], [0, 5, 6, 2], [0, 5, 6, 3]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0, 1, 1, 1]])
+    first, inverse = prompt_groups(ids, mask, completion_start=3)
+    assert inverse[0] == inverse[2] == inverse[3] != inverse[1]
+    assert first[inverse].tolist() == [0, 1, 0, 0]  # each row's group starts at its first row
+    assert prompt_groups(ids, mask, completion_start=3) is not None
+    distinct = torch.tensor([[1, 2, 3], [2, 2, 3]])
+    assert prompt_groups(distinct, torch.ones_like(distinct), completion_start=2) is None
+    same_ids_other_mask = torch.tensor([[0, 0, 4], [0, 0, 5]])  # pad id 0 equals a real token id 0 in row 2
+    assert prompt_groups(same_ids_other_mask, torch.tensor([[0, 1, 1], [1, 1, 1]]), completion_start=2) is None

@@ -92,3 +92,30 @@ def test_failing_reward_stops_when_asked(tmp_path):
 
     with pytest.raises(RewardError, match="test_failing"):
         online.train(rl_config(tmp_path, "grpo", "max_steps=2", "rewards=[test_failing]", "on_reward_error=stop"))
+
+
+def digits_on_additions(prompts, completions, **kwargs):
+    """Digit share on '+' problems, a constant 1 on the others: their groups have zero reward variance."""
+    return [sum(c.isdigit() for c in text) / max(1, len(text)) if "+" in p else 1.0
+            for p, text in zip(prompts, completions)]
+
+
+if "test_digits_on_additions" not in REWARDS:
+    register_reward("test_digits_on_additions")(lambda **_: digits_on_additions)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "gspo"])
+def test_shared_prompts_and_skipped_zero_advantage_rows_change_nothing(tmp_path, algorithm):
+    from lmrl.models import load_model
+
+    finals, skipped = [], []
+    for fast in ("true", "false"):
+        out = tmp_path / fast
+        online.train(rl_config(tmp_path, algorithm, "max_steps=3", "ppo_epochs=2", "minibatches=2",
+                               "rewards=[test_digits_on_additions]", "task_args.ops=+-", f"output_dir={out}",
+                               f"share_prompts={fast}", f"skip_zero_advantage={fast}"))
+        finals.append(dict(load_model(str(out / "final")).named_parameters()))
+        skipped.append([r.get("train/skipped_rows_frac", 0.0) for r in read_jsonl(out / "metrics.jsonl")])
+    assert max(skipped[0]) > 0 and max(skipped[1]) == 0  # the fast run really skipped rows
+    for name, p in finals[0].items():
+        assert torch.allclose(p, finals[1][name], atol=1e-5), name
