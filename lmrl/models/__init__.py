@@ -6,6 +6,7 @@ from lmrl.models.loading import (
     is_builtin,
     load_model,
     load_model_and_tokenizer,
+    save_model,
 )
 from lmrl.models.precision import autocast, autocast_dtype, bf16_supported
 
@@ -18,4 +19,5 @@ __all__ = [
     "is_builtin",
     "load_model",
     "load_model_and_tokenizer",
+    "save_model",
 ]

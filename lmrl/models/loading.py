@@ -118,3 +118,19 @@ def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed:
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def save_model(model, tokenizer, path: str | Path) -> Path:
+    """``model.save_pretrained`` + ``tokenizer.save_pretrained`` into ``path``, without HF's per-save progress bar
+    (a run saves many checkpoints; the bar is only noise in its log)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+    return Path(path)

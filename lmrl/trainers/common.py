@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from lmrl.config import TrainConfig, to_dict
+from lmrl.models.loading import save_model
 from lmrl.tracking import Tracker, console
 
 STATE_FILE = "trainer_state.pt"
@@ -195,8 +196,7 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
     tmp = run.checkpoints_dir / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    save_model(model, tokenizer, tmp)
     torch.save(
         {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
          "trainer": state or {}},
@@ -233,7 +233,4 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[st
 
 def save_final(run: Run, model, tokenizer) -> Path:
     """``output_dir/final``: the trained model in HF format, loadable with ``model=<run>/final``."""
-    path = run.dir / "final"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_model(model, tokenizer, run.dir / "final")
