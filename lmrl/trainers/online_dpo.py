@@ -17,7 +17,8 @@ Logged: the label source's scores (`reward/mean`, `rewards/<fn>/mean`, `label/ch
 (`loss`, `logps/*`, implicit `rewards/chosen|rejected|margin|accuracy`) and held-out evals (gold score on
 `builtin:prefs`, `eval/accuracy` on built-in task prompts).
 
-Deviations: KTO (unpaired) is not offered online; ODPO's offset uses the label rewards of the pair.
+Deviations: KTO (unpaired) is not offered online; ODPO's offset uses the label rewards of the pair. The offline
+fields `precompute_ref`, `ranking_pairs`, `max_length` and `overlong` apply to held-out pairs only.
 
 Launch::
 
@@ -37,7 +38,7 @@ import torch
 
 from lmrl.config import ConfigError
 from lmrl.data import preference as prefs
-from lmrl.data.chat import render_prompt
+from lmrl.data.chat import encode_prompt
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import autocast_dtype, count_parameters, load_model_and_tokenizer
 from lmrl.rewards import RewardError, RewardSet
@@ -123,8 +124,7 @@ class Parts:
 
 def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tuple[RolloutBatch, list[list[int]]]:
     """K completions per prompt from the current policy (prompt-major), and the prompts' token ids."""
-    ids = [parts.tokenizer(render_prompt(parts.tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"]
-           for r in rows]
+    ids = [encode_prompt(parts.tokenizer, r["prompt"], config.chat) for r in rows]  # as offline DPO tokenizes
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # resume-exact sampling
     return parts.engine.generate(ids, params, n=config.samples_per_prompt, generator=generator), ids
