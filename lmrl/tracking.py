@@ -33,6 +33,8 @@ PLOT_GROUPS = {
     "implicit_rewards": ("rewards/chosen", "rewards/rejected", "rewards/margin"),
     "margin": ("margin", "eval/margin"),
     "gold": ("eval/gold_score", "eval/gold_score_greedy"),
+    "label": ("label/chosen_score", "label/rejected_score"),
+    "ties": ("label/tie_frac", "label/skipped_frac"),
     "swarm": ("swarm/accepted", "swarm/skipped"),
     "swarm_reward": ("swarm/cumulative_reward",),
     "groups": ("groups/trained", "groups/local", "groups/external"),

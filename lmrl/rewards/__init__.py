@@ -5,10 +5,11 @@
     total, components, metrics = rewards.compute(prompts, completions, answer=answers)
 
 Built-ins (`REWARDS`; options via `make_reward(name, **kwargs)`): `task`, `math`,
-`exact_match`, `format`, `length`, `overlong`. A user function is 'module.path:function'.
+`exact_match`, `format`, `length`, `overlong`, `gold` (the built-in preference task), `judge` and
+`rubric` (LLM judges). A user function is 'module.path:function'; a reward model is 'model:PATH'.
 """
 
-from lmrl.rewards import length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
+from lmrl.rewards import gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
 from lmrl.rewards.compose import ON_REWARD_ERROR, RewardResult, RewardSet
 from lmrl.rewards.errors import MissingColumnError, RewardError
 from lmrl.rewards.length import overlong_penalty, target_length_reward

@@ -144,5 +144,3 @@ def _describe_options(factory: RewardFactory) -> str:
     opts = [p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in params]
     return "(" + ", ".join(opts) + ")" if opts else "none"
 
-
-from lmrl.rewards import gold as _gold, judge as _judge  # noqa: E402,F401  (register gold, judge, rubric)
