@@ -307,6 +307,36 @@ def test_peers_with_other_group_sizes_interoperate(tmp_path):
         assert changed(before[n.name], n), f"{n.name} did not train"
 
 
+def test_ragged_peer_groups_keep_their_own_sizes_in_the_update(tmp_path, monkeypatch):
+    """A G=2 node trains on peers' groups of 1, 3 and 5 completions: each stays its own GRPO group."""
+    import lmrl.swarm.node
+
+    config = swarm_config(tmp_path, "rewards=[task]", "external=8", "local=1", "samples_per_prompt=2")
+    hub = MemoryHub()
+    node = make_node(config, hub, "node-0", tmp_path)
+    publish(hub, "g1", 1, [("2+2=", "4", "arithmetic", {}, ["4"])])  # one completion: never informative
+    publish(hub, "g3", 1, [("3+3=", "6", "arithmetic", {}, ["6", "x", "6"])])  # [1, 0, 1]
+    publish(hub, "g5", 1, [("1+1=", "2", "arithmetic", {}, ["2", "3", "4", "5", "2"])])  # [1, 0, 0, 0, 1]
+    seen = []
+    real = lmrl.swarm.node.group_advantages
+
+    def spy(name, rewards, sizes, scale="group"):
+        seen.append((rewards.clone(), list(sizes)))
+        return real(name, rewards, sizes, scale)
+
+    monkeypatch.setattr(lmrl.swarm.node, "group_advantages", spy)
+    before = params(node)
+    own = node.generate(step=1, round=1)
+    metrics = node.train(own, step=1, rounds=[1])
+    assert metrics["groups/peer_candidates"] == 3 and metrics["groups/peer_informative"] == 2
+    (rewards, sizes), = seen
+    n_own = int(metrics["groups/local"])
+    assert sizes[n_own:] in ([3, 5], [5, 3]) and sizes[:n_own] == [2] * n_own
+    peer = {3: [1.0, 0.0, 1.0], 5: [1.0, 0.0, 0.0, 0.0, 1.0]}
+    assert rewards[2 * n_own :].tolist() == peer[sizes[n_own]] + peer[sizes[n_own + 1]]
+    assert changed(before, node)
+
+
 def test_a_vanishing_peer_changes_only_the_pool(tmp_path):
     config = swarm_config(tmp_path, "external=8")
     hub = MemoryHub()
@@ -347,3 +377,39 @@ def test_restarted_node_continues_exactly_and_rejoins(tmp_path):
     with pytest.raises(ValueError, match="belongs to node 'a'"):
         make_node(swarm_config(tmp_path / "x"), MemoryHub(), "b", tmp_path / "x").restore(
             tmp_path / "again" / "nodes" / "a" / "checkpoints" / "step-2")
+
+
+def test_killed_node_misses_rounds_restarts_from_its_checkpoint_and_rejoins(tmp_path):
+    """Node a dies after round 2 (checkpoint step-2); b and c go on alone for rounds 3 and 4; a restarts
+    from its checkpoint in round 5 with its own step counter at 3, and its peers see it again."""
+    config = swarm_config(tmp_path, "external=4")
+    hub = MemoryHub()
+    a, b, c = (make_node(config, hub, name, tmp_path) for name in ("a", "b", "c"))
+    for step in (1, 2):
+        owns = [n.generate(step, step) for n in (a, b, c)]
+        for n, o in zip((a, b, c), owns):
+            n.train(o, step, [step])
+    a.save(2, keep=2)
+    saved = params(a)
+    reward_at_save, accepted_at_save = a.cumulative_reward, a.counter.accepted
+    assert accepted_at_save == 4  # 2 peers x 2 rounds
+    a.transport.close()
+    del a  # the process dies
+    for step in (3, 4):  # the swarm goes on: the pool shrinks to one peer, nothing is skipped
+        owns = [n.generate(step, step) for n in (b, c)]
+        alone = [n.train(o, step, [step]) for n, o in zip((b, c), owns)]
+        assert [m["swarm/peers"] for m in alone] == [1, 1] and [m["swarm/skipped"] for m in alone] == [0, 0]
+        assert [m["groups/peer_candidates"] for m in alone] == [2, 2]  # 1 peer x local=2 questions
+    a = make_node(config, hub, "a", tmp_path)  # a new process, same peer id
+    state = a.restore(tmp_path / "nodes" / "a" / "checkpoints" / "step-2")
+    assert state["name"] == "a" and changed(saved, a) == []  # the weights of step 2
+    assert a.cumulative_reward == reward_at_save and a.counter.accepted == accepted_at_save
+    # its step counter continues at 3 (questions of step 3, as if it had never died); the swarm is at round 5
+    assert a.questions(3) == sample_questions(a.tasks, a.task_names, config.questions, a.spec.seed, 3)
+    owns = [a.generate(3, 5), b.generate(5, 5), c.generate(5, 5)]
+    assert [row["prompt"] for row in owns[0].rows] == [row["prompt"] for row in a.questions(3)]
+    back = {n.name: n.train(o, s, [5]) for n, o, s in zip((a, b, c), owns, (3, 5, 5))}
+    assert all(m["swarm/peers"] == 2 and m["groups/peer_candidates"] == 4 for m in back.values())  # rejoined
+    assert back["a"]["swarm/accepted"] == accepted_at_save + 2  # counters continue from the checkpoint
+    assert back["a"]["cumulative_reward"] == pytest.approx(reward_at_save + owns[0].rewards.mean().item())
+    assert back["a"]["groups/trained"] > 0 and changed(saved, a)  # and it trains again

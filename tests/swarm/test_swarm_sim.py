@@ -200,3 +200,39 @@ def test_join_over_hivemind_on_loopback(tmp_path, no_plots):
     assert metrics["swarm/accepted"] == 0 and metrics["groups/trained"] >= 0  # alone in a new swarm: own groups only
     assert (tmp_path / "hm" / "swarm.key").exists()  # the identity is kept for restarts
     assert json.loads(json.dumps(metrics))  # plain numbers
+
+
+def test_sim_killed_mid_round_resumes_from_its_last_checkpoint_exactly(tmp_path, monkeypatch, no_plots):
+    """A crash in round 3 (node-1 dies while training; checkpoints every 2 rounds): resume=true restarts
+    every node from step 2, re-runs round 3, and ends exactly where an uninterrupted run ends."""
+    import lmrl.swarm.node
+
+    full = run(config(tmp_path, "nodes=3", "max_steps=4", "save_every=2", name="full"))
+    train = lmrl.swarm.node.SwarmNode.train
+
+    def dies_in_round_3(self, own, step, rounds):
+        if self.name == "node-1" and step == 3:
+            raise RuntimeError("killed")
+        return train(self, own, step, rounds)
+
+    monkeypatch.setattr(lmrl.swarm.node.SwarmNode, "train", dies_in_round_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(config(tmp_path, "nodes=3", "max_steps=4", "save_every=2", name="cut"))
+    assert read_jsonl(tmp_path / "cut" / "nodes" / "node-0" / "metrics.jsonl")[-1]["step"] == 2
+    monkeypatch.setattr(lmrl.swarm.node.SwarmNode, "train", train)
+    generate, generated = lmrl.swarm.node.SwarmNode.generate, []
+
+    def spy(self, step, round):
+        generated.append(step)
+        return generate(self, step, round)
+
+    monkeypatch.setattr(lmrl.swarm.node.SwarmNode, "generate", spy)
+    resumed = run(config(tmp_path, "nodes=3", "max_steps=4", "save_every=2", "resume=true", name="cut"))
+    assert generated == [3, 3, 3, 4, 4, 4]  # restarted from step-2, not from scratch
+    assert resumed["cumulative_reward_per_node"] == full["cumulative_reward_per_node"]
+    assert resumed["reward_per_round"] == full["reward_per_round"]
+    for i in range(3):
+        assert [r["step"] for r in read_jsonl(tmp_path / "cut" / "nodes" / f"node-{i}" / "metrics.jsonl")] == [1, 2, 3, 4]
+        a = load_model(str(tmp_path / "full" / "nodes" / f"node-{i}" / "final"))
+        b = load_model(str(tmp_path / "cut" / "nodes" / f"node-{i}" / "final"))
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())), f"node-{i}"
