@@ -225,6 +225,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     totals: dict[str, float] = {}
     n = len(batch)
     skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
+    trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
     params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
     for _ in range(config.ppo_epochs):
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
@@ -259,11 +260,16 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                 (loss * weight).backward()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step
+                trained_weight += float(weight) / config.updates_per_step
             if all(p.grad is None for p in params):  # every row skipped: step on the exact zero gradient (momentum)
                 for p in params:
                     p.grad = torch.zeros_like(p) if p.requires_grad else None
             norm = common.optimizer_step(params, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm / config.updates_per_step
+    # losses stay sums over all rows (skipped rows add exactly 0); statistics are means over the trained rows
+    for key in totals:
+        if trained_weight > 0 and not key.startswith(("loss/", "grad_norm", "train/")):
+            totals[key] /= trained_weight
     return totals
 
 

@@ -117,5 +117,8 @@ def test_shared_prompts_and_skipped_zero_advantage_rows_change_nothing(tmp_path,
         finals.append(dict(load_model(str(out / "final")).named_parameters()))
         skipped.append([r.get("train/skipped_rows_frac", 0.0) for r in read_jsonl(out / "metrics.jsonl")])
     assert max(skipped[0]) > 0 and max(skipped[1]) == 0  # the fast run really skipped rows
+    records = [r for r in read_jsonl(tmp_path / "true" / "metrics.jsonl") if "ratio/mean" in r]
+    # statistics average over the trained rows: on-policy, the first epoch's ratios are exactly 1
+    assert all(r["ratio/max"] >= 1.0 - 1e-6 and r["ratio/mean"] > 0.9 for r in records)
     for name, p in finals[0].items():
         assert torch.allclose(p, finals[1][name], atol=1e-5), name
