@@ -250,8 +250,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: Rej
     metrics = {"eval/reward": pool.rewards.mean().item(),
                **{f"eval/{k}": v for k, v in pool.metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
     if config.eval_gold:
-        gold = [prefs.gold_score(r["prompt"], pool.batch.completions[k], r.get("meta"))
-                for k, r in enumerate(r for r in rows for _ in range(config.eval_samples))]
+        expanded = [row for row in rows for _ in range(config.eval_samples)]  # prompt-major, like the batch
+        gold = [prefs.gold_score(row["prompt"], c, row.get("meta")) for row, c in zip(expanded, pool.batch.completions)]
         metrics["eval/gold_score"] = sum(gold) / len(gold)
     if reference is not None:
         batch = pool.batch

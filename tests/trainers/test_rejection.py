@@ -101,6 +101,20 @@ def test_selection_file_has_prompt_completion_reward_and_the_row_columns(tmp_pat
                                   {"prompt": "2+2=", "completion": "x", "reward": pytest.approx(0.2), "answer": "4"}]
 
 
+def test_eval_gold_score_is_the_hidden_rule_on_the_sampled_completions(tmp_path, monkeypatch):
+    # gold = [v = a] + 1/(1 + |v - a|) - 0.05 e  (e: characters that are not v), or -1 - 0.05 len without a number:
+    #   1+1= (a = 2): "2" -> 2, "3" -> 0 + 1/2 = 0.5, "the answer is 2" -> 2 - 0.05 * 14 = 1.3
+    #   2+2= (a = 4): "4" -> 2, "xyz" -> -1 - 0.15 = -1.15, "5" -> 0.5          mean = 5.15 / 6 = 0.858333
+    texts = ["2", "3", "the answer is 2", "4", "xyz", "5"]
+    p = pool()
+    fake = rejection.Pool(ROWS, dataclasses.replace(p.batch, completions=texts), REWARDS_2x3.clone(), {})
+    monkeypatch.setattr(rejection, "sample_and_score", lambda *args, **kwargs: fake)
+    cfg = config(tmp_path, "eval_samples=3", "eval_gold=true")
+    metrics = rejection.evaluate(torch.nn.Linear(1, 1), None, ROWS, None, cfg, None)
+    assert metrics["eval/gold_score"] == pytest.approx(5.15 / 6, abs=1e-6)
+    assert metrics["eval/reward"] == pytest.approx(1.1, abs=1e-6)  # mean of the pool's rewards
+
+
 # --------------------------------------------------------------------------- runs
 
 
