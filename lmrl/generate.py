@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -159,7 +160,7 @@ def show_best_of(batch: RolloutBatch, rows: torch.Tensor, out: dict, prompts: li
         f"KL(π_BoN ‖ π) with N={n}: analytic log N − (N−1)/N = {out['kl_bound']:.4f} nats (exact for a reward "
         f"without ties, an upper bound otherwise); empirical plug-in estimate = {out['kl_empirical']:.4f} nats "
         f"(mean over {len(prompts)} prompts of the exact best-of-{n} KL of each prompt's {pool.shape[1]} scored "
-        f"samples; at most log {pool.shape[1]} = {torch.tensor(float(pool.shape[1])).log().item():.3f}, so raise "
+        f"samples; at most log {pool.shape[1]} = {math.log(pool.shape[1]):.3f}, so raise "
         "kl_samples for a tighter estimate)."
     )
 

@@ -101,6 +101,24 @@ def test_selection_file_has_prompt_completion_reward_and_the_row_columns(tmp_pat
                                   {"prompt": "2+2=", "completion": "x", "reward": pytest.approx(0.2), "answer": "4"}]
 
 
+def test_engine_batches_are_concatenated_with_prompts_left_and_completions_right_padded():
+    def batch(p_width, t_width, texts):
+        n = len(texts)
+        return RolloutBatch(
+            prompt_ids=torch.full((n, p_width), 7), prompt_mask=torch.ones(n, p_width, dtype=torch.long),
+            completion_ids=torch.full((n, t_width), 8), completion_mask=torch.ones(n, t_width),
+            sampler_logp=torch.full((n, t_width), -0.5), truncated=torch.zeros(n, dtype=torch.bool),
+            finish_reason=["stop"] * n, prompts=["p"] * n, completions=texts, group_size=2)
+
+    out = rejection.concat_batches([batch(3, 1, ["a", "b"]), batch(1, 2, ["c", "d"])], n=2, pad_id=0)
+    assert out.completions == ["a", "b", "c", "d"] and out.group_size == 2
+    # prompt width 3: the second batch's 1-token prompts get 2 pad ids on the LEFT (mask 0 there)
+    assert out.prompt_ids[2].tolist() == [0, 0, 7] and out.prompt_mask[2].tolist() == [0, 0, 1]
+    # completion width 2: the first batch's 1-token completions get a pad on the RIGHT (mask 0, log-prob 0)
+    assert out.completion_ids[0].tolist() == [8, 0] and out.completion_mask[0].tolist() == [1.0, 0.0]
+    assert out.sampler_logp[0].tolist() == [-0.5, 0.0] and out.completion_lengths.tolist() == [1, 1, 2, 2]
+
+
 def test_eval_gold_score_is_the_hidden_rule_on_the_sampled_completions(tmp_path, monkeypatch):
     # gold = [v = a] + 1/(1 + |v - a|) - 0.05 e  (e: characters that are not v), or -1 - 0.05 len without a number:
     #   1+1= (a = 2): "2" -> 2, "3" -> 0 + 1/2 = 0.5, "the answer is 2" -> 2 - 0.05 * 14 = 1.3
