@@ -52,14 +52,17 @@ from lmrl.tracking import Tracker
 
 @dataclasses.dataclass
 class RejectionConfig(TrainConfig):
-    dataset: str = field("task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a prompt column")
+    dataset: str = field("task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a "
+                                            "prompt column")
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 1)")
     split: str = field("train", "dataset split")
     train_rows: int | None = field(200, "prompts sampled each round (M); null: every row")
-    eval_dataset: str | None = field(None, "held-out prompts; default: the test split of a built-in task, none for files")
+    eval_dataset: str | None = field(None, "held-out prompts; default: the test split of a built-in task, none "
+                                           "for files")
     eval_split: str = field("test", "split of eval_dataset (or of the built-in task)")
     eval_rows: int = field(100, "held-out prompts")
-    eval_samples: int = field(4, "completions sampled per held-out prompt for eval/reward (and eval/gold_score, eval/kl)")
+    eval_samples: int = field(4, "completions sampled per held-out prompt for eval/reward (and eval/gold_score, "
+                                 "eval/kl)")
     eval_gold: bool = field(False, "also report eval/gold_score, the hidden rule of the built-in preference task "
                                    "(arithmetic prompts only)")
     eval_kl: bool = field(True, "report eval/kl: KL(π ‖ π_start) summed over completion tokens (k1 on sampled "
@@ -70,7 +73,8 @@ class RejectionConfig(TrainConfig):
     top_p: float = field(1.0, "nucleus sampling")
     sample_top_k: int = field(0, "top-k sampling (0: off); not to be confused with top_k (selection)")
     generation_batch: int = field(64, "prompts per call of the rollout engine")
-    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model), module:function")
+    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model), "
+                                         "module:function")
     reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
     reward_kwargs: dict = field({}, "options per reward name, e.g. {reward_model: {batch_size: 64}}")
     select: Literal["best", "top_k"] = field("best", "best: the per_prompt best of each prompt; top_k: the top_k "
@@ -96,7 +100,8 @@ class RejectionConfig(TrainConfig):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
         if self.temperature <= 0:
-            raise ConfigError(f"'temperature' must be > 0 (rejection sampling needs diverse samples), got {self.temperature}.")
+            raise ConfigError(f"'temperature' must be > 0 (rejection sampling needs diverse samples), "
+                              f"got {self.temperature}.")
         if self.per_prompt > self.samples_per_prompt:
             raise ConfigError(f"per_prompt={self.per_prompt} exceeds samples_per_prompt={self.samples_per_prompt}; "
                               "keep at most the N completions drawn per prompt.")
@@ -209,7 +214,8 @@ def selection_stats(pool: Pool, chosen: torch.Tensor, config: RejectionConfig) -
     """Mean reward of all samples vs the selected ones, per-prompt max, coverage, and the BoN KL."""
     m, n = pool.rewards.shape
     flat = pool.rewards.reshape(-1)  # (M*N,)
-    stats = {**pool.metrics, "rs/reward_all": flat.mean().item(), "rs/reward_max": pool.rewards.max(1).values.mean().item(),
+    stats = {**pool.metrics, "rs/reward_all": flat.mean().item(),
+             "rs/reward_max": pool.rewards.max(1).values.mean().item(),
              "rs/selected": float(chosen.numel()), "rs/prompts_covered": len(set((chosen // n).tolist())) / m,
              "rs/truncated_frac": pool.batch.truncated.float().mean().item(),
              "completion_len/mean": pool.batch.completion_lengths.float().mean().item()}

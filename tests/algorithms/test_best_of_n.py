@@ -17,7 +17,8 @@ R = torch.tensor([
 
 
 def test_select_best_per_prompt_takes_the_argmax_and_the_earlier_of_ties():
-    # prompt 0: max 0.9 at j=1 and j=3 -> j=1 (flat 1); prompt 1: 2.0 at j=0 (flat 4); prompt 2: all tied -> j=0 (flat 8)
+    # prompt 0: max 0.9 at j=1 and j=3 -> j=1 (flat 1); prompt 1: 2.0 at j=0 (flat 4);
+    # prompt 2: all tied -> j=0 (flat 8)
     assert select_best(R).tolist() == [1, 4, 8]
 
 
@@ -81,7 +82,8 @@ def test_analytic_kl_bound_by_hand():
 
 
 def test_empirical_kl_on_hand_made_pools():
-    # pool [1, 2, 2, 3], N=3. Levels: r=1 mass 1/4 (F=1/4, F-=0); r=2 mass 1/2 (F=3/4, F-=1/4); r=3 mass 1/4 (F=1, F-=3/4).
+    # pool [1, 2, 2, 3], N=3. Levels: r=1 mass 1/4 (F=1/4, F-=0); r=2 mass 1/2 (F=3/4, F-=1/4);
+    # r=3 mass 1/4 (F=1, F-=3/4).
     # P_BoN: (1/4)^3 = 0.015625; (3/4)^3 - (1/4)^3 = 0.40625; 1 - (3/4)^3 = 0.578125.
     # KL = 0.015625 log(0.0625) + 0.40625 log(0.8125) + 0.578125 log(2.3125)
     #    = -0.0433217 - 0.0843535 + 0.4846591 = 0.3569839   (< bound log 3 - 2/3 = 0.4319)
