@@ -34,6 +34,8 @@ __all__ = [
 from .preference import PREFERENCE_LOSSES, implicit_rewards, kto_reference_kl, preference_loss, preference_stats
 from .reward_model import REWARD_MODEL_LOSSES, reward_model_loss
 from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
+from .best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
+from .selfplay import challenger_advantages, selfplay_advantages, solver_advantages
 
 __all__ += [
     "PREFERENCE_LOSSES",
@@ -47,4 +49,12 @@ __all__ += [
     "AvatarlRewards",
     "avatarl_loss",
     "avatarl_rewards",
+    "bon_expected",
+    "bon_kl_bound",
+    "bon_kl_empirical",
+    "select_best",
+    "select_top_k",
+    "challenger_advantages",
+    "selfplay_advantages",
+    "solver_advantages",
 ]
