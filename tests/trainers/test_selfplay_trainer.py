@@ -171,6 +171,32 @@ def test_lsp_self_reward_falls_back_on_unparseable_judgements_and_counts_them(tm
     assert all(s["reward"] in (0.0, 1.0) for s in samples)
 
 
+def test_a_reward_model_trained_with_lmrl_reward_is_R(tmp_path):
+    # R = a scalar reward model saved as `lmrl reward` saves one, given as rewards=[model:PATH]; open queries
+    # (verifier=none): any non-empty text the random model writes is a query, and the RM scores every answer
+    from lmrl.data.tokenizers import build_char_tokenizer
+    from lmrl.models.reward import RewardModel, load_reward_model
+    from lmrl.rewards.reward_model import score_texts
+
+    tok = build_char_tokenizer()
+    rm = RewardModel(load_model("builtin:tiny", tok, seed=7, model_args={
+        "hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2}), "bt", seed=7)
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    selfplay.train(sp_config(tmp_path, "verifier=none", f"rewards=[model:{tmp_path / 'rm'}]", "max_steps=2",
+                             "sample_every=1", "challenger_prompt=Ask something."))
+    records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "challenger/loss" in r]
+    assert [r["step"] for r in records] == [1, 2] and all("rewards/reward_model/mean" in r for r in records)
+    rm, rm_tok = load_reward_model(tmp_path / "rm")
+    samples = [s for s in read_jsonl(tmp_path / "run" / "samples.jsonl") if "reward" in s]
+    assert samples
+    for s in samples:  # the logged reward is the RM's score of (query, answer), with EOS (finished) or without
+        args = ([selfplay.open_query(s["query"]).text], [s["answer"]], 1, None)
+        candidates = [score_texts(rm, rm_tok, *args, finished=[f])[0] for f in (True, False)]
+        assert min(abs(s["reward"] - c) for c in candidates) < 1e-5, (s, candidates)
+        assert s["challenger_reward"] == pytest.approx(-s["pass_rate"], abs=1e-6)  # LSP-Zero: c = -V(q)
+
+
 def test_resume_continues_exactly(tmp_path, monkeypatch):
     monkeypatch.setitem(selfplay.QUERY_CHECKERS, "arithmetic", one_plus_one)
     args = ["max_steps=4", "kl_coef=0.1", "save_every=2", "warm_start_steps=2", "warm_start_rows=16",
@@ -194,7 +220,9 @@ def test_short_verifiable_run_changes_parameters_and_raises_solver_reward(tmp_pa
     # Warm start (SFT on both roles' formats, 1-digit additions), then 30 self-play steps in which the Challenger
     # writes 1-digit additions, the environment computes their sums and the Solver is rewarded by the task verifier.
     # The Solver's reward is measured on all 100 one-digit additions as eval/answer_prob = mean_i pi(answer_i + EOS),
-    # its exact expected pass@1 at temperature 1 (no sampling noise). Seeds 0/1/2 gave +0.019/+0.007/+0.020.
+    # its exact expected pass@1 at temperature 1 (no sampling noise, and the run is deterministic for a seed: two
+    # runs of seed 0 gave the same numbers to the last digit). Measured: seed 0 (this test) 0.1588 -> 0.1776
+    # (+0.0189); seeds 1/2 gave +0.0074/+0.0199, so a threshold of +0.005 holds with a margin on every seed tried.
     problems = tmp_path / "additions.jsonl"
     problems.write_text("".join(
         json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b), "task": "arithmetic",
@@ -206,7 +234,7 @@ def test_short_verifiable_run_changes_parameters_and_raises_solver_reward(tmp_pa
         "queries_per_step=16", "answers_per_query=16", "challenger_max_new_tokens=6", "solver_max_new_tokens=4",
         f"eval_dataset={problems}", "eval_rows=100", "max_steps=30", "lr=3e-4", "log_every=5")
     result = selfplay.train(config)
-    assert result["eval/answer_prob"] > result["initial/eval/answer_prob"] + 0.01, result
+    assert result["eval/answer_prob"] > result["initial/eval/answer_prob"] + 0.005, result
     reference = load_model(str(tmp_path / "run" / "reference"))
     final = load_model(str(tmp_path / "run" / "final"))
     unchanged = [n for (n, p), q in zip(final.named_parameters(), reference.parameters()) if torch.equal(p, q)]
