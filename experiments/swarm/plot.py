@@ -19,6 +19,12 @@ def _moving(xs: list[float], k: int) -> list[float]:
     return [_mean(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
 
 
+def _late(summary: dict) -> float:
+    """Cumulative reward of the second half of the rounds (8 nodes): what the nodes have learned by then."""
+    rewards = summary["reward_per_round"]
+    return summary["nodes"] * sum(rewards[len(rewards) // 2 :])
+
+
 def node_group_stats(out: Path, name: str, by_seed: dict[int, dict]) -> dict[str, float]:
     """Per node and round, averaged over nodes, rounds and seeds: question groups trained on and taken from
     peers, and the number of rounds with an update (a round with no informative group has none)."""
@@ -44,6 +50,7 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
     if "8/0" not in summaries:
         raise SystemExit(f"no 8/0 runs under {out}; run the experiment first")
     base = {s: v["cumulative_reward"] for s, v in summaries["8/0"].items()}
+    base_late = {s: _late(v) for s, v in summaries["8/0"].items()}
     groups = {name: node_group_stats(out, name, by_seed) for name, by_seed in summaries.items()}
     table = {}
     for name, by_seed in summaries.items():
@@ -57,6 +64,8 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
             "gain_vs_8_0": gains,
             "gain_vs_8_0_mean": _mean(list(gains.values())) if gains else None,
             "beats_8_0_in_seeds": f"{sum(g > 0 for g in gains.values())}/{len(gains)}",
+            "second_half_gain_vs_8_0": {s: _late(v) / base_late[s] - 1 for s, v in by_seed.items()
+                                        if base_late.get(s, 0) > 0},
             "mean_reward_first_quarter": _mean([_mean(v["reward_per_round"][:last]) for v in by_seed.values()]),
             "mean_reward_last_quarter": _mean([_mean(v["reward_per_round"][-last:]) for v in by_seed.values()]),
             "paper_cumulative_reward": PAPER.get(name),
@@ -95,9 +104,9 @@ def plot(results: dict, path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, curve in results["reward_per_round_mean"].items():
-        ax1.plot(range(1, len(curve) + 1), _moving(curve, 10), label=name)
+        ax1.plot(range(1, len(curve) + 1), _moving(curve, 25), label=name)
     ax1.set_xlabel("round")
-    ax1.set_ylabel("mean own reward per node (10-round moving avg)")
+    ax1.set_ylabel("mean own reward per node (25-round moving avg)")
     ax1.grid(alpha=0.3)
     ax1.legend(title="local/external")
     names = list(results["table"])

@@ -1,20 +1,21 @@
 """Swarm sharing at equal samples per round: 8/0, 6/2, 4/4, 2/6 (local/external) x seeds (results: docs/swarm.md).
 
-    python experiments/swarm/run.py                         # warm start + 4 configs x 3 seeds + plot
-    python experiments/swarm/run.py --seeds 0 --workers 1   # one seed, one core
+    python experiments/swarm/run.py                         # warm start + 4 configs x 5 seeds + plot (one core)
+    python experiments/swarm/run.py --seeds 0 --workers 2   # one seed, two processes
     python experiments/swarm/run.py --plot-only             # re-make plot and results from the run dirs
     python experiments/swarm/run.py --set max_steps=5       # smoke test
 
 Every simulation is the shipped recipe ``swarm/tiny_sim`` run in-process
 (``lmrl swarm --config swarm/tiny_sim local=I external=J seed=S``): 8 nodes, each
-round every node samples I questions (4 completions each) from the 6-task mix,
+round every node samples I questions (2 completions each) from the 6-task mix,
 publishes them, and trains on its I groups plus J groups from its peers (I+J = 8
 question groups per node and round in every configuration, as in the paper).
 All runs share one warm start (an SFT of the tiny model on the task mix, cached in
 ``<out>/warm_start``), like the paper's nodes share one instruct model. The seed
 changes the nodes' questions, sampling and peer selection. Simulations whose
-``swarm_summary.json`` exists are skipped (``--force`` re-runs them). Workers use
-one torch thread each (two threads per process are far slower on the shared CPU).
+``swarm_summary.json`` exists are skipped (``--force`` re-runs them), so more seeds
+can be added later. Workers use one torch thread each (two threads per process are far
+slower on the shared CPU); the default is one worker, to leave a core free.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def warm_start(out: Path, overrides: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="simulation seeds")
-    parser.add_argument("--workers", type=int, default=2, help="parallel single-thread simulation processes")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="simulation seeds")
+    parser.add_argument("--workers", type=int, default=1, help="parallel single-thread simulation processes")
     parser.add_argument("--out", default="runs/swarm-experiment", help="directory of the run directories")
     parser.add_argument("--force", action="store_true", help="re-run simulations that already have a summary")
     parser.add_argument("--plot-only", action="store_true", help="skip training; summarise existing runs")
