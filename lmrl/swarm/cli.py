@@ -229,7 +229,7 @@ def run_join(config: SwarmConfig, transport: Transport | None = None) -> dict[st
                 tracker.log(step, metrics)
             else:
                 tracker.advance(step)
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 node.save(step, config.keep_checkpoints)
         if eval_rows:
             metrics["eval/accuracy"] = node.evaluate(eval_rows)

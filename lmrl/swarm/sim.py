@@ -269,7 +269,7 @@ def run_sim(config: SwarmConfig) -> dict[str, Any]:
                 tracker.log(step, metrics)
             else:
                 tracker.advance(step)
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 save_sim(run, step, nodes, config.keep_checkpoints, {"evals": evals})
         if eval_rows:
             evals["final_eval"] = evaluate_nodes(nodes, eval_rows)

@@ -161,6 +161,12 @@ def optimizer_step(params, optimizer, scheduler, max_grad_norm: float | None, st
     return norm.item()
 
 
+def is_due(step: int, every: int, max_steps: int) -> bool:
+    """Whether a periodic evaluation or checkpoint falls on ``step``: every ``every`` steps (0: never), except the
+    last step, which every trainer evaluates and saves after its loop anyway."""
+    return bool(every) and step % every == 0 and step != max_steps
+
+
 def check_finite(loss: torch.Tensor, step: int) -> None:
     if not torch.isfinite(loss):
         raise TrainingDiverged(

@@ -396,9 +396,9 @@ def train(config: RLConfig) -> dict[str, float]:
                 tracker.log(step, metrics)
             else:
                 tracker.advance(step)
-            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.eval_every, config.max_steps):
                 tracker.log(step, evaluate(model, tokenizer, eval_rows, config, dtype)[0])
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 save(run, step, parts, initial, config)
     except common.TrainingDiverged:
         tracker.close()

@@ -289,11 +289,11 @@ def train_online(config: DPOConfig) -> dict[str, float]:
                 tracker.log(step, metrics)
             else:
                 tracker.advance(step)
-            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.eval_every, config.max_steps):
                 metrics, samples = evaluate_online(parts, data, config, dtype, state)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, "held-out generations")
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 common.save_checkpoint(run, step, model, tokenizer, parts.optimizer, parts.scheduler, state,
                                        config.keep_checkpoints)
     except common.TrainingDiverged:

@@ -418,11 +418,11 @@ def train(config: DPOConfig) -> dict[str, float]:
                                    "tokens_per_s": tokens / elapsed, "time/train_s": elapsed})
             else:
                 tracker.advance(step)
-            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.eval_every, config.max_steps):
                 metrics, samples = evaluate(model, tokenizer, eval_examples, ref, gold_rows, config, dtype, state)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, "greedy generations")
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, state,
                                        config.keep_checkpoints)
     except common.TrainingDiverged:

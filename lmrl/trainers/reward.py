@@ -275,9 +275,9 @@ def train(config: RewardConfig) -> dict[str, float]:
                                    "tokens_per_s": tokens / elapsed, "time/train_s": elapsed})
             else:
                 tracker.advance(step)
-            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.eval_every, config.max_steps):
                 tracker.log(step, evaluate(model, eval_items, config, pad_id, dtype))
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
                                        config.keep_checkpoints)
     except common.TrainingDiverged:

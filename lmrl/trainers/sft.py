@@ -154,11 +154,11 @@ def train(config: SFTConfig) -> dict[str, float]:
                                    "tokens_per_s": stats_step["tokens"] / elapsed, "time/train_s": elapsed})
             else:
                 tracker.advance(step)
-            if config.eval_every and step % config.eval_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.eval_every, config.max_steps):
                 metrics, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, "held-out samples")
-            if config.save_every and step % config.save_every == 0 and step != config.max_steps:
+            if common.is_due(step, config.save_every, config.max_steps):
                 common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
                                        config.keep_checkpoints)
     except common.TrainingDiverged:
