@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from lmrl.data.tokenizers import BUILTIN_TOKENIZERS, load_tokenizer
+from lmrl.models.attention import use_fp32_cpu_attention
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS: dict[str, dict] = {
@@ -88,6 +89,7 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)
+        use_fp32_cpu_attention(model)
         return model
     if model_args:
         raise ValueError("model_args only apply to built-in models; edit the model's config.json instead.")
@@ -99,6 +101,7 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
             f"Could not load model '{name}': {exc}. Give a local directory with config.json and weights, "
             f"or a hub id that is cached locally (this machine may have no network)."
         ) from exc
+    use_fp32_cpu_attention(model)
     return model
 
 
