@@ -254,6 +254,7 @@ class TrainConfig:
     grad_accum: int = field(1, "micro-batches per optimizer step; the batch is split evenly")
     precision: Literal["auto", "bf16", "fp32"] = field("auto", "auto: bf16 autocast where the CPU/GPU supports it; weights stay fp32")
     seed: int = field(0, "seed for data order, init of built-in models and sampling")
+    keep_freed_memory: bool = field(True, "CPU: keep freed memory in the process instead of page-faulting it in again every step (glibc mallopt)")
     # run directory and logging
     output_dir: str = field("runs/default", "run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, plots/")
     resume: bool = field(False, "continue from the newest checkpoint in output_dir")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "lmrl_sdpa"
 
@@ -27,6 +28,7 @@ def sdpa_fp32_on_cpu(module, query, key, value, attention_mask, **kwargs):
 
 
 AttentionInterface.register(NAME, sdpa_fp32_on_cpu)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # an attention name without a mask function gets *no* mask in HF
 
 
 def use_fp32_cpu_attention(model) -> None:

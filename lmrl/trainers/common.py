@@ -22,6 +22,7 @@ import yaml
 
 from lmrl.config import TrainConfig, to_dict
 from lmrl.models.loading import save_model
+from lmrl.models.memory import keep_freed_memory
 from lmrl.tracking import Tracker, console
 
 STATE_FILE = "trainer_state.pt"
@@ -68,6 +69,8 @@ def start_run(config: TrainConfig, description: str) -> Run:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
     start_step = read_state(checkpoint)["step"] if checkpoint else 0
     set_seed(config.seed)
+    if config.keep_freed_memory:
+        keep_freed_memory()
     tracker = Tracker(run_dir, config.max_steps, to_dict(config), config.report_to, description, start_step)
     if checkpoint:
         tracker.print(f"Resuming from {checkpoint} (step {start_step}).")

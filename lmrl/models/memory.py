@@ -1,0 +1,35 @@
+"""Keep freed CPU memory in the process, so each training step does not page-fault its activations in again.
+
+glibc's malloc serves large blocks with fresh ``mmap`` pages and hands freed ones back to the kernel, and its
+dynamic threshold only adapts once a block that size has been freed, so every new tensor shape early in a run
+(and every step whose completion length differs) maps, zero-fills and faults hundreds of MB of new pages. Fixing
+the mmap threshold at its maximum (32 MB on 64-bit) and never trimming the heap lets PyTorch's CPU allocations
+reuse freed heap memory. Measured (benchmarks/grpo_vs_trl.py, builtin:medium, 8x8x32, bf16): the training
+forward went from 0.45-0.63 s with ~100-190k minor page faults to 0.30 s with none; a GRPO step from 1.84 to
+1.67 s, with the same peak RSS. No-op where malloc is not glibc's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, glibc <malloc.h>
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+NEVER_TRIM = 2**31 - 1  # mallopt takes an int
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """mallopt(M_MMAP_THRESHOLD, 32 MB) and mallopt(M_TRIM_THRESHOLD, never): True if glibc accepted both."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
