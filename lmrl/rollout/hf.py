@@ -320,10 +320,14 @@ if DynamicLayer is not None:
             self.length = 0
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            self.dtype, self.device = key_states.dtype, key_states.device
+            # one dtype for both: under CPU autocast Llama's RoPE leaves keys fp32 while values are bf16, and the
+            # attention (lmrl_sdpa) runs in fp32; a bf16 value cache would be re-cast whole at every step
+            self.dtype = torch.promote_types(key_states.dtype, value_states.dtype)
+            self.device = key_states.device
             b, h, _, d = key_states.shape
-            self._kbuf = key_states.new_empty(b, h, self.capacity, d)  # (B, H, capacity, D)
-            self._vbuf = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1])
+            self._kbuf = key_states.new_empty(b, h, self.capacity, d, dtype=self.dtype)  # (B, H, capacity, D)
+            self._vbuf = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1],
+                                                dtype=self.dtype)
             self.is_initialized = True
 
         def update(self, key_states, value_states, *args, **kwargs):
