@@ -43,6 +43,7 @@ class SFTConfig(TrainConfig):
     max_length: int = field(256, "tokens per example (prompt + completion)")
     overlong: Literal["truncate", "drop", "error"] = field("truncate", "what to do with examples longer than max_length")
     batch_size: int = field(32, "examples per optimizer step (split into grad_accum micro-batches)")
+    stop_at_accuracy: float | None = field(None, "stop early once held-out accuracy (built-in tasks) reaches this; checked every eval_every steps")
     output_dir: str = field("runs/sft", "run directory")
 
     def __post_init__(self) -> None:
@@ -54,6 +55,9 @@ class SFTConfig(TrainConfig):
             )
         if self.max_length < 2:
             raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
+        if self.stop_at_accuracy is not None and not (0 < self.stop_at_accuracy <= 1 and self.eval_every > 0):
+            raise ConfigError(f"stop_at_accuracy={self.stop_at_accuracy} needs a value in (0, 1] and eval_every > 0 "
+                              f"(got eval_every={self.eval_every}): accuracy is checked at each evaluation.")
 
 
 def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> tuple[torch.Tensor, int]:
@@ -142,6 +146,7 @@ def train(config: SFTConfig) -> dict[str, float]:
         tracker.log(0, metrics)
         tracker.log_samples(0, samples, "held-out samples")
     model.train()
+    last_step = config.max_steps
     try:
         for step in range(run.start_step + 1, config.max_steps + 1):
             t0 = time.perf_counter()
@@ -158,6 +163,11 @@ def train(config: SFTConfig) -> dict[str, float]:
                 metrics, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, "held-out samples")
+                if config.stop_at_accuracy is not None and metrics.get("eval/accuracy", 0.0) >= config.stop_at_accuracy:
+                    tracker.print(f"Held-out accuracy {metrics['eval/accuracy']:.1%} >= stop_at_accuracy "
+                                  f"{config.stop_at_accuracy:.1%}: stopping at step {step}.")
+                    last_step = step
+                    break
             if common.is_due(step, config.save_every, config.max_steps):
                 common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
                                        config.keep_checkpoints)
@@ -165,9 +175,9 @@ def train(config: SFTConfig) -> dict[str, float]:
         tracker.close()
         raise
     final, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
-    tracker.log(config.max_steps, final)
-    tracker.log_samples(config.max_steps, samples, "held-out samples")
-    common.save_checkpoint(run, config.max_steps, model, tokenizer, optimizer, scheduler, {"initial": initial},
+    tracker.log(last_step, final)
+    tracker.log_samples(last_step, samples, "held-out samples")
+    common.save_checkpoint(run, last_step, model, tokenizer, optimizer, scheduler, {"initial": initial},
                            config.keep_checkpoints)
     final_dir = common.save_final(run, model, tokenizer)
     plots = tracker.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmrl.config import load_config
+from lmrl.config import ConfigError, load_config
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import build_sft_examples
@@ -172,3 +172,25 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     weights = load_model(str(last))
     assert all(torch.isfinite(p).all() for p in weights.parameters())
     assert state["step"] == 4
+
+
+def test_stop_at_accuracy_ends_training_at_the_first_eval_that_reaches_it(tmp_path, monkeypatch):
+    accuracies = iter([0.0, 0.1, 0.3, 0.9, 0.9])  # initial eval, then steps 5, 10, ...; the final eval repeats 0.9
+
+    def fake_accuracy(model, tokenizer, rows, max_new_tokens, dtype, num_samples=0):
+        return {"accuracy": next(accuracies)}, []
+
+    monkeypatch.setattr(sft, "task_accuracy", fake_accuracy)
+    cfg = config(tmp_path, "task_args.digits=1", "train_rows=64", "eval_rows=8", "max_steps=50", "batch_size=8",
+                 "eval_every=5", "save_every=0", "log_every=1", "stop_at_accuracy=0.3")
+    result = sft.train(cfg)
+    run = Path(cfg.output_dir)
+    trained = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert max(trained) == 10  # the eval at step 10 read 0.3 >= 0.3
+    assert (run / "checkpoints" / "step-10").exists() and (run / "final" / "config.json").exists()
+    assert result["eval/accuracy"] == 0.9 and result["initial/eval/accuracy"] == 0.0
+
+
+def test_stop_at_accuracy_needs_periodic_evals(tmp_path):
+    with pytest.raises(ConfigError, match="eval_every"):
+        config(tmp_path, "stop_at_accuracy=0.5", "eval_every=0")
