@@ -43,6 +43,7 @@ from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data.corpus import corpus_splits, load_text_source, pack_tokens
 from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models import autocast, autocast_dtype, count_parameters, is_builtin, load_model
+from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models.loading import default_tokenizer_name
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.trainers import common
@@ -157,6 +158,7 @@ def build_student(config: PretrainConfig):
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = AutoModelForCausalLM.from_config(hf_config)
+        use_fp32_cpu_attention(model)
     else:
         model = load_model(config.model, tokenizer, seed=config.seed, model_args=config.model_args)
     if model.config.vocab_size < len(tokenizer):
