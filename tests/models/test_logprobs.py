@@ -167,8 +167,9 @@ def test_completion_logprobs_errors(model):
         completion_logprobs(model, ids, torch.ones_like(ids), completion_start=2, temperature=0.0)
 
 
-def grouped_batch(gen, n_prompts=3, group=4, width=5):
-    """Left-padded prompts of lengths 2..4, each repeated `group` times (shuffled), completions of lengths 1..width."""
+def grouped_batch(gen, n_prompts=3, group=4, width=5, shuffle=True):
+    """Left-padded prompts of lengths 2..4, each repeated `group` times (shuffled unless told), completions of
+    lengths 1..width."""
     rows, completion_lens = [], []
     for i in range(n_prompts):
         prompt = torch.randint(1, 97, (2 + i,), generator=gen).tolist()
@@ -177,15 +178,16 @@ def grouped_batch(gen, n_prompts=3, group=4, width=5):
             rows.append(prompt + torch.randint(1, 97, (c,), generator=gen).tolist())
             completion_lens.append(c)
     ids, mask = left_padded(rows, completion_lens, pad_prompt_to=n_prompts + 1, pad_completion_to=width)
-    order = torch.randperm(len(rows), generator=gen)  # groups need not be contiguous
-    return ids[order], mask[order]
+    order = torch.randperm(len(rows), generator=gen) if shuffle else torch.arange(len(rows))
+    return ids[order], mask[order]  # shuffled: groups need not be contiguous; else prompt-major (repeat path)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("width", [5, 1])
-def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, width):
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, width, shuffle):
     model = {"llama": model, "gpt2": gpt2}[arch]
-    ids, mask = grouped_batch(torch.Generator().manual_seed(4), width=width)
+    ids, mask = grouped_batch(torch.Generator().manual_seed(4), width=width, shuffle=shuffle)
     start = ids.shape[1] - width
     results = []
     for share in (False, True):
@@ -207,6 +209,10 @@ def test_prompt_groups_find_repeated_prompts_in_any_order():
     first, inverse = prompt_groups(ids, mask, completion_start=3)
     assert inverse[0] == inverse[2] == inverse[3] != inverse[1]
     assert first[inverse].tolist() == [0, 1, 0, 0]  # each row's group starts at its first row
+    assert inverse.tolist() == [0, 1, 0, 0]  # numbered in order of first appearance
+    grouped, grouped_mask = ids[[1, 0, 2, 3]], mask[[1, 0, 2, 3]]  # the prompt that sorts last comes first
+    first, inverse = prompt_groups(grouped, grouped_mask, completion_start=3)
+    assert inverse.tolist() == [0, 1, 1, 1] and first.tolist() == [0, 1]  # prompt-major rows: non-decreasing ids
     assert prompt_groups(ids, mask, completion_start=3) is not None
     distinct = torch.tensor([[1, 2, 3], [2, 2, 3]])
     assert prompt_groups(distinct, torch.ones_like(distinct), completion_start=2) is None
