@@ -412,14 +412,30 @@ def main(argv: list[str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         info = prepare(args, workdir)
         results: dict[str, dict] = {}
+        per_round: dict[str, list[float]] = {}
         for round_ in range(1, args.rounds + 1):
             for name in args.frameworks.split(","):
                 result = run_child(name, args, workdir)
                 print(f"round {round_} {name}: {result['steps_per_s']:.3f} steps/s, peak {result['peak_mb']:.0f} MB, "
                       f"load {result['load'][0]:.1f}", flush=True)
+                per_round.setdefault(name, []).append(result["steps_per_s"])
                 if name not in results or result["steps_per_s"] > results[name]["steps_per_s"]:
                     results[name] = result
         report(results, args, info)
+        report_rounds(per_round)
+
+
+def report_rounds(per_round: dict[str, list[float]]) -> None:
+    """lmrl/TRL steps/s of each round (the two runs closest in time, so the least affected by the machine's drift)
+    and their median, when there are several rounds of both."""
+    lmrl, trl = per_round.get("lmrl", []), per_round.get("trl", [])
+    if min(len(lmrl), len(trl)) < 2:
+        return
+    ratios = sorted(a / b for a, b in zip(lmrl, trl))
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    print(f"lmrl/TRL steps/s per round (same round = adjacent runs): {', '.join(f'{r:.2f}x' for r in ratios)}; "
+          f"median {median:.2f}x")
 
 
 if __name__ == "__main__":
