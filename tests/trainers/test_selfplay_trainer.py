@@ -184,7 +184,8 @@ def test_a_reward_model_trained_with_lmrl_reward_is_R(tmp_path):
     rm.save_pretrained(tmp_path / "rm")
     tok.save_pretrained(tmp_path / "rm")
     selfplay.train(sp_config(tmp_path, "verifier=none", f"rewards=[model:{tmp_path / 'rm'}]", "max_steps=2",
-                             "sample_every=1", "challenger_prompt=Ask something."))
+                             "sample_every=1", "challenger_prompt=Ask something.",
+                             "reward_kwargs={reward_model: {precision: fp32}}"))  # as score_texts below
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "challenger/loss" in r]
     assert [r["step"] for r in records] == [1, 2] and all("rewards/reward_model/mean" in r for r in records)
     rm, rm_tok = load_reward_model(tmp_path / "rm")
