@@ -375,7 +375,8 @@ def train(config: RLConfig) -> dict[str, float]:
     scheduler = common.build_scheduler(optimizer, config, total_steps=config.max_steps * config.updates_per_step)
     engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
     tracker.print(f"{config.algorithm}: {count_parameters(model) / 1e6:.2f}M params, {len(rows)} prompts, "
-                  f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, run dir {run.dir}")
+                  f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
+                  f"precision={'bf16 autocast' if dtype else 'fp32'}, run dir {run.dir}")
     initial: dict[str, float] = {}
     if run.checkpoint:
         state = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler)
