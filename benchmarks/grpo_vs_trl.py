@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -432,10 +433,8 @@ def report_rounds(per_round: dict[str, list[float]]) -> None:
     if min(len(lmrl), len(trl)) < 2:
         return
     ratios = sorted(a / b for a, b in zip(lmrl, trl))
-    mid = len(ratios) // 2
-    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
     print(f"lmrl/TRL steps/s per round (same round = adjacent runs): {', '.join(f'{r:.2f}x' for r in ratios)}; "
-          f"median {median:.2f}x")
+          f"median {statistics.median(ratios):.2f}x")
 
 
 if __name__ == "__main__":
