@@ -12,6 +12,8 @@ import inspect
 
 import torch
 
+from lmrl.models.replay import replaying
+
 __all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "prompt_groups", "selective_log_softmax",
            "shared_prompt_logits"]
 
@@ -87,6 +89,7 @@ def completion_logprobs(
     return_entropy: bool = False,
     autocast_dtype: torch.dtype | None = None,
     share_prompts: bool = False,
+    linear_outputs=None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
 
@@ -101,6 +104,10 @@ def completion_logprobs(
     the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_logits`). Same
     values and gradients, (G-1)/G fewer prompt FLOPs; ignored when every prompt is distinct or the model takes
     no `past_key_values`. The entropy is computed without gradient (it is a metric, not a loss term).
+
+    linear_outputs: the `LinearOutputs` the sampler recorded for these rows (`RolloutBatch.linear_outputs`); with
+    share_prompts, layers return them instead of recomputing (`lmrl.models.replay`: same values and gradients up
+    to rounding, without the forward matmuls) while the weights are still the sampler's.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -123,7 +130,8 @@ def completion_logprobs(
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     with ctx:
         if groups is not None and accepts_kwarg(model, "past_key_values"):
-            logits = shared_prompt_logits(model, input_ids, attention_mask, position_ids, completion_start, *groups)
+            with replaying(model, linear_outputs, prompt_rows=groups[0]):
+                logits = shared_prompt_logits(model, input_ids, attention_mask, position_ids, completion_start, *groups)
         else:
             extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits

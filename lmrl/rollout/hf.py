@@ -13,11 +13,13 @@ finished, the batch is compacted to the running rows (`compact_threshold`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
 from lmrl.models.logprobs import accepts_kwarg
+from lmrl.models.replay import LinearRecorder, has_dropout
 
 try:  # transformers >= 4.54 has per-layer caches
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -122,17 +124,20 @@ class HFEngine:
         return self._generate(ids, params, n, generator, prompt_texts=list(prompts))
 
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None
+        self, prompt_ids: list[list[int]], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None,
+        record_linear_outputs: bool = False,
     ) -> RolloutBatch:
         """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
 
         Deterministic given `generator` (a torch.Generator on the model's device; None uses the global RNG).
+        record_linear_outputs: keep every nn.Linear output of the sampling forwards in `batch.linear_outputs`, for
+        an on-policy update to reuse (`lmrl.models.replay`); not recorded for models with dropout.
         """
-        return self._generate(prompt_ids, params, n, generator, prompt_texts=None)
+        return self._generate(prompt_ids, params, n, generator, prompt_texts=None, record=record_linear_outputs)
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _generate(self, prompt_ids, params, n, generator, prompt_texts) -> RolloutBatch:
+    def _generate(self, prompt_ids, params, n, generator, prompt_texts, record: bool = False) -> RolloutBatch:
         if isinstance(prompt_ids, (list, tuple)):
             prompt_ids = [p.tolist() if isinstance(p, torch.Tensor) else p for p in prompt_ids]
         self._check_inputs(prompt_ids, params, n, generator)
@@ -140,19 +145,28 @@ class HFEngine:
         ids, mask = _left_pad(prompt_ids, pad, device)  # (B, P) each
         stop_ids = torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device)
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
+        recorder = None
+        if record and not has_dropout(self.model):
+            recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n)
         was_training = self.model.training
         self.model.eval()
         try:
-            with self._grad_mode(), self._autocast():
-                out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher)
+            with self._grad_mode(recording=recorder is not None), self._autocast():
+                out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher,
+                                                                     recorder)
         finally:
             self.model.train(was_training)
+            if recorder is not None:
+                recorder.close()
         # Clone out of inference mode so that learners can use the tensors in autograd graphs.
         out_ids, out_logp, finish_step = out_ids.clone(), out_logp.clone(), finish_step.clone()
         ids, mask = ids.clone(), mask.clone()
-        return self._assemble(ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts)
+        batch = self._assemble(ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts)
+        if recorder is None:
+            return batch
+        return dataclasses.replace(batch, linear_outputs=recorder.finish(group_size=n))
 
-    def _decode(self, ids, mask, params, n, generator, stop_ids, matcher):
+    def _decode(self, ids, mask, params, n, generator, stop_ids, matcher, recorder=None):
         """The sampling loop. Returns completion ids (N, T), logps (N, T), finish step (N,) (-1: none), steps run."""
         model, pad = self.model, self.pad_token_id
         b, p = ids.shape
@@ -166,10 +180,11 @@ class HFEngine:
         position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (B, P)
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
         cache = _preallocated_cache(model, capacity=p + max_new)
-        out = model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True,
-            **extra,
-        )
+        with recorder.prefill() if recorder is not None else contextlib.nullcontext():
+            out = model(
+                input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                **extra,
+            )
         logits = out.logits[:, -1]  # (B, V)
         cache = _repeat_cache(out.past_key_values, n)
         logits = logits.repeat_interleave(n, dim=0)  # (N, V)
@@ -209,10 +224,11 @@ class HFEngine:
                 rows = keep if rows is None else rows[keep]
                 tokens, attn, prompt_len, done = tokens[keep], attn[keep], prompt_len[keep], done[keep]
             pos = (prompt_len + step)[:, None]  # (active, 1): position of the token just sampled
-            out = model(
-                input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
-                past_key_values=cache, use_cache=True,
-            )
+            with recorder.decode(rows) if recorder is not None else contextlib.nullcontext():
+                out = model(
+                    input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
+                    past_key_values=cache, use_cache=True,
+                )
             cache = out.past_key_values
             logits = out.logits[:, -1]  # (active, V)
         steps = step + 1
@@ -247,10 +263,11 @@ class HFEngine:
             self._matchers[stop_strings] = StopStringMatcher(self.tokenizer, stop_strings, vocab, self.device)
         return self._matchers[stop_strings]
 
-    def _grad_mode(self) -> contextlib.AbstractContextManager:
+    def _grad_mode(self, recording: bool = False) -> contextlib.AbstractContextManager:
         """inference_mode, except under autocast: autocast does not cache its weight casts inside inference_mode
-        (every forward would re-cast every weight), but does under no_grad (one cast per weight per rollout)."""
-        return torch.inference_mode() if self.autocast_dtype is None else torch.no_grad()
+        (every forward would re-cast every weight), but does under no_grad (one cast per weight per rollout); and
+        except when recording linear outputs, which a learner's autograd graph will hold."""
+        return torch.inference_mode() if self.autocast_dtype is None and not recording else torch.no_grad()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

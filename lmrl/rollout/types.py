@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,6 +99,9 @@ class RolloutBatch:
     """N decoded completions: special tokens skipped, cut before the first stop string."""
     group_size: int
     """G, completions per prompt."""
+    linear_outputs: Any = None
+    """`lmrl.models.replay.LinearOutputs` of the sampling forwards, when the engine was asked to record them;
+    an on-policy update reuses them instead of recomputing the layers' matmuls. None otherwise."""
 
     def __post_init__(self) -> None:
         n, p = self.prompt_ids.shape
@@ -185,6 +189,7 @@ class RolloutBatch:
             prompts=[self.prompts[i] for i in rows],
             completions=[self.completions[i] for i in rows],
             group_size=g if keeps_groups else 1,
+            linear_outputs=None if self.linear_outputs is None else self.linear_outputs.select(take),
         )
 
     def select_groups(self, groups: Sequence[int] | torch.Tensor) -> RolloutBatch:

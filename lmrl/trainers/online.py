@@ -95,6 +95,7 @@ class RLConfig(TrainConfig):
     kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
     tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off)")
     share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
+    reuse_sampling_forward: bool = field(True, "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)")
     skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")
     vf_coef: float = field(0.1, "PPO: value-loss weight")
     value_clip: float | None = field(0.2, "PPO: value clipping range")
@@ -156,7 +157,9 @@ def rollout(engine: HFEngine, tokenizer, rows, config: RLConfig, step: int) -> R
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                             top_p=config.top_p, top_k=config.top_k)
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # resume-exact sampling
-    return engine.generate(ids, params, n=config.samples_per_prompt, generator=generator)
+    # a recording is reused only by an update on the sampler's weights through the shared-prompt forward
+    record = config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
+    return engine.generate(ids, params, n=config.samples_per_prompt, generator=generator, record_linear_outputs=record)
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
@@ -231,7 +234,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
             mb_tokens = batch.completion_mask[mb].sum().clamp(min=1)
-            for micro in mb.chunk(config.grad_accum):
+            micros = mb.chunk(config.grad_accum)
+            for i, micro in enumerate(micros):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
                                                          + skip[micro].float().sum().item() / n / config.ppo_epochs)
@@ -243,7 +247,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                 weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / len(mb)
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
-                                                    autocast_dtype=dtype, share_prompts=config.share_prompts)
+                                                    autocast_dtype=dtype, share_prompts=config.share_prompts,
+                                                    linear_outputs=sub.linear_outputs)
                 loss, stats = policy_loss(
                     config.preset.loss, logp, logp.detach() if old_logp is None else old_logp[micro], adv[micro], mask,
                     ref_logp=ref_logp[micro] if ref_logp is not None else None,
@@ -257,6 +262,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                     loss = loss + config.vf_coef * vloss
                     stats.update(vstats, **{"loss/value": vloss.item()})
                 common.check_finite(loss, step)
+                if sub.linear_outputs is not None and i == len(micros) - 1:  # its last use: the weights change next
+                    sub.linear_outputs.release()  # so that only what the backward needs stays in memory
                 (loss * weight).backward()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step

@@ -1,0 +1,251 @@
+"""Reuse the sampler's linear-layer outputs in the training forward (on-policy, before any weight update).
+
+Sampling a completion runs the policy forward on every token: prefill on the B distinct prompts, then one token
+per step. An on-policy update runs the same forward again, with autograd, on the same tokens and the same weights,
+only batched. ``LinearRecorder`` keeps the output of every ``nn.Linear`` during sampling; ``replaying`` makes the
+training forward return those outputs instead of multiplying again. Everything else (embeddings, norms, RoPE,
+attention, activations) is recomputed, so autograd has its graph, and the backward is the usual one:
+
+    y = x W^T + b  (the recorded y),   dL/dx = g W,   dL/dW = g^T x,   dL/db = sum g
+
+with x the training forward's own input to the layer. The matmuls of the forward (a third of the training
+FLOPs) are skipped; values and gradients equal the recomputed ones up to rounding (the sampler attends over its
+KV cache, the learner over the full sequence).
+
+A recorded output is used only when it is certainly the same computation; otherwise the layer computes as usual:
+every parameter's in-place version (bumped by every optimizer step) must be the one seen while sampling, the input
+shape must be the recorded one (prompt forward (U, P), completion forward (N, T-1), as in
+``shared_prompt_logits``), the dtype the one the layer would produce, and each layer must have run once per
+forward. Models with active dropout are not recorded (sampling runs in eval mode, training does not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
+
+
+def parameter_versions(model) -> dict[str, int]:
+    """Each parameter's in-place version counter (an optimizer step bumps every updated parameter's)."""
+    return {name: p._version for name, p in model.named_parameters()}
+
+
+def has_dropout(model) -> bool:
+    """Whether training-mode forwards of ``model`` drop anything: an nn.Dropout with p > 0, or a module attribute
+    named *dropout* > 0 (HF attention passes ``attention_dropout`` to its kernel in training mode)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            return True
+        if any("dropout" in key and isinstance(v, float) and v > 0 for key, v in vars(module).items()):
+            return True
+    return False
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LinearOutputs:
+    """The outputs of every nn.Linear of one rollout, by module name, and the rows a batch selects from them.
+
+    prefill[name]: (B, P', out) from the prompt forward (P' = P, or 1 for a layer HF applies to the last position
+    only, like the LM head). decode[name]: (N, T-1, out) for T sampled steps; position j holds the output for
+    completion token j as input (the last token is never an input). versions: every parameter's ``_version``
+    while sampling. rows: (n,) the original row of each row of
+    the batch that holds this record (prompt-major: original row r belongs to prompt r // group_size).
+    """
+
+    prefill: dict[str, torch.Tensor]
+    decode: dict[str, torch.Tensor]
+    versions: dict[str, int]
+    group_size: int
+    rows: torch.Tensor
+
+    def select(self, indices: torch.Tensor) -> LinearOutputs:
+        """The record for the sub-batch of rows `indices` (positions in the current batch)."""
+        return dataclasses.replace(self, rows=self.rows[indices.to(self.rows.device)])
+
+    def release(self) -> None:
+        """Drop the recorded tensors (in this record and every selection of it): after its last replay, autograd
+        keeps only the outputs its backward needs. Later replays compute as usual."""
+        self.prefill.clear()
+        self.decode.clear()
+
+
+class LinearRecorder:
+    """Records every nn.Linear output of `model` during one rollout.
+
+        recorder = LinearRecorder(model, rows=N)
+        with recorder.prefill(): model(prompts)            # (B, P) distinct prompts
+        with recorder.decode(rows): model(tokens)          # (active, 1): the next completion token of `rows`
+        outputs = recorder.finish(group_size)              # LinearOutputs, or None if the record is not usable
+
+    rows=None in `decode` means all N rows in order. The hooks keep references (no copy per step); `finish` stacks
+    them once per layer, zero where a row had left the batch. A record is unusable if a layer ran twice in one
+    forward or a recorded output was later modified in place. Hooks are removed by `finish` (or `close`).
+    """
+
+    def __init__(self, model, rows: int):
+        self.n_rows = rows
+        self.names = {m: name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        self.versions = parameter_versions(model)
+        self.prefill_out: dict[str, tuple[torch.Tensor, int]] = {}
+        self.decode_out: dict[str, list[tuple[torch.Tensor, int]]] = {}
+        self.decode_rows: list[torch.Tensor | None] = []
+        self._phase: str | None = None
+        self._seen: set[str] = set()
+        self.valid = True
+        self._handles = [m.register_forward_hook(self._hook) for m in self.names]
+
+    @contextlib.contextmanager
+    def prefill(self):
+        with self._recording("prefill"):
+            yield
+
+    @contextlib.contextmanager
+    def decode(self, rows: torch.Tensor | None):
+        self.decode_rows.append(rows)
+        with self._recording("decode"):
+            yield
+
+    @contextlib.contextmanager
+    def _recording(self, phase: str):
+        self._phase, self._seen = phase, set()
+        try:
+            yield
+        finally:
+            self._phase = None
+
+    def _hook(self, module, inputs, output) -> None:
+        if self._phase is None or not isinstance(output, torch.Tensor):
+            return
+        name = self.names[module]
+        if name in self._seen:  # a layer used twice per forward: the record cannot say which call is which
+            self.valid = False
+        self._seen.add(name)
+        entry = (output.detach(), output._version)
+        if self._phase == "prefill":
+            self.prefill_out[name] = entry
+        else:
+            self.decode_out.setdefault(name, []).append(entry)
+
+    def finish(self, group_size: int) -> LinearOutputs | None:
+        self.close()
+        entries = [*self.prefill_out.values(), *(e for steps in self.decode_out.values() for e in steps)]
+        if not self.valid or not self.prefill_out or any(t._version != v for t, v in entries):
+            return None
+        steps = len(self.decode_rows)
+        if any(len(outs) != steps for outs in self.decode_out.values()):
+            return None
+        prefill = {name: t for name, (t, _) in self.prefill_out.items()}
+        decode = {name: self._stack([t for t, _ in outs]) for name, outs in self.decode_out.items()}
+        self.prefill_out, self.decode_out = {}, {}
+        return LinearOutputs(prefill, decode, self.versions, group_size, torch.arange(self.n_rows))
+
+    def _stack(self, outs: list[torch.Tensor]) -> torch.Tensor:
+        """(N, steps, out) from one (active, 1, out) output per step."""
+        if all(rows is None for rows in self.decode_rows):
+            return torch.cat(outs, dim=1)
+        buf = outs[0].new_zeros(self.n_rows, len(outs), outs[0].shape[-1])  # zero: finite padding, masked later
+        for step, (rows, out) in enumerate(zip(self.decode_rows, outs)):
+            buf[rows if rows is not None else slice(None), step] = out[:, 0]
+        return buf
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class _ReplayedLinear(torch.autograd.Function):
+    """y = the recorded x W^T + b; backward as F.linear's: g W, g^T x, sum g."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recorded):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return recorded
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        flat_grad = grad.reshape(-1, grad.shape[-1])  # (M, out)
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = flat_grad.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        grad_b = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None
+
+
+def _index_or_none(index: torch.Tensor) -> torch.Tensor | None:
+    """None when `index` is 0, 1, ..., n-1 (taking it is the identity: no copy), else the index itself."""
+    return None if torch.equal(index, torch.arange(len(index), device=index.device)) else index
+
+
+@contextlib.contextmanager
+def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | None = None):
+    """Within the block, each nn.Linear of `model` returns its recorded output when it is the same computation.
+
+    Call k of a layer inside the block: k = 0 is the prompt forward of the distinct prompts whose first rows (in
+    the current batch) are `prompt_rows` (U,); k = 1 is the completion forward of all rows. A layer whose call
+    does not match its record (shape, dtype, weight version) computes F.linear as usual. Yields a dict counting
+    replayed and computed calls.
+    """
+    counts = {"replayed": 0, "computed": 0}
+    if outputs is None or parameter_versions(model) != outputs.versions:  # any changed weight changes every layer after
+        yield counts
+        return
+    # layers whose forward someone else already replaced on the instance (e.g. accelerate hooks) are left alone
+    modules = [(name, m) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
+    rows = _index_or_none(outputs.rows)
+    prompts = None if prompt_rows is None else outputs.rows[prompt_rows.to(outputs.rows.device)] // outputs.group_size
+    prompt_index = None if prompts is None else _index_or_none(prompts)
+    casts: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # the autocast weight cast, once per block
+
+    def recorded_output(name, module, x, call) -> torch.Tensor | None:
+        if call == 0 and prompts is not None and name in outputs.prefill:
+            out = outputs.prefill[name]
+            if x.shape[:-1] != (len(prompts), out.shape[1]):
+                return None
+            if prompt_index is not None or len(out) != len(prompts):
+                out = out[prompts.to(out.device)]
+        elif call == 1 and name in outputs.decode:
+            out = outputs.decode[name]
+            if x.dim() != 3 or x.shape[0] != len(outputs.rows) or x.shape[1] > out.shape[1]:
+                return None
+            if rows is not None or len(out) != len(outputs.rows):
+                out = out[outputs.rows.to(out.device)]
+            if x.shape[1] != out.shape[1]:
+                out = out[:, : x.shape[1]].contiguous()
+        else:
+            return None
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        return out if out.dtype == dtype else None
+
+    def make_forward(name, module):
+        calls = [0]
+
+        def forward(x):
+            call, calls[0] = calls[0], calls[0] + 1
+            out = recorded_output(name, module, x, call)
+            if out is None:
+                counts["computed"] += 1
+                return F.linear(x, module.weight, module.bias)
+            counts["replayed"] += 1
+            if name not in casts:  # what autocast does to F.linear's arguments (differentiable casts)
+                casts[name] = (module.weight.to(out.dtype),
+                               None if module.bias is None else module.bias.to(out.dtype))
+            weight, bias = casts[name]
+            return _ReplayedLinear.apply(x.to(out.dtype), weight, bias, out)
+
+        return forward
+
+    for name, module in modules:
+        module.forward = make_forward(name, module)
+    try:
+        yield counts
+    finally:
+        for _, module in modules:
+            del module.forward  # back to the class's forward

@@ -1,0 +1,137 @@
+"""Reusing the sampler's linear outputs (lmrl.models.replay) gives the recomputed log-probs and gradients."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_logits
+from lmrl.models.replay import LinearRecorder, has_dropout, replaying
+from lmrl.rollout import HFEngine, SamplingParams
+
+VOCAB = 50
+
+
+class Tok:
+    """The little of a tokenizer HFEngine.generate needs: ids in, text out."""
+
+    pad_token_id, eos_token_id = 0, 2
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [" ".join(map(str, row)) for row in rows]
+
+
+def tiny_llama(**extra) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=0, **extra))
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                      pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19]]  # unequal: left padding
+
+
+def sample(model, stop_ids=tuple(range(3, 12)), max_new=8, compact=0.5):
+    """4 prompts x 4 samples; stop ids that end many rows early so that rows finish at different steps and the
+    batch is compacted."""
+    engine = HFEngine(model, Tok(), compact_threshold=compact)
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0, stop_token_ids=stop_ids)
+    return engine.generate(PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
+
+
+def logprobs_and_grads(model, batch, replay: bool):
+    model.zero_grad(set_to_none=True)
+    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
+                               share_prompts=True, linear_outputs=batch.linear_outputs if replay else None)
+    weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+    (logp * weights).sum().backward()
+    return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same(model, batch):
+    (a, grads_a), (b, grads_b) = logprobs_and_grads(model, batch, False), logprobs_and_grads(model, batch, True)
+    assert torch.allclose(a, b, atol=1e-5)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4), name
+
+
+def replay_counts(model, batch):
+    ids, mask, start = batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1]
+    first, inverse = prompt_groups(ids, mask, start)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with replaying(model, batch.linear_outputs, first) as counts:
+        shared_prompt_logits(model, ids, mask, positions, start, first, inverse)
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_replayed_forward_gives_the_recomputed_logprobs_and_gradients(arch):
+    model = tiny_llama() if arch == "llama" else tiny_gpt2()
+    batch = sample(model)
+    lengths = batch.completion_lengths.tolist()
+    assert len(set(lengths)) >= 3 and max(lengths) == batch.completion_ids.shape[1]  # rows end at different steps
+    model.train()
+    assert_same(model, batch)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())  # GPT-2: only the LM head (Conv1D)
+    assert replay_counts(model, batch) == {"replayed": 2 * linears, "computed": 0}
+    # the learner's log-probs are the sampler's own
+    logp, _ = logprobs_and_grads(model, batch, True)
+    assert torch.allclose(logp, batch.sampler_logp, atol=1e-5)
+
+
+def test_sub_batches_replay_their_own_rows():
+    model = tiny_llama()
+    batch = sample(model)
+    model.train()
+    for rows in (torch.tensor([4, 5, 6, 7, 12, 13, 14, 15]), torch.tensor([3, 0, 9, 1, 6, 2, 11])):
+        sub = batch.select(rows)
+        assert_same(model, sub)
+        assert replay_counts(model, sub)["computed"] == 0
+
+
+def test_changed_weights_or_shapes_are_computed_not_replayed():
+    model = tiny_llama()
+    batch = sample(model)
+    model.train()
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)  # an in-place update, like an optimizer step's, of no linear layer
+    assert_same(model, batch)  # equal to the forward with the new weight
+    assert replay_counts(model, batch)["replayed"] == 0
+    ids, mask = batch.input_ids, batch.attention_mask
+    with replaying(model, batch.linear_outputs, prompt_groups(ids, mask, batch.prompt_ids.shape[1])[0]) as counts:
+        model(input_ids=ids, attention_mask=mask)  # one unshared forward: no recorded output has its shape
+    assert counts["replayed"] == 0
+    assert "forward" not in vars(model.lm_head)  # the layers' own forward is back
+
+
+def test_release_drops_the_record_and_later_forwards_compute():
+    model = tiny_llama()
+    batch = sample(model)
+    sub = batch.select(torch.arange(8))
+    sub.linear_outputs.release()
+    assert batch.linear_outputs.decode == {} and batch.linear_outputs.prefill == {}
+    assert replay_counts(model, batch)["replayed"] == 0
+
+
+def test_models_with_dropout_or_a_layer_used_twice_are_not_recorded():
+    assert sample(tiny_llama(attention_dropout=0.1)).linear_outputs is None
+    assert has_dropout(tiny_llama(attention_dropout=0.1)) and not has_dropout(tiny_llama())
+    model = tiny_llama()
+    recorder = LinearRecorder(model, rows=1)
+    with recorder.prefill():
+        model(input_ids=torch.tensor([[5, 6]]))
+        model(input_ids=torch.tensor([[5, 6]]))  # every layer runs twice in one recorded forward
+    assert recorder.finish(group_size=1) is None
+    assert not model.lm_head._forward_hooks  # hooks removed
+
+
+def test_not_recorded_unless_asked():
+    model = tiny_llama()
+    batch = HFEngine(model, Tok()).generate(PROMPTS, SamplingParams(max_new_tokens=4), n=2)
+    assert batch.linear_outputs is None and not model.lm_head._forward_hooks
