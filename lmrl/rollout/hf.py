@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from lmrl.models.logprobs import accepts_kwarg
-from lmrl.models.replay import LinearRecorder, has_dropout
+from lmrl.models.replay import BufferPool, LinearRecorder, has_dropout
 
 try:  # transformers >= 4.54 has per-layer caches
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -94,6 +94,7 @@ class HFEngine:
         self.compact_threshold = compact_threshold
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
         self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
+        self._record_pool = BufferPool()  # linear-output buffers reused across recording rollouts
 
     @property
     def device(self) -> torch.device:
@@ -147,7 +148,8 @@ class HFEngine:
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
         recorder = None
         if record and not has_dropout(self.model):
-            recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n)
+            recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens,
+                                      pool=self._record_pool)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -164,7 +166,7 @@ class HFEngine:
         batch = self._assemble(ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts)
         if recorder is None:
             return batch
-        return dataclasses.replace(batch, linear_outputs=recorder.finish(group_size=n))
+        return dataclasses.replace(batch, linear_outputs=recorder.finish(steps, group_size=n))
 
     def _decode(self, ids, mask, params, n, generator, stop_ids, matcher, recorder=None):
         """The sampling loop. Returns completion ids (N, T), logps (N, T), finish step (N,) (-1: none), steps run."""
@@ -220,11 +222,14 @@ class HFEngine:
                 break
             if can_compact and n_done > 0 and n_done >= self.compact_threshold * n_active:
                 keep = (~done).nonzero().squeeze(1)  # (still running,)
+                if recorder is not None:
+                    finished = done.nonzero().squeeze(1)
+                    recorder.drop(finished if rows is None else rows[finished], step)
                 cache.batch_select_indices(keep)
                 rows = keep if rows is None else rows[keep]
                 tokens, attn, prompt_len, done = tokens[keep], attn[keep], prompt_len[keep], done[keep]
             pos = (prompt_len + step)[:, None]  # (active, 1): position of the token just sampled
-            with recorder.decode(rows) if recorder is not None else contextlib.nullcontext():
+            with recorder.decode(step, rows) if recorder is not None else contextlib.nullcontext():
                 out = model(
                     input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
                     past_key_values=cache, use_cache=True,

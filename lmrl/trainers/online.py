@@ -180,7 +180,10 @@ def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> tor
 
 def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.Generator) -> torch.Tensor:
     """A random order of the n rows in which every minibatch holds whole groups (so prompts can be shared),
-    when the groups split evenly into minibatches; else a random order of rows."""
+    when the groups split evenly into minibatches; else a random order of rows. One minibatch: the rows in order
+    (the full-batch gradient does not depend on it, and in-order rows need no gathering)."""
+    if minibatches == 1:
+        return torch.arange(n)
     if n % group_size or (n // group_size) % minibatches:
         return torch.randperm(n, generator=generator)
     groups = torch.randperm(n // group_size, generator=generator)  # (n/G,)

@@ -179,15 +179,17 @@ def grouped_batch(gen, n_prompts=3, group=4, width=5, shuffle=True):
             completion_lens.append(c)
     ids, mask = left_padded(rows, completion_lens, pad_prompt_to=n_prompts + 1, pad_completion_to=width)
     order = torch.randperm(len(rows), generator=gen) if shuffle else torch.arange(len(rows))
-    return ids[order], mask[order]  # shuffled: groups need not be contiguous; else prompt-major (repeat path)
+    return ids[order], mask[order]  # shuffled: groups need not be contiguous; else prompt-major (repeat paths)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("width", [5, 1])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, width, shuffle):
+@pytest.mark.parametrize("layout", ["shuffled", "grouped", "unequal groups"])
+def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, width, layout):
     model = {"llama": model, "gpt2": gpt2}[arch]
-    ids, mask = grouped_batch(torch.Generator().manual_seed(4), width=width, shuffle=shuffle)
+    ids, mask = grouped_batch(torch.Generator().manual_seed(4), width=width, shuffle=layout == "shuffled")
+    if layout == "unequal groups":  # prompt-major, groups of 4, 2 and 3 rows
+        ids, mask = ids[[0, 1, 2, 3, 4, 5, 8, 9, 10]], mask[[0, 1, 2, 3, 4, 5, 8, 9, 10]]
     start = ids.shape[1] - width
     results = []
     for share in (False, True):

@@ -123,11 +123,11 @@ def test_models_with_dropout_or_a_layer_used_twice_are_not_recorded():
     assert sample(tiny_llama(attention_dropout=0.1)).linear_outputs is None
     assert has_dropout(tiny_llama(attention_dropout=0.1)) and not has_dropout(tiny_llama())
     model = tiny_llama()
-    recorder = LinearRecorder(model, rows=1)
+    recorder = LinearRecorder(model, rows=1, steps=2)
     with recorder.prefill():
         model(input_ids=torch.tensor([[5, 6]]))
         model(input_ids=torch.tensor([[5, 6]]))  # every layer runs twice in one recorded forward
-    assert recorder.finish(group_size=1) is None
+    assert recorder.finish(steps=1, group_size=1) is None
     assert not model.lm_head._forward_hooks  # hooks removed
 
 
