@@ -315,7 +315,8 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
         return {"reward/errors": float(parts.reward_set.errors)}
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
-                    "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout})
+                    "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
+                    "train/reused_sampling_forward": float(batch.linear_outputs is not None)})
     if step % config.sample_every == 0 or step == 1:
         tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": batch.completions[i],
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
