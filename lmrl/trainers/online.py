@@ -237,8 +237,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
             mb_tokens = batch.completion_mask[mb].sum().clamp(min=1)
-            micros = mb.chunk(config.grad_accum)
-            for i, micro in enumerate(micros):
+            for micro in mb.chunk(config.grad_accum):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
                                                          + skip[micro].float().sum().item() / n / config.ppo_epochs)
@@ -265,8 +264,6 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                     loss = loss + config.vf_coef * vloss
                     stats.update(vstats, **{"loss/value": vloss.item()})
                 common.check_finite(loss, step)
-                if sub.linear_outputs is not None and i == len(micros) - 1:  # its last use: the weights change next
-                    sub.linear_outputs.release()  # so that only what the backward needs stays in memory
                 (loss * weight).backward()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step

@@ -110,15 +110,6 @@ def test_changed_weights_or_shapes_are_computed_not_replayed():
     assert "forward" not in vars(model.lm_head)  # the layers' own forward is back
 
 
-def test_release_drops_the_record_and_later_forwards_compute():
-    model = tiny_llama()
-    batch = sample(model)
-    sub = batch.select(torch.arange(8))
-    sub.linear_outputs.release()
-    assert batch.linear_outputs.decode == {} and batch.linear_outputs.prefill == {}
-    assert replay_counts(model, batch)["replayed"] == 0
-
-
 def test_models_with_dropout_or_a_layer_used_twice_are_not_recorded():
     assert sample(tiny_llama(attention_dropout=0.1)).linear_outputs is None
     assert has_dropout(tiny_llama(attention_dropout=0.1)) and not has_dropout(tiny_llama())
