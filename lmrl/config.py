@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
@@ -175,17 +176,67 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
 T = typing.TypeVar("T")
 
 
-def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+ALIASES: dict[str, str] = {
+    # TRL / HF TrainingArguments name -> lmrl name
+    "learning_rate": "lr",
+    "num_generations": "samples_per_prompt",
+    "max_completion_length": "max_new_tokens",
+    "gradient_accumulation_steps": "grad_accum",
+    "beta": "kl_coef",
+    "lr_scheduler_type": "lr_schedule",
+    "num_iterations": "ppo_epochs",
+    "epsilon": "clip_low",
+    "epsilon_high": "clip_high",
+    "logging_steps": "log_every",
+    "eval_steps": "eval_every",
+    "save_steps": "save_every",
+    "save_total_limit": "keep_checkpoints",
+}
+"""Names users bring from TRL and HF ``TrainingArguments``, accepted where the config has the lmrl name and not
+the alias itself (``beta`` is DPO's own key, and ``kl_coef`` in ``lmrl rl``)."""
+
+ALIAS_VALUES: dict[str, dict[Any, Any]] = {"lr_scheduler_type": {"constant_with_warmup": "constant", "cosine_with_min_lr": "cosine"}}
+
+
+def resolve_aliases(cls: type, data: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Rename the TRL/HF aliases in ``data`` to ``cls``'s keys, with a one-line notice each."""
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    out = dict(data)
+    for alias, name in ALIASES.items():
+        if alias not in out or alias in fields or name not in fields:
+            continue
+        if name in out:
+            raise ConfigError(f"Both '{alias}' (TRL's name) and '{name}' are set; keep one ('{name}').")
+        value = out.pop(alias)
+        out[name] = ALIAS_VALUES.get(alias, {}).get(value, value) if isinstance(value, str) else value
+        (notify or _notice)(f"note: '{alias}' is read as lmrl's '{name}' ({name}={out[name]})")
+    return out
+
+
+def _notice(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def unknown_key_message(key: str, cls: type) -> str:
+    """'Unknown config key ...' with the closest key or alias (an alias suggests the key it stands for)."""
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    names = fields + [a for a, n in ALIASES.items() if n in fields and a not in fields]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    hint = ""
+    if close:
+        target = close[0] if close[0] in fields else ALIASES[close[0]]
+        hint = f" Did you mean '{target}'?" + (f" ('{close[0]}' in TRL)" if target != close[0] else "")
+    return f"Unknown config key '{key}' for {cls.__name__}.{hint} Run with --help-config to list every key."
+
+
+def from_dict(cls: type[T], data: dict[str, Any], notify: Callable[[str], None] | None = None) -> T:
     """Build ``cls`` from a plain dict, rejecting unknown keys and wrong types with clear messages."""
+    data = resolve_aliases(cls, data, notify)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     unknown = [k for k in data if k not in fields]
     if unknown:
-        key = unknown[0]
-        raise ConfigError(
-            f"Unknown config key '{key}' for {cls.__name__}.{suggest(key, fields)} "
-            f"Run with --help-config to list every key."
-        )
+        raise ConfigError(unknown_key_message(unknown[0], cls))
     values = {k: coerce(k, v, hints[k]) for k, v in data.items()}
     try:
         return cls(**values)
@@ -215,16 +266,31 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def section_of(cls: type, name: str) -> str:
+    """The title of the section that first declares ``name`` (the method's own keys: '')."""
+    for base in reversed(cls.__mro__):
+        if issubclass(base, Section) and base.title and name in base.__dict__.get("__annotations__", {}):
+            return base.title
+    return ""
+
+
 def describe(cls: type) -> str:
-    """One line per field: name, type, default and the field's doc (from ``field(metadata={"help": ...})``)."""
+    """The keys grouped by section, one line each: name, type, default and the field's help."""
     hints = typing.get_type_hints(cls)
-    lines = []
+    groups: dict[str, list[str]] = {}
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)"
         )
-        lines.append(f"  {f.name} ({_type_name(hints[f.name])}, default {default!r}): {f.metadata.get('help', '')}")
-    return "\n".join(lines)
+        line = f"  {f.name} ({_type_name(hints[f.name])}, default {default!r}): {f.metadata.get('help', '')}"
+        groups.setdefault(section_of(cls, f.name), []).append(line)
+    own = groups.pop("", [])
+    parts = [f"{cls.__name__.removesuffix('Config') or cls.__name__}:\n" + "\n".join(own)] if own else []
+    parts += [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()]
+    aliases = [f"{a} -> {n}" for a, n in ALIASES.items() if n in hints and a not in hints]
+    if aliases:
+        parts.append("TRL/HF names accepted: " + ", ".join(aliases))
+    return "\n\n".join(parts)
 
 
 def field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
@@ -234,15 +300,41 @@ def field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's na
     return dataclasses.field(default=default, metadata={"help": help})
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """Fields every training verb shares. Method configs subclass it and add their own."""
+class Section:
+    """A group of config keys declared once and shared by every config that composes it.
 
-    # model
+    Configs are flat (every key is a top-level YAML key and override) and composed by inheritance:
+    ``class RLConfig(SamplingSection, RewardSection, TrainConfig)``. ``title`` names the group in
+    ``--help-config``; each section's ``__post_init__`` checks its own keys and calls the next one's.
+    """
+
+    title = ""
+
+    def __post_init__(self) -> None:
+        pass
+
+
+def _check(config: Any, names: typing.Iterable[str], minimum: float, inclusive: bool = True) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value < minimum or (not inclusive and value == minimum):
+            raise ConfigError(f"'{name}' must be {'>=' if inclusive else '>'} {minimum:g}, got {value}.")
+
+
+@dataclasses.dataclass
+class ModelSection(Section):
+    title = "model"
     model: str = field("builtin:tiny", "HF model path or hub id, a checkpoint dir, or builtin:tiny|small|medium")
     tokenizer: str | None = field(None, "tokenizer path/hub id; default: the model's (builtin models use builtin:char)")
     model_args: dict = field({}, "overrides of the built-in model's architecture (hidden_size, num_hidden_layers, ...)")
-    # optimisation
+    precision: Literal["auto", "bf16", "fp32"] = field("auto", "auto: bf16 autocast where the CPU/GPU supports it; weights stay fp32")
+    seed: int = field(0, "seed for data order, init of built-in models and sampling")
+    keep_freed_memory: bool = field(True, "CPU: keep freed memory in the process instead of page-faulting it in again every step (glibc mallopt)")
+
+
+@dataclasses.dataclass
+class OptimSection(Section):
+    title = "optimizer and schedule"
     lr: float = field(1e-3, "peak learning rate (AdamW)")
     weight_decay: float = field(0.0, "AdamW weight decay")
     adam_betas: list[float] = field([0.9, 0.99], "AdamW betas")
@@ -252,14 +344,25 @@ class TrainConfig:
     max_steps: int = field(200, "optimizer steps to train")
     max_grad_norm: float | None = field(1.0, "clip the global gradient norm (null: no clipping)")
     grad_accum: int = field(1, "micro-batches per optimizer step; the batch is split evenly")
-    precision: Literal["auto", "bf16", "fp32"] = field("auto", "auto: bf16 autocast where the CPU/GPU supports it; weights stay fp32")
-    seed: int = field(0, "seed for data order, init of built-in models and sampling")
-    keep_freed_memory: bool = field(True, "CPU: keep freed memory in the process instead of page-faulting it in again every step (glibc mallopt)")
-    # run directory and logging
+
+    def __post_init__(self) -> None:
+        _check(self, ("lr", "max_steps", "grad_accum"), 0, inclusive=False)
+        _check(self, ("warmup_steps",), 0)
+        if len(self.adam_betas) != 2:
+            raise ConfigError(f"'adam_betas' must be two numbers, got {self.adam_betas}.")
+        super().__post_init__()
+
+
+TRACKERS = ("tensorboard", "wandb", "trackio")
+
+
+@dataclasses.dataclass
+class RunSection(Section):
+    title = "run directory, logging and checkpoints"
     output_dir: str = field("runs/default", "run directory: config.yaml, metrics.jsonl, samples.jsonl, checkpoints/, plots/")
     resume: bool = field(False, "continue from the newest checkpoint in output_dir")
     overwrite: bool = field(False, "allow starting a fresh run in a non-empty output_dir")
-    log_every: int = field(10, "log metrics every N steps")
+    log_every: int = field(10, "log metrics every N steps (and always at the first and last step)")
     eval_every: int = field(100, "evaluate every N steps (0: only at the start and end)")
     save_every: int = field(100, "save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = field(2, "how many step-N checkpoints to keep")
@@ -267,16 +370,58 @@ class TrainConfig:
     report_to: list[str] = field([], "extra trackers: tensorboard, wandb, trackio (when installed)")
 
     def __post_init__(self) -> None:
-        positive = ("lr", "max_steps", "grad_accum", "log_every", "keep_checkpoints")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"'{name}' must be > 0, got {getattr(self, name)}.")
-        for name in ("warmup_steps", "eval_every", "save_every", "num_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
-        if len(self.adam_betas) != 2:
-            raise ConfigError(f"'adam_betas' must be two numbers, got {self.adam_betas}.")
-        known = {"tensorboard", "wandb", "trackio"}
+        _check(self, ("log_every", "keep_checkpoints"), 0, inclusive=False)
+        _check(self, ("eval_every", "save_every", "num_samples"), 0)
         for name in self.report_to:
-            if name not in known:
-                raise ConfigError(f"'report_to' entry '{name}' is unknown.{suggest(name, known)} Known: {sorted(known)}.")
+            if name not in TRACKERS:
+                raise ConfigError(f"'report_to' entry '{name}' is unknown.{suggest(name, TRACKERS)} Known: {list(TRACKERS)}.")
+        super().__post_init__()
+
+
+@dataclasses.dataclass
+class TrainConfig(RunSection, OptimSection, ModelSection):
+    """Fields every training verb shares: model, optimizer and schedule, run directory. Method configs
+    subclass it, compose the sections they use (sampling, rewards) and add their own keys."""
+
+
+@dataclasses.dataclass
+class DecodingSection(Section):
+    title = "sampling"
+    temperature: float = field(1.0, "sampling temperature")
+    top_p: float = field(1.0, "nucleus sampling")
+    top_k: int = field(0, "top-k sampling (0: off)")
+
+    def __post_init__(self) -> None:
+        _check(self, ("temperature",), 0, inclusive=False)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"'top_p' must be in (0, 1], got {self.top_p}.")
+        _check(self, ("top_k",), 0)
+        super().__post_init__()
+
+
+@dataclasses.dataclass
+class SamplingSection(DecodingSection):
+    """Sampling of G completions per prompt (``temperature``, ``top_p``, ``top_k`` from `DecodingSection`)."""
+
+    title = "sampling"
+    samples_per_prompt: int = field(8, "completions per prompt (G); a step trains on prompts x G completions")
+    max_new_tokens: int = field(32, "completion length cap in tokens")
+
+    def __post_init__(self) -> None:
+        _check(self, ("samples_per_prompt", "max_new_tokens"), 1)
+        super().__post_init__()
+
+
+@dataclasses.dataclass
+class RewardSection(Section):
+    title = "rewards"
+    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model) or module:function")
+    reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
+    reward_kwargs: dict = field({}, "options per reward name, e.g. {overlong: {max_len: 32, cache_len: 8}}")
+    on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the step or stops the run")
+
+    def __post_init__(self) -> None:
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards "
+                              f"{self.rewards}: give one weight per reward, or none (1.0 each).")
+        super().__post_init__()

@@ -46,7 +46,8 @@ def run_sim(name: str, overrides: list[str], out: str) -> tuple[str, float]:
     """One simulation of the recipe with overrides; console output goes to ``<out>/<name>.log``."""
     _one_thread()
     from lmrl.config import load_config
-    from lmrl.swarm.cli import SwarmConfig, run
+    from lmrl.swarm.cli import run
+    from lmrl.swarm.config import SwarmConfig
 
     start = time.time()
     with open(Path(out) / f"{name}.log", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -58,7 +59,7 @@ def run_sim(name: str, overrides: list[str], out: str) -> tuple[str, float]:
 def warm_start(out: Path, overrides: list[str]) -> str:
     """The recipe's warm-started model (SFT on the task mix), cached in ``<out>/warm_start``."""
     from lmrl.config import load_config
-    from lmrl.swarm.cli import SwarmConfig
+    from lmrl.swarm.config import SwarmConfig
     from lmrl.swarm.sim import warm_start_model
 
     config = load_config(SwarmConfig, RECIPE, [f"warm_start_dir={out / 'warm_start'}", *overrides])

@@ -1,4 +1,4 @@
-"""`gold`: the hidden gold score of the built-in preference task as a reward (`lmrl.data.preference.gold_score`).
+"""`gold`: the built-in preference task's hidden gold score as a reward (`lmrl.data.preference_builtin.gold_score`).
 
     g = [v = a] + 1/(1 + |v − a|) − 0.05·e    (v: last integer of the completion, a: the answer, e: other chars)
     g = −1 − 0.05·e                           (no integer)
@@ -21,7 +21,7 @@ def make_gold_reward() -> RewardFn:
     `answer` column, else the value of the arithmetic prompt."""
 
     def gold(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
-        from lmrl.data.preference import gold_score  # data layer, imported on first use
+        from lmrl.data.preference_builtin import gold_score  # data layer, imported on first use
         from lmrl.rewards.judge import question_text
 
         n = len(completions)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-RewardFn = Callable[..., Sequence[float]]
-RewardFactory = Callable[..., RewardFn]
+from lmrl.rewards.types import RewardFactory, RewardFn
 
 REWARDS: dict[str, RewardFactory] = {}
 

@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from lmrl.data.chat import encode_prompt, render_prompt
-from lmrl.data.preference import STEP_SEPARATOR, Tokenized, collate_sequences, step_positions
+from lmrl.data.preference_parsing import STEP_SEPARATOR
+from lmrl.data.preference_tokens import Tokenized, collate_sequences, step_positions
 from lmrl.models.precision import autocast, autocast_dtype
 from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
-from lmrl.rewards.registry import RewardFn
+from lmrl.rewards.types import RewardFn
 
 _SENTINEL = "\x00lmrl-prompt\x00"
 

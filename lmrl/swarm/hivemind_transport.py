@@ -33,13 +33,15 @@ Limits of the design (hivemind has no per-key write access control): anyone may
 add *their own* signed subkeys under any key, so a Sybil attacker with many keys
 can inflate a round's index; `max_peers` bounds what one fetch reads, and
 payloads are still decoded and checked by `fetch_valid`.
+
+Options and size limits: `lmrl.swarm.hivemind_options`; identities, peer ids and the record
+validator: `lmrl.swarm.hivemind_identity`; the guarded hivemind import: `lmrl.swarm.hivemind_import`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import hashlib
 import logging
 import math
@@ -49,188 +51,22 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
-import torch.multiprocessing
-from cryptography.hazmat.primitives import serialization
 
-# Importing hivemind switches torch's tensor sharing strategy to "file_system" for the whole process
-# (hivemind/utils/mpfuture.py), which its forked DHT process needs; we run no such process, so restore it.
-_sharing_strategy = torch.multiprocessing.get_sharing_strategy()
-from hivemind.dht.crypto import RSASignatureValidator  # noqa: E402
-from hivemind.dht.node import DHTNode  # noqa: E402
-from hivemind.dht.validation import DHTRecord  # noqa: E402
-from hivemind.p2p import P2P  # noqa: E402
-from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
-from hivemind.proto import crypto_pb2  # noqa: E402
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey  # noqa: E402
-from hivemind.utils.multiaddr import Multiaddr  # noqa: E402
-from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
-
-torch.multiprocessing.set_sharing_strategy(_sharing_strategy)
-
-from lmrl.swarm.transport import SkipCounter, check_round  # noqa: E402
+from lmrl.swarm.hivemind_identity import SwarmRecordValidator, load_or_create_identity, owner_peer_id, peer_id_of
+from lmrl.swarm.hivemind_import import DHTNode, get_dht_time
+from lmrl.swarm.hivemind_options import MAX_VALUE_BYTES, MIN_CHUNK_BYTES, HivemindOptions
+from lmrl.swarm.transport import SkipCounter, check_round
 
 logger = logging.getLogger(__name__)
-
-MAX_VALUE_BYTES = 256 * 1024
-"""Largest DHT value any lmrl node stores or accepts (a chunk, or a manifest)."""
-MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
-"""Hard cap of one payload: half of hivemind's 4 MiB RPC message limit."""
-_MIN_CHUNK_BYTES = 4096
-"""Smallest chunk a manifest may announce: bounds the lookups one peer can cause to max_payload_bytes / 4 KiB."""
 
 T = TypeVar("T")
 
 
 class SwarmStartupError(RuntimeError):
     """The DHT node could not start or join the swarm; the message says what to check."""
-
-
-@dataclasses.dataclass(frozen=True)
-class HivemindOptions:
-    """How a node joins the hivemind swarm. Every node of one swarm uses the same `namespace`."""
-
-    initial_peers: tuple[str, ...] = ()
-    """Bootstrap multiaddrs, e.g. "/ip4/1.2.3.4/tcp/31337/p2p/Qm...". Empty: this node starts a new swarm
-    (print `transport.visible_maddrs` and pass them to the others)."""
-    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
-    """Where to listen; port 0 picks a free port. Use "/ip4/127.0.0.1/tcp/0" for a single-machine swarm."""
-    announce_maddrs: tuple[str, ...] = ()
-    """Public addresses to announce when behind NAT/port forwarding (explicit ports)."""
-    identity_path: str | None = None
-    """libp2p private key file; created if missing and kept, so a restarted node keeps its peer id.
-    None: a throwaway identity (new peer id every start)."""
-    namespace: str = "lmrl-sapo"
-    """Prefix of every DHT key; different swarms (or experiments) sharing a DHT use different ones."""
-    expiration_s: float = 600.0
-    """How long published entries live in the DHT (the staleness window, as genrl's 600 s)."""
-    chunk_bytes: int = 32 * 1024
-    """Payloads are split into DHT values of at most this many bytes."""
-    max_payload_bytes: int = 1 << 20
-    """Largest payload published or accepted (keep equal to `PayloadLimits.max_bytes`)."""
-    max_peers: int = 256
-    """Peers read per fetch; beyond it a random subset is read (and the rest counted `too_many_peers`)."""
-    fetch_timeout_s: float = 10.0
-    """Upper bound of one `fetch` (lookups that have not finished by then are counted `incomplete`)."""
-    publish_timeout_s: float = 20.0
-    """Upper bound of one `publish` (failures are logged and counted in `publish_failures`)."""
-    startup_timeout_s: float = 60.0
-    """Per attempt: start the p2p daemon and reach the initial peers."""
-    startup_attempts: int = 3
-    """Bootstrap attempts (with 2 s, 4 s, ... pauses) before giving up with `SwarmStartupError`."""
-    client_mode: bool = False
-    """True for nodes that cannot accept incoming connections: they read and write but store nothing."""
-
-    def __post_init__(self) -> None:
-        for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                raise ValueError(f"HivemindOptions.{name} must be a list of multiaddrs, got the string {value!r}.")
-            object.__setattr__(self, name, tuple(value))
-            for addr in getattr(self, name):
-                try:
-                    maddr = Multiaddr(addr)
-                except Exception as err:  # noqa: BLE001 - multiaddr raises several types
-                    raise ValueError(
-                        f"HivemindOptions.{name} holds {addr!r}, which is not a multiaddr ({err}). Use the form "
-                        "/ip4/1.2.3.4/tcp/31337/p2p/<peer id> as printed by the node you join."
-                    ) from None
-                if name == "initial_peers" and "p2p" not in [p.name for p in maddr.protocols()]:
-                    raise ValueError(
-                        f"initial peer {addr!r} lacks the /p2p/<peer id> part; copy the full address a running "
-                        "node prints (transport.visible_maddrs)."
-                    )
-        if not self.namespace or ":" in self.namespace:
-            raise ValueError(f"namespace must be a non-empty string without ':', got {self.namespace!r}.")
-        if not _MIN_CHUNK_BYTES <= self.chunk_bytes <= MAX_VALUE_BYTES:
-            raise ValueError(
-                f"chunk_bytes must lie in [{_MIN_CHUNK_BYTES}, {MAX_VALUE_BYTES}], got {self.chunk_bytes}."
-            )
-        if not 1 <= self.max_payload_bytes <= MAX_PAYLOAD_BYTES:
-            raise ValueError(
-                f"max_payload_bytes must lie in [1, {MAX_PAYLOAD_BYTES}] (hivemind's RPC messages are capped at "
-                f"4 MiB), got {self.max_payload_bytes}."
-            )
-        for name in ("expiration_s", "fetch_timeout_s", "publish_timeout_s", "startup_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"HivemindOptions.{name} must be > 0 seconds, got {getattr(self, name)}.")
-        if self.max_peers < 1 or self.startup_attempts < 1:
-            raise ValueError("HivemindOptions.max_peers and startup_attempts must be >= 1.")
-
-
-# ---- identity ----------------------------------------------------------------------------------
-
-
-def load_or_create_identity(path: str | os.PathLike) -> RSAPrivateKey:
-    """The RSA key in libp2p's protobuf key file at `path`, generating the file (mode 0400) if absent."""
-    path = Path(path)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        P2P.generate_identity(str(path))
-        logger.info("swarm: generated a new identity in %s", path)
-    try:
-        proto = crypto_pb2.PrivateKey.FromString(path.read_bytes())
-        if proto.key_type != crypto_pb2.KeyType.RSA:
-            raise ValueError(f"key type {crypto_pb2.KeyType.Name(proto.key_type)}, not RSA")
-        key = serialization.load_der_private_key(proto.data, password=None)
-    except Exception as err:  # noqa: BLE001 - protobuf, cryptography and our own errors alike
-        raise ValueError(
-            f"The identity file {path} is not a libp2p RSA private key ({err}). Point identity_path to the "
-            "file this node used before, or delete it to start with a new identity (and a new peer id)."
-        ) from None
-    private = RSAPrivateKey.__new__(RSAPrivateKey)  # wrap an existing key (its __init__ generates a new one)
-    private._private_key = key
-    return private
-
-
-def peer_id_of(public_key: RSAPublicKey) -> str:
-    """The libp2p peer id (base58) of an RSA public key: multihash(sha256(protobuf PublicKey(DER SPKI))),
-    as in the libp2p peer-id spec and hivemind's `PeerID.from_identity`."""
-    der = public_key._public_key.public_bytes(
-        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    return PeerID(b"\x12\x20" + hashlib.sha256(encoded).digest()).to_base58()  # 0x12 = sha2-256, 0x20 = 32 bytes
-
-
-def owner_peer_id(subkey: Any) -> str | None:
-    """The peer id of the single `[owner:...]` public key in a subkey, or None if there is none / it is invalid."""
-    if not isinstance(subkey, bytes):
-        return None
-    keys = RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey)
-    if len(keys) != 1:
-        return None
-    try:
-        return peer_id_of(RSAPublicKey.from_bytes(keys[0]))
-    except Exception:  # noqa: BLE001 - a malformed key is just not an owner
-        return None
-
-
-class SwarmRecordValidator(RSASignatureValidator):
-    """Accepts only records signed by their owner whose value is msgpack `bytes` of <= MAX_VALUE_BYTES.
-
-    hivemind applies it when storing for others and to every lookup result, so an
-    unsigned or oversized record never reaches `fetch`."""
-
-    def validate(self, record: DHTRecord) -> bool:
-        if len(RSASignatureValidator._PUBLIC_KEY_RE.findall(record.subkey)) != 1:
-            return False  # unsigned (or regular, subkey-less) records have no authenticated sender
-        if not super().validate(record):
-            return False
-        stripped = self.strip_value(record)
-        if len(stripped) > MAX_VALUE_BYTES + 16:  # msgpack bin header: at most 5 bytes
-            return False
-        try:
-            value = msgpack.unpackb(stripped, raw=False)
-        except Exception:  # noqa: BLE001 - any undecodable value is invalid
-            return False
-        return isinstance(value, bytes) and len(value) <= MAX_VALUE_BYTES
-
-
-# ---- the transport -----------------------------------------------------------------------------
 
 
 class HivemindTransport:
@@ -454,7 +290,7 @@ class HivemindTransport:
             return None
         if not isinstance(digest, bytes) or len(digest) != 32:
             return None
-        if not (1 <= size <= self.options.max_payload_bytes and _MIN_CHUNK_BYTES <= cb <= MAX_VALUE_BYTES):
+        if not (1 <= size <= self.options.max_payload_bytes and MIN_CHUNK_BYTES <= cb <= MAX_VALUE_BYTES):
             return None
         if chunks != math.ceil(size / cb):
             return None

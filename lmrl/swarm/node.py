@@ -29,7 +29,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -42,13 +42,11 @@ from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import RolloutBatch
 from lmrl.swarm.batch import TokenizedGroup, concat_batches, groups_to_batch, tokenize_groups, with_sampler_logp
+from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.payload import Payload, PayloadLimits, QuestionGroup, encode
 from lmrl.swarm.sampling import Candidate, informative, select_peer_groups
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid
 from lmrl.trainers import common, online
-
-if TYPE_CHECKING:
-    from lmrl.swarm.cli import SwarmConfig
 
 logger = logging.getLogger(__name__)
 

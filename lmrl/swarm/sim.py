@@ -29,18 +29,16 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from lmrl.data.tasks import get_task, make_rows
+from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.memory import FileHub, MemoryHub, MemoryTransport
 from lmrl.swarm.node import NodeSpec, SwarmNode, builtin_args, fetch_rounds, heldout_rows, node_seed
 from lmrl.tracking import read_jsonl, truncate_jsonl
 from lmrl.trainers import common
-
-if TYPE_CHECKING:
-    from lmrl.swarm.cli import SwarmConfig
 
 NODE_KEYS = ("reward/mean", "cumulative_reward", "loss", "groups/local", "groups/external", "swarm/accepted",
              "swarm/skipped", "eval/accuracy")

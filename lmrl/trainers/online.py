@@ -25,122 +25,31 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from lmrl.algorithms import advantages, gae, kl_penalized_rewards, policy_loss, value_loss, whiten, zero_variance_groups
-from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.algorithms import (
+    advantages,
+    gae,
+    kl_penalized_rewards,
+    policy_loss,
+    value_loss,
+    whiten,
+    zero_variance_groups,
+)
 from lmrl.data.chat import render_prompt
 from lmrl.data.loading import load_rows
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, autocast_dtype, count_parameters, load_model, load_model_and_tokenizer
+from lmrl.models import autocast, count_parameters
 from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
-from lmrl.trainers import common
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    """What an algorithm name means: advantage estimator, policy loss and their defaults."""
-
-    advantage: str  # registry name, or "gae" (value model)
-    loss: str
-    clip: tuple[float, float] = (0.2, 0.2)
-    agg: str = "token_mean"
-    dynamic_sampling: str = "off"
-    kl_in: str = "loss"
-
-
-ALGORITHMS: dict[str, Preset] = {
-    "reinforce": Preset("reinforce", "pg"),
-    "rloo": Preset("rloo", "pg"),
-    "grpo": Preset("grpo", "ppo"),
-    "dr_grpo": Preset("dr_grpo", "ppo", agg="seq_sum_norm"),
-    "dapo": Preset("grpo", "ppo", clip=(0.2, 0.28), dynamic_sampling="drop"),
-    "gspo": Preset("grpo", "gspo", clip=(3e-4, 4e-4), agg="seq_mean"),
-    "cispo": Preset("grpo", "cispo", clip=(1.0, 0.28)),
-    "ppo": Preset("gae", "ppo", kl_in="reward"),
-}
-
-
-@dataclasses.dataclass
-class RLConfig(TrainConfig):
-    algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
-    dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
-    task_args: dict = field({}, "arguments of a built-in task")
-    train_rows: int | None = field(2000, "prompts generated for a built-in task, or the first N rows of a dataset")
-    eval_rows: int = field(200, "held-out prompts for eval/accuracy (built-in tasks)")
-    prompts_per_step: int = field(16, "distinct prompts per step (B)")
-    samples_per_prompt: int = field(8, "completions per prompt (G); a step trains on B*G completions")
-    max_new_tokens: int = field(32, "completion length cap in tokens")
-    temperature: float = field(1.0, "sampling temperature")
-    top_p: float = field(1.0, "nucleus sampling")
-    top_k: int = field(0, "top-k sampling (0: off)")
-    rewards: list[str] = field(["task"], "reward functions: registry names or module:function")
-    reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
-    reward_kwargs: dict = field({}, "options per reward name, e.g. {overlong: {max_len: 32, cache_len: 8}}")
-    on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the step or stops the run")
-    ppo_epochs: int = field(1, "passes over each batch of rollouts")
-    minibatches: int = field(1, "optimizer steps per pass (the B*G rows are split evenly)")
-    clip_low: float | None = field(None, "lower ratio clip (default: the algorithm's)")
-    clip_high: float | None = field(None, "upper ratio clip (default: the algorithm's)")
-    loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] | None = field(None, "loss aggregation (default: the algorithm's)")
-    adv_scale: Literal["group", "batch", "none"] = field("group", "GRPO advantage scaling by std (none = Dr. GRPO)")
-    dynamic_sampling: Literal["off", "drop", "count"] | None = field(None, "zero-variance groups: drop (DAPO) or only count")
-    kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
-    kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
-    tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off)")
-    share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
-    reuse_sampling_forward: bool = field(True, "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)")
-    skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")
-    vf_coef: float = field(0.1, "PPO: value-loss weight")
-    value_clip: float | None = field(0.2, "PPO: value clipping range")
-    gamma: float = field(1.0, "PPO: discount")
-    lam: float = field(0.95, "PPO: GAE lambda")
-    value_init: str = field("policy", "PPO: value model backbone: policy, or a path to a causal LM / reward model")
-    lr: float = field(1e-4, "peak learning rate")
-    warmup_steps: int = field(0, "linear warmup (optimizer steps)")
-    lr_schedule: Literal["cosine", "linear", "constant"] = field("constant", "decay after warmup")
-    sample_every: int = field(10, "log num_samples completions with their rewards every N steps")
-    output_dir: str = field("runs/rl", "run directory")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        rows = self.prompts_per_step * self.samples_per_prompt
-        if self.advantage == "rloo" and self.samples_per_prompt < 2:
-            raise ConfigError("RLOO needs samples_per_prompt >= 2: its baseline is the mean reward of the other samples of the same prompt.")
-        if rows % (self.minibatches * self.grad_accum):
-            raise ConfigError(f"prompts_per_step*samples_per_prompt ({rows}) must be divisible by minibatches*grad_accum "
-                              f"({self.minibatches}*{self.grad_accum}).")
-        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
-            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards {self.rewards}.")
-
-    @property
-    def preset(self) -> Preset:
-        return ALGORITHMS[self.algorithm]
-
-    @property
-    def advantage(self) -> str:
-        return self.preset.advantage
-
-    @property
-    def loss_options(self) -> dict[str, Any]:
-        low, high = self.preset.clip
-        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": self.max_new_tokens,
-                                "tis_cap": self.tis_cap, "kl_estimator": self.kl_estimator}
-        if self.preset.loss != "pg":
-            opts.update(clip_low=self.clip_low if self.clip_low is not None else low,
-                        clip_high=self.clip_high if self.clip_high is not None else high)
-        return opts
-
-    @property
-    def updates_per_step(self) -> int:
-        return self.ppo_epochs * self.minibatches
-
+from lmrl.trainers import common, loop
+from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 
 # ----------------------------------------------------------------------------- rollout and scoring
 
@@ -347,19 +256,6 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     return metrics
 
 
-def setup_models(config: RLConfig):
-    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
-    ref_model = None
-    if config.kl_coef > 0:
-        ref_model = load_model(config.model, tokenizer, seed=config.seed, model_args=config.model_args).eval()
-        ref_model.requires_grad_(False)
-    value_model = None
-    if config.advantage == "gae":
-        source = model if config.value_init == "policy" else load_model(config.value_init, tokenizer)
-        value_model = ValueModel.from_causal_lm(source)
-    return model, tokenizer, ref_model, value_model
-
-
 def evaluate(model, tokenizer, eval_rows, config: RLConfig, dtype) -> tuple[dict[str, float], list[dict]]:
     if not eval_rows or "task" not in eval_rows[0]:
         return {}, []
@@ -367,64 +263,56 @@ def evaluate(model, tokenizer, eval_rows, config: RLConfig, dtype) -> tuple[dict
     return {"eval/accuracy": metrics["accuracy"]}, samples
 
 
-def train(config: RLConfig) -> dict[str, float]:
-    """Run online RL end to end; returns the final metrics (with ``initial/eval/accuracy``)."""
-    model, tokenizer, ref_model, value_model = setup_models(config)
-    reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
+def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
+    """Training prompts and, for built-in tasks, held-out prompts; a dataset without a prompt column fails here."""
     rows = load_rows(config.dataset, split="train", limit=config.train_rows, **config.task_args)
     if not rows or "prompt" not in rows[0]:
         raise ValueError(f"Dataset {config.dataset} needs a 'prompt' column; found {sorted(rows[0]) if rows else 'no rows'}.")
     eval_rows = load_rows(config.dataset, split="test", limit=config.eval_rows, **config.task_args) \
         if config.dataset.startswith("task:") else []
+    return rows, eval_rows
+
+
+class OnlineRL:
+    """The online RL method for `loop.run`: one step samples, scores and updates (`rl_step`)."""
+
+    def __init__(self, config: RLConfig, setup: ModelSetup):
+        self.config, self.setup = config, setup
+        reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
+        self.rows, self.eval_rows = load_prompts(config)
+        self.model, self.tokenizer = setup.policy()
+        ref_model = setup.frozen(config.model, self.tokenizer) if config.kl_coef > 0 else None
+        value_model = setup.value(self.model, config.value_init, self.tokenizer) if config.advantage == "gae" else None
+        params = [*self.model.parameters(), *(value_model.parameters() if value_model is not None else [])]
+        self.optimizer = common.build_optimizer(params, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
+        engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
+        self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
+                           self.scheduler)
+
+    def step(self, step: int) -> dict[str, float]:
+        config = self.config
+        rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed)]
+        return rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        value_model = self.parts.value_model
+        return {"value_model": value_model.state_dict()} if value_model is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.parts.value_model is not None:
+            self.parts.value_model.load_state_dict(state["value_model"])
+
+
+def train(config: RLConfig) -> dict[str, float]:
+    """Run online RL end to end; returns the final metrics (with ``initial/eval/accuracy``)."""
+    setup = ModelSetup.from_config(config)
+    method = OnlineRL(config, setup)
     run = common.start_run(config, config.algorithm)
-    tracker, dtype = run.tracker, autocast_dtype(config.precision)
-    params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
-    optimizer = common.build_optimizer(params, config)
-    scheduler = common.build_scheduler(optimizer, config, total_steps=config.max_steps * config.updates_per_step)
-    engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
-    tracker.print(f"{config.algorithm}: {count_parameters(model) / 1e6:.2f}M params, {len(rows)} prompts, "
-                  f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
-                  f"precision={'bf16 autocast' if dtype else 'fp32'}, run dir {run.dir}")
-    initial: dict[str, float] = {}
-    if run.checkpoint:
-        state = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler)
-        initial = state.get("initial", {})
-        if value_model is not None:
-            value_model.load_state_dict(state["value_model"])
-    else:
-        metrics, samples = evaluate(model, tokenizer, eval_rows, config, dtype)
-        initial = {f"initial/{k}": v for k, v in metrics.items()}
-        tracker.log(0, metrics)
-        tracker.log_samples(0, samples, "held-out samples")
-    parts = Parts(model, tokenizer, ref_model, value_model, engine, reward_set, optimizer, scheduler)
-    try:
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            batch_rows = [rows[i] for i in common.epoch_batch_indices(len(rows), config.prompts_per_step, step, config.seed)]
-            metrics = rl_step(parts, batch_rows, config, dtype, step, tracker)
-            if step % config.log_every == 0 or step == config.max_steps or step == 1:
-                tracker.log(step, metrics)
-            else:
-                tracker.advance(step)
-            if common.is_due(step, config.eval_every, config.max_steps):
-                tracker.log(step, evaluate(model, tokenizer, eval_rows, config, dtype)[0])
-            if common.is_due(step, config.save_every, config.max_steps):
-                save(run, step, parts, initial, config)
-    except common.TrainingDiverged:
-        tracker.close()
-        raise
-    final, samples = evaluate(model, tokenizer, eval_rows, config, dtype)
-    tracker.log(config.max_steps, final)
-    tracker.log_samples(config.max_steps, samples, "held-out samples")
-    save(run, config.max_steps, parts, initial, config)
-    final_dir = common.save_final(run, model, tokenizer)
-    tracker.close()
-    tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'}")
-    return {**initial, **final}
-
-
-def save(run, step: int, parts: Parts, initial: dict, config: RLConfig) -> None:
-    state: dict[str, Any] = {"initial": initial}
-    if parts.value_model is not None:
-        state["value_model"] = parts.value_model.state_dict()
-    common.save_checkpoint(run, step, parts.model, parts.tokenizer, parts.optimizer, parts.scheduler, state,
-                           config.keep_checkpoints)
+    run.tracker.print(f"{config.algorithm}: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.rows)} "
+                      f"prompts, {config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
+                      f"precision={setup.precision_name}, run dir {run.dir}")
+    return loop.run(config, method, run)

@@ -24,8 +24,9 @@ from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, autocast_dtype, count_parameters, load_model_and_tokenizer
-from lmrl.trainers import common
+from lmrl.models import autocast, count_parameters
+from lmrl.models.setup import ModelSetup
+from lmrl.trainers import common, loop
 
 
 @dataclasses.dataclass
@@ -124,62 +125,49 @@ def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtyp
     return metrics, samples
 
 
+class SFT:
+    """The SFT method for `loop.run`: one step is one optimizer step on ``batch_size`` examples."""
+
+    def __init__(self, config: SFTConfig, setup: ModelSetup):
+        self.config, self.setup = config, setup
+        self.model, self.tokenizer = setup.policy()
+        self.examples, self.eval_examples, self.eval_rows, self.data_stats = load_data(config, self.tokenizer)
+        self.optimizer = common.build_optimizer(self.model, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config)
+
+    def step(self, step: int) -> dict[str, float]:
+        config, t0 = self.config, time.perf_counter()
+        batch = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
+                                                                      config.seed)]
+        stats = train_step(self.model, batch, self.tokenizer.pad_token_id, config.grad_accum, self.setup.dtype, step)
+        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
+        elapsed = time.perf_counter() - t0
+        return {"loss": stats["loss"], "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
+                "tokens_per_s": stats["tokens"] / elapsed, "time/train_s": elapsed}
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows, self.setup.dtype)
+
+    def stop(self, metrics: dict[str, float]) -> str | None:
+        target = self.config.stop_at_accuracy
+        if target is not None and metrics.get("eval/accuracy", 0.0) >= target:
+            return f"Held-out accuracy {metrics['eval/accuracy']:.1%} >= stop_at_accuracy {target:.1%}"
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 def train(config: SFTConfig) -> dict[str, float]:
     """Run SFT end to end; returns the final evaluation metrics (plus ``initial/...`` ones)."""
-    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
-    examples, eval_examples, eval_rows, stats = load_data(config, tokenizer)
+    setup = ModelSetup.from_config(config)
+    method = SFT(config, setup)
     run = common.start_run(config, "sft")
-    tracker = run.tracker
-    dtype = autocast_dtype(config.precision)
-    optimizer = common.build_optimizer(model, config)
-    scheduler = common.build_scheduler(optimizer, config)
-    tracker.print(
-        f"SFT: {count_parameters(model) / 1e6:.2f}M params, {len(examples)} examples ({stats}), "
-        f"precision={'bf16 autocast' if dtype else 'fp32'}, run dir {run.dir}"
+    run.tracker.print(
+        f"SFT: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.examples)} examples "
+        f"({method.data_stats}), precision={setup.precision_name}, run dir {run.dir}"
     )
-    initial: dict[str, float] = {}
-    if run.checkpoint:
-        initial = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler).get("initial", {})
-    else:
-        metrics, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
-        initial = {f"initial/{k}": v for k, v in metrics.items()}
-        tracker.log(0, metrics)
-        tracker.log_samples(0, samples, "held-out samples")
-    model.train()
-    last_step = config.max_steps
-    try:
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            t0 = time.perf_counter()
-            batch = [examples[i] for i in common.epoch_batch_indices(len(examples), config.batch_size, step, config.seed)]
-            stats_step = train_step(model, batch, tokenizer.pad_token_id, config.grad_accum, dtype, step)
-            grad_norm = common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
-            elapsed = time.perf_counter() - t0
-            if step % config.log_every == 0 or step == config.max_steps:
-                tracker.log(step, {"loss": stats_step["loss"], "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
-                                   "tokens_per_s": stats_step["tokens"] / elapsed, "time/train_s": elapsed})
-            else:
-                tracker.advance(step)
-            if common.is_due(step, config.eval_every, config.max_steps):
-                metrics, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
-                tracker.log(step, metrics)
-                tracker.log_samples(step, samples, "held-out samples")
-                if config.stop_at_accuracy is not None and metrics.get("eval/accuracy", 0.0) >= config.stop_at_accuracy:
-                    tracker.print(f"Held-out accuracy {metrics['eval/accuracy']:.1%} >= stop_at_accuracy "
-                                  f"{config.stop_at_accuracy:.1%}: stopping at step {step}.")
-                    last_step = step
-                    break
-            if common.is_due(step, config.save_every, config.max_steps):
-                common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                                       config.keep_checkpoints)
-    except common.TrainingDiverged:
-        tracker.close()
-        raise
-    final, samples = evaluate(model, tokenizer, config, eval_examples, eval_rows, dtype)
-    tracker.log(last_step, final)
-    tracker.log_samples(last_step, samples, "held-out samples")
-    common.save_checkpoint(run, last_step, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                           config.keep_checkpoints)
-    final_dir = common.save_final(run, model, tokenizer)
-    plots = tracker.close()
-    tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
-    return {**initial, **final}
+    return loop.run(config, method, run)

@@ -19,15 +19,13 @@ if importlib.util.find_spec("hivemind") is None:  # not importorskip: that would
     pytest.skip("hivemind is not installed (optional extra `swarm`)", allow_module_level=True)
 
 # Imported before hivemind itself, as an application would (see the sharing-strategy test).
-from lmrl.swarm.hivemind_transport import (  # noqa: E402
-    HivemindOptions,
-    HivemindTransport,
+from lmrl.swarm.hivemind_identity import (  # noqa: E402
     SwarmRecordValidator,
-    SwarmStartupError,
     load_or_create_identity,
     owner_peer_id,
     peer_id_of,
 )
+from lmrl.swarm.hivemind_transport import HivemindOptions, HivemindTransport, SwarmStartupError  # noqa: E402
 
 from hivemind.dht.node import DHTNode  # noqa: E402
 from hivemind.dht.validation import DHTRecord  # noqa: E402

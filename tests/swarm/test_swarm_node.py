@@ -13,7 +13,7 @@ from lmrl.data.tokenizers import load_tokenizer
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.swarm import MemoryHub, MemoryTransport, Payload, QuestionGroup, decode, encode
 from lmrl.swarm.batch import concat_batches, groups_to_batch, tokenize_group, with_sampler_logp
-from lmrl.swarm.cli import SwarmConfig
+from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.node import NodeSpec, SwarmNode, group_advantages, node_seed, sample_questions
 from lmrl.swarm.sampling import PEER_SAMPLERS, Candidate, informative, select_peer_groups
 

@@ -13,7 +13,8 @@ from lmrl.config import RECIPES_DIR, ConfigError, load_config
 from lmrl.models import load_model
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.swarm import FileHub, MemoryTransport, Payload, QuestionGroup, encode
-from lmrl.swarm.cli import ROUND_EPOCH, SwarmConfig, run, swarm_round
+from lmrl.swarm.cli import ROUND_EPOCH, run, swarm_round
+from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.sim import node_specs, plot_sim, swarm_metrics, warm_start_model
 from lmrl.tracking import read_jsonl
 

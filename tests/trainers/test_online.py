@@ -74,9 +74,15 @@ def test_grpo_kl_in_loss_is_logged(tmp_path):
     assert "kl" in read_jsonl(tmp_path / "grpo" / "metrics.jsonl")[-2]
 
 
-def test_rloo_with_one_sample_per_prompt_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="RLOO needs samples_per_prompt >= 2"):
-        rl_config(tmp_path, "rloo", "samples_per_prompt=1")
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "dr_grpo", "dapo", "gspo", "cispo"])
+def test_group_baselines_with_one_sample_per_prompt_are_refused_at_start_up(tmp_path, algorithm):
+    with pytest.raises(ConfigError, match=f"{algorithm} needs samples_per_prompt >= 2"):
+        rl_config(tmp_path, algorithm, "samples_per_prompt=1")
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
+def test_batch_baselines_accept_one_sample_per_prompt(tmp_path, algorithm):
+    assert rl_config(tmp_path, algorithm, "samples_per_prompt=1").samples_per_prompt == 1
 
 
 def test_failing_reward_skips_the_step_and_names_the_function(tmp_path, capsys):

@@ -1,0 +1,105 @@
+"""The training loop every method shares, written once.
+
+A method (SFT, DPO, GRPO, self-play, ...) supplies only what is its own, as an object with
+
+    model, tokenizer          saved in every checkpoint and in ``final/``
+    optimizer, scheduler      saved and restored with the checkpoint
+    step(step) -> metrics     one training step: forward, backward, optimizer step(s)
+    evaluate(step) -> (metrics, samples)
+    state_dict() / load_state_dict(state)   the method's extra checkpoint state (e.g. a value model)
+
+The loop gives the method its tracker as ``method.tracker`` (for samples and notices during a step),
+and optionally ``samples_title`` (heading of its evaluation samples), ``initial_metrics`` (logged at step 0 and
+returned, e.g. a warm start's loss) and ``stop(eval_metrics) -> str | None`` (a reason to stop early).
+
+`run` owns the rest, in this order: resume or initial evaluation, the step loop with periodic
+log/eval/checkpoint, divergence (the tracker is closed, the last good checkpoint kept), final
+evaluation, final checkpoint and ``final/`` model, plots. Open the run with `common.start_run` after
+everything that can fail on bad input (config, data, rewards, models) has loaded.
+
+    method = SFT(config, setup, ...)          # set-up: data, models, optimizer
+    run = common.start_run(config, "sft")
+    return loop.run(config, method, run)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from lmrl.config import TrainConfig
+from lmrl.trainers import common
+
+
+class Method(Protocol):
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+
+    def step(self, step: int) -> dict[str, float]: ...
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def is_log_step(step: int, every: int, max_steps: int) -> bool:
+    """Metrics are logged every ``every`` steps, and always at the first and the last step."""
+    return step % every == 0 or step in (1, max_steps)
+
+
+def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float]:
+    """Train ``method`` from ``run.start_step`` to ``config.max_steps``; returns the final evaluation metrics
+    with the initial ones as ``initial/<name>`` (and the method's ``initial_metrics``)."""
+    tracker = method.tracker = run.tracker  # the method may print and log samples during its steps
+    title = getattr(method, "samples_title", "held-out samples")
+    extra = dict(getattr(method, "initial_metrics", {}))
+    if run.checkpoint:
+        state = common.restore_checkpoint(run.checkpoint, method.model, method.optimizer, method.scheduler)
+        initial = state.get("initial", {})
+        method.load_state_dict(state)
+    else:
+        metrics, samples = method.evaluate(0)
+        initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
+        tracker.log(0, {**metrics, **extra})
+        tracker.log_samples(0, samples, title)
+    last_step = config.max_steps
+    try:
+        for step in range(run.start_step + 1, config.max_steps + 1):
+            metrics = method.step(step)
+            if is_log_step(step, config.log_every, config.max_steps):
+                tracker.log(step, metrics)
+            else:
+                tracker.advance(step)
+            if common.is_due(step, config.eval_every, config.max_steps):
+                metrics, samples = method.evaluate(step)
+                tracker.log(step, metrics)
+                tracker.log_samples(step, samples, title)
+                reason = method.stop(metrics) if hasattr(method, "stop") else None
+                if reason:
+                    tracker.print(f"{reason}: stopping at step {step}.")
+                    last_step = step
+                    break
+            if common.is_due(step, config.save_every, config.max_steps):
+                save(run, step, method, initial, config)
+        final, samples = method.evaluate(last_step)
+    except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
+        tracker.close()
+        raise
+    tracker.log(last_step, final)
+    tracker.log_samples(last_step, samples, title)
+    save(run, last_step, method, initial, config)
+    final_dir = common.save_final(run, method.model, method.tokenizer)
+    plots = tracker.close()
+    tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
+    return {**initial, **final}
+
+
+def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:
+    """``checkpoints/step-N``: weights, optimizer, scheduler, RNG, the initial metrics and the method's state."""
+    common.save_checkpoint(run, step, method.model, method.tokenizer, method.optimizer, method.scheduler,
+                           {"initial": initial, **method.state_dict()}, config.keep_checkpoints)

@@ -1,0 +1,109 @@
+"""`lmrl rl`'s config: what each algorithm name means (`ALGORITHMS`) and the keys of online RL.
+
+Sampling (`SamplingSection`), rewards (`RewardSection`), model, optimizer and run keys come from the
+shared sections of `lmrl.config`; the keys below are online RL's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """What an algorithm name means: advantage estimator, policy loss and their defaults."""
+
+    advantage: str  # registry name, or "gae" (value model)
+    loss: str
+    clip: tuple[float, float] = (0.2, 0.2)
+    agg: str = "token_mean"
+    dynamic_sampling: str = "off"
+    kl_in: str = "loss"
+
+
+ALGORITHMS: dict[str, Preset] = {
+    "reinforce": Preset("reinforce", "pg"),
+    "rloo": Preset("rloo", "pg"),
+    "grpo": Preset("grpo", "ppo"),
+    "dr_grpo": Preset("dr_grpo", "ppo", agg="seq_sum_norm"),
+    "dapo": Preset("grpo", "ppo", clip=(0.2, 0.28), dynamic_sampling="drop"),
+    "gspo": Preset("grpo", "gspo", clip=(3e-4, 4e-4), agg="seq_mean"),
+    "cispo": Preset("grpo", "cispo", clip=(1.0, 0.28)),
+    "ppo": Preset("gae", "ppo", kl_in="reward"),
+}
+
+
+GROUP_BASELINES = ("rloo", "grpo", "dr_grpo")
+"""Advantage estimators whose baseline is the other samples of the same prompt: they need G >= 2."""
+
+
+@dataclasses.dataclass
+class RLConfig(SamplingSection, RewardSection, TrainConfig):
+    algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
+    dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
+    task_args: dict = field({}, "arguments of a built-in task")
+    train_rows: int | None = field(2000, "prompts generated for a built-in task, or the first N rows of a dataset")
+    eval_rows: int = field(200, "held-out prompts for eval/accuracy (built-in tasks)")
+    prompts_per_step: int = field(16, "distinct prompts per step (B); a step trains on B*G completions")
+    ppo_epochs: int = field(1, "passes over each batch of rollouts")
+    minibatches: int = field(1, "optimizer steps per pass (the B*G rows are split evenly)")
+    clip_low: float | None = field(None, "lower ratio clip (default: the algorithm's)")
+    clip_high: float | None = field(None, "upper ratio clip (default: the algorithm's)")
+    loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] | None = field(None, "loss aggregation (default: the algorithm's)")
+    adv_scale: Literal["group", "batch", "none"] = field("group", "GRPO advantage scaling by std (none = Dr. GRPO)")
+    dynamic_sampling: Literal["off", "drop", "count"] | None = field(None, "zero-variance groups: drop (DAPO) or only count")
+    kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
+    kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
+    tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off)")
+    share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
+    reuse_sampling_forward: bool = field(True, "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)")
+    skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")
+    vf_coef: float = field(0.1, "PPO: value-loss weight")
+    value_clip: float | None = field(0.2, "PPO: value clipping range")
+    gamma: float = field(1.0, "PPO: discount")
+    lam: float = field(0.95, "PPO: GAE lambda")
+    value_init: str = field("policy", "PPO: value model backbone: policy, or a path to a causal LM / reward model")
+    lr: float = field(1e-4, "peak learning rate")
+    warmup_steps: int = field(0, "linear warmup (optimizer steps)")
+    lr_schedule: Literal["cosine", "linear", "constant"] = field("constant", "decay after warmup")
+    sample_every: int = field(10, "log num_samples completions with their rewards every N steps")
+    output_dir: str = field("runs/rl", "run directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        rows = self.prompts_per_step * self.samples_per_prompt
+        if self.advantage in GROUP_BASELINES and self.samples_per_prompt < 2:
+            raise ConfigError(f"{self.algorithm} needs samples_per_prompt >= 2 (got {self.samples_per_prompt}): its "
+                              f"baseline is the other samples of the same prompt. Use samples_per_prompt=8, or "
+                              f"algorithm=reinforce (batch-mean baseline) for one sample per prompt.")
+        for name in ("prompts_per_step", "ppo_epochs", "minibatches", "sample_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        if rows % (self.minibatches * self.grad_accum):
+            raise ConfigError(f"prompts_per_step*samples_per_prompt ({rows}) must be divisible by minibatches*grad_accum "
+                              f"({self.minibatches}*{self.grad_accum}).")
+
+    @property
+    def preset(self) -> Preset:
+        return ALGORITHMS[self.algorithm]
+
+    @property
+    def advantage(self) -> str:
+        return self.preset.advantage
+
+    @property
+    def loss_options(self) -> dict[str, Any]:
+        low, high = self.preset.clip
+        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": self.max_new_tokens,
+                                "tis_cap": self.tis_cap, "kl_estimator": self.kl_estimator}
+        if self.preset.loss != "pg":
+            opts.update(clip_low=self.clip_low if self.clip_low is not None else low,
+                        clip_high=self.clip_high if self.clip_high is not None else high)
+        return opts
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.ppo_epochs * self.minibatches
