@@ -53,10 +53,12 @@ class ModelSetup:
         return autocast(self.device, self.dtype)
 
     def policy(self, name: str | None = None) -> tuple[torch.nn.Module, Any]:
-        """The trained causal LM and its tokenizer (``name`` default: the config's model), in train mode."""
+        """The trained causal LM and its tokenizer (``name`` default: the config's model). The module mode is as
+        loaded (HF ``from_pretrained`` gives eval mode: no dropout, as RL wants); SFT-style trainers call
+        ``model.train()``."""
         model, tokenizer = load_model_and_tokenizer(name or self.model, self.tokenizer, self.seed,
                                                     self.model_args if name in (None, self.model) else None)
-        return model.to(self.device).train(), tokenizer
+        return model.to(self.device), tokenizer
 
     def frozen(self, name: str | None, tokenizer, seed: int | None = None) -> torch.nn.Module:
         """A frozen causal LM (eval mode, no gradients): the KL/DPO reference, avatarl's critic, a judge.
@@ -84,4 +86,4 @@ class ModelSetup:
         """PPO value model: a copy of the backbone of the policy (``init="policy"``) or of the model at ``init``,
         plus a zero-initialised scalar head."""
         source = policy if init == "policy" else load_model(init, tokenizer)
-        return ValueModel.from_causal_lm(source).to(self.device).train()
+        return ValueModel.from_causal_lm(source).to(self.device)

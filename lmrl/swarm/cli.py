@@ -25,7 +25,7 @@ from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.node import NodeSpec, SwarmNode, builtin_args, fetch_rounds, heldout_rows, node_seed
 from lmrl.swarm.sim import check_output_dir, run_sim, warm_start_cache, warm_start_model
 from lmrl.swarm.transport import Transport
-from lmrl.trainers import common
+from lmrl.trainers import common, loop
 
 ROUND_EPOCH = 1_700_000_000
 """Unix time of round 0 when rounds follow the clock (`round_seconds` > 0), so round numbers stay small."""
@@ -69,19 +69,51 @@ def join_transport(config: SwarmConfig, run_dir: Path) -> Transport:
     return HivemindTransport(options)
 
 
+class JoinedNode:
+    """One node of a real swarm as a method of `lmrl.trainers.loop`: a step is one round (sample, score,
+    publish, fetch peers' rollouts, train)."""
+
+    samples_title = "held-out samples"
+
+    def __init__(self, config: SwarmConfig, node: SwarmNode) -> None:
+        self.config, self.node, self.eval_rows = config, node, heldout_rows(config)
+        self.model, self.tokenizer = node.model, node.tokenizer
+        self.optimizer, self.scheduler = node.optimizer, node.scheduler
+        self.last_metrics: dict[str, float] = {}
+
+    def step(self, step: int) -> dict[str, float]:
+        r = swarm_round(self.config, step)
+        own = self.node.generate(step, r)
+        metrics = self.node.train(own, step, fetch_rounds(self.config, r))
+        metrics["swarm/round"] = float(r)
+        if step % self.config.sample_every == 0 or step == 1:
+            self.tracker.log_samples(step, own.samples, "own completions")
+        self.last_metrics = metrics
+        return metrics
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return ({"eval/accuracy": self.node.evaluate(self.eval_rows)} if self.eval_rows else {}), []
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.node.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.node.load_state(state)
+
+
 def run_join(config: SwarmConfig, transport: Transport | None = None) -> dict[str, float]:
     """One node of a real swarm, `max_steps` rounds; resumable (`resume=true` keeps the peer id and data).
+    Returns the last round's metrics and the held-out evaluation (`eval_rows`).
 
     `transport` replaces the configured one (tests, custom backends)."""
     check_output_dir(config)
     model_args = builtin_args(config.model, config.model_args)
     model = warm_start_model(config, config.model, model_args, warm_start_cache(config))
     run = common.start_run(config, "swarm join")
-    tracker = run.tracker
     try:
         transport = transport or join_transport(config, run.dir)
     except BaseException:
-        tracker.close()
+        run.tracker.close()
         raise
     try:
         name = transport.peer_id
@@ -89,34 +121,11 @@ def run_join(config: SwarmConfig, transport: Transport | None = None) -> dict[st
                         node_seed(config.seed, name))
         node = SwarmNode(config, spec, transport, run.dir)
         if hasattr(transport, "visible_maddrs"):
-            tracker.print(f"swarm node {name}; peers join with initial_peers={transport.visible_maddrs}")
-        tracker.print(f"swarm join: {node.num_parameters / 1e6:.2f}M params, I={config.local} J={config.external} "
-                      f"G={config.samples_per_prompt}, run dir {run.dir}")
-        eval_rows = heldout_rows(config)
-        if run.checkpoint:
-            node.restore(run.checkpoint)
-        elif eval_rows:
-            tracker.log(0, {"eval/accuracy": node.evaluate(eval_rows)})
-        metrics: dict[str, float] = {}
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            r = swarm_round(config, step)
-            own = node.generate(step, r)
-            metrics = node.train(own, step, fetch_rounds(config, r))
-            metrics["swarm/round"] = float(r)
-            if step % config.sample_every == 0 or step == 1:
-                tracker.log_samples(step, own.samples, "own completions")
-            if step % config.log_every == 0 or step == config.max_steps or step == 1:
-                tracker.log(step, metrics)
-            else:
-                tracker.advance(step)
-            if common.is_due(step, config.save_every, config.max_steps):
-                node.save(step, config.keep_checkpoints)
-        if eval_rows:
-            metrics["eval/accuracy"] = node.evaluate(eval_rows)
-            tracker.log(config.max_steps, {"eval/accuracy": metrics["eval/accuracy"]})
-        node.save(config.max_steps, config.keep_checkpoints)
-        common.save_final(run, node.model, node.tokenizer)
+            run.tracker.print(f"swarm node {name}; peers join with initial_peers={transport.visible_maddrs}")
+        run.tracker.print(f"swarm join: {node.num_parameters / 1e6:.2f}M params, I={config.local} J={config.external} "
+                          f"G={config.samples_per_prompt}, run dir {run.dir}")
+        method = JoinedNode(config, node)
+        result = loop.run(config, method, run)
     finally:
         transport.close()
-        tracker.close()
-    return metrics
+    return {**method.last_metrics, **result}

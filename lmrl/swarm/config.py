@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.data.tasks import TASKS
 from lmrl.swarm.sampling import PEER_SAMPLERS
 
@@ -14,7 +14,7 @@ DEFAULT_TASKS = ["arithmetic", "countdown", "sorting", "reverse", "count", "line
 
 
 @dataclasses.dataclass
-class SwarmConfig(TrainConfig):
+class SwarmConfig(SamplingSection, RewardSection, TrainConfig):
     mode: Literal["sim", "join"] = field("sim", "sim: N nodes in this process; join: this process is one node of a real swarm")
     # ---- what every node does each round (SAPO section 2)
     local: int = field(4, "I: own question groups trained on per round")
@@ -28,14 +28,8 @@ class SwarmConfig(TrainConfig):
     max_peer_groups: int = field(64, "peers' groups considered per round; beyond it a random subset")
     max_prompt_tokens: int = field(256, "peers' questions longer than this in this node's tokens are dropped")
     max_payload_bytes: int = field(1 << 20, "largest payload published or accepted (the same on every node)")
-    # ---- sampling and reward
-    max_new_tokens: int = field(32, "completion length cap in tokens")
-    temperature: float = field(1.0, "sampling temperature")
-    top_p: float = field(1.0, "nucleus sampling")
-    top_k: int = field(0, "top-k sampling (0: off)")
+    # ---- sampling and rewards: lmrl.config.SamplingSection and RewardSection
     rewards: list[str] = field(["task"], "this node's verifier: reward functions (registry names or module:function)")
-    reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
-    on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the round's update or stops")
     # ---- the GRPO update (no KL, asymmetric clip, as in the paper)
     algorithm: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo"] = field("grpo", "group-based policy-gradient method (lmrl rl)")
     clip_low: float = field(0.2, "lower ratio clip (epsilon_low)")
@@ -112,9 +106,10 @@ class SwarmConfig(TrainConfig):
             raise ConfigError(
                 f"'peer_sampling' must be one of {list(PEER_SAMPLERS.names())}, got '{self.peer_sampling}'."
             )
-        if self.algorithm == "rloo" and min([self.samples_per_prompt, *self.node_samples_per_prompt]) < 2:
+        if min([self.samples_per_prompt, *self.node_samples_per_prompt]) < 2:
             raise ConfigError(
-                "RLOO needs samples_per_prompt >= 2 on every node (its baseline is the mean of the other samples)."
+                f"{self.algorithm} needs samples_per_prompt >= 2 on every node (node_samples_per_prompt too): its "
+                "baseline is the other samples of the same question. Use samples_per_prompt=4."
             )
         if any(g < 1 for g in self.node_samples_per_prompt):
             raise ConfigError(f"'node_samples_per_prompt' entries must be >= 1, got {self.node_samples_per_prompt}.")

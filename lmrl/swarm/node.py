@@ -34,10 +34,12 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import advantages
+from lmrl.config import DecodingSection, OptimSection
 from lmrl.data.tasks import Task, get_task, make_rows, split_of
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast_dtype, count_parameters, load_model_and_tokenizer
+from lmrl.models import count_parameters
 from lmrl.models.loading import is_builtin
+from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import RolloutBatch
@@ -80,17 +82,17 @@ def node_seed(seed: int, name: str) -> int:
 
 
 def rl_config(config: SwarmConfig, samples_per_prompt: int, seed: int) -> online.RLConfig:
-    """The `lmrl rl` config that `online.rollout`/`online.update` read, for one node."""
+    """The `lmrl rl` config that `online.rollout`/`online.update` read, for one node: the swarm's optimizer and
+    decoding sections as they are, the node's G and seed, no KL and no dynamic sampling."""
+    shared = {f.name: getattr(config, f.name) for section in (OptimSection, DecodingSection)
+              for f in dataclasses.fields(section)}
     return online.RLConfig(
-        algorithm=config.algorithm, samples_per_prompt=samples_per_prompt,
+        **shared, algorithm=config.algorithm, samples_per_prompt=samples_per_prompt,
         prompts_per_step=config.minibatches * config.grad_accum,  # unused here; keeps RLConfig's divisibility check
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-        clip_low=config.clip_low, clip_high=config.clip_high, loss_agg=config.loss_agg, adv_scale=config.adv_scale,
-        tis_cap=config.tis_cap, ppo_epochs=config.ppo_epochs, minibatches=config.minibatches,
-        grad_accum=config.grad_accum, max_grad_norm=config.max_grad_norm, kl_coef=0.0, dynamic_sampling="off",
-        lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-        min_lr_ratio=config.min_lr_ratio, weight_decay=config.weight_decay, adam_betas=list(config.adam_betas),
-        max_steps=config.max_steps, seed=seed, precision=config.precision, output_dir=config.output_dir,
+        max_new_tokens=config.max_new_tokens, clip_low=config.clip_low, clip_high=config.clip_high,
+        loss_agg=config.loss_agg, adv_scale=config.adv_scale, tis_cap=config.tis_cap, ppo_epochs=config.ppo_epochs,
+        minibatches=config.minibatches, kl_coef=0.0, dynamic_sampling="off", seed=seed, precision=config.precision,
+        output_dir=config.output_dir,
     )
 
 
@@ -158,14 +160,16 @@ class SwarmNode:
                  model=None, tokenizer=None) -> None:
         self.config, self.spec, self.transport, self.dir = config, spec, transport, Path(node_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        tok_name = config.tokenizer if spec.model == config.model else None
+        setup = ModelSetup(spec.model, tok_name, spec.model_args, config.seed, config.precision)
+        self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
+                                    config.on_reward_error)
         if model is None:
-            tok_name = config.tokenizer if spec.model == config.model else None
-            model, tokenizer = load_model_and_tokenizer(spec.model, tok_name, config.seed, spec.model_args)
+            model, tokenizer = setup.policy()
         self.model, self.tokenizer = model, tokenizer
         self.rl = rl_config(config, spec.samples_per_prompt, spec.seed)
-        self.dtype = autocast_dtype(config.precision)
+        self.dtype = setup.dtype
         self.engine = HFEngine(model, tokenizer, autocast_dtype=self.dtype)
-        self.reward_set = RewardSet(config.rewards, config.reward_weights or None, None, config.on_reward_error)
         self.optimizer = common.build_optimizer(model, self.rl)
         self.scheduler = common.build_scheduler(self.optimizer, self.rl, config.max_steps * self.rl.updates_per_step)
         self.parts = online.Parts(model, tokenizer, None, None, self.engine, self.reward_set, self.optimizer,
@@ -384,12 +388,16 @@ class SwarmNode:
                 f"Checkpoint {checkpoint} belongs to node {state.get('name')!r}, not {self.name!r}. Restore each "
                 "node from its own directory (nodes/<name>/checkpoints)."
             )
+        self.load_state(state)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """The node's own counters from a checkpoint's state (`state`)."""
         self.cumulative_reward = float(state["cumulative_reward"])
         self.publish_errors = int(state["publish_errors"])
         self.counter.accepted = int(state["accepted"])
         self.counter.by_reason.update(state["skipped"])
         self.counter.by_peer.update(state["skipped_by_peer"])
-        return state
 
 
 def heldout_rows(config: SwarmConfig) -> list[dict[str, Any]]:

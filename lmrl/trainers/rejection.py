@@ -30,18 +30,18 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import yaml
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best, select_top_k
-from lmrl.config import ConfigError, TrainConfig, field, to_dict
+from lmrl.config import ConfigError, RewardSection, TrainConfig, field, to_dict
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import load_rows
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast_dtype, load_model, load_model_and_tokenizer
+from lmrl.models.setup import ModelSetup
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rewards import RewardSet
 from lmrl.rollout.hf import HFEngine, SamplingParams
@@ -51,7 +51,7 @@ from lmrl.tracking import Tracker
 
 
 @dataclasses.dataclass
-class RejectionConfig(TrainConfig):
+class RejectionConfig(RewardSection, TrainConfig):
     dataset: str = field("task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a "
                                             "prompt column")
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 1)")
@@ -73,10 +73,8 @@ class RejectionConfig(TrainConfig):
     top_p: float = field(1.0, "nucleus sampling")
     sample_top_k: int = field(0, "top-k sampling (0: off); not to be confused with top_k (selection)")
     generation_batch: int = field(64, "prompts per call of the rollout engine")
-    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model), "
-                                         "module:function")
-    reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
-    reward_kwargs: dict = field({}, "options per reward name, e.g. {reward_model: {batch_size: 64}}")
+    on_reward_error: Literal["stop"] = field("stop", "each round's pool is scored once: a failing reward function "
+                                                     "stops the run (resume=true redoes the round)")
     select: Literal["best", "top_k"] = field("best", "best: the per_prompt best of each prompt; top_k: the top_k "
                                                     "best over all prompts")
     per_prompt: int = field(1, "select=best: completions kept per prompt")
@@ -117,8 +115,6 @@ class RejectionConfig(TrainConfig):
             raise ConfigError("top_k applies to select=top_k only; with select=best use per_prompt=k.")
         if not self.rewards:
             raise ConfigError("'rewards' is empty: name at least one reward (task, model:PATH, module:function).")
-        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
-            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards.")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
 
@@ -321,17 +317,18 @@ def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
 
 def train(config: RejectionConfig) -> dict[str, float]:
     """Run rejection sampling end to end; returns the final eval metrics (plus `initial/...` ones)."""
-    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
+    setup = ModelSetup.from_config(config)
     rows, eval_rows = load_prompts(config)
-    rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, "stop")
+    rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
+    model, tokenizer = setup.policy()
     run_dir, done = prepare_run_dir(config)
-    dtype = autocast_dtype(config.precision)
+    dtype = setup.dtype
     reference = model if config.eval_kl else None  # π_start: `model` is rebound to each round's trained policy
     tracker = Tracker(run_dir, config.rounds, to_dict(config), config.report_to, "rejection sampling", done)
     policy = config.model if done == 0 else str(run_dir / f"round-{done}" / "sft" / "final")
     if done:
-        reference = load_model(config.model, tokenizer, config.seed, config.model_args) if config.eval_kl else None
-        model, tokenizer = load_model_and_tokenizer(policy, config.tokenizer)
+        reference = setup.frozen(config.model, tokenizer) if config.eval_kl else None
+        model, tokenizer = setup.policy(policy)
     initial = {f"initial/{k}": v for k, v in evaluate(model, tokenizer, eval_rows, rewards, config, dtype).items()}
     if not done:
         tracker.log(0, {k.removeprefix("initial/"): v for k, v in initial.items()})
@@ -352,7 +349,7 @@ def train(config: RejectionConfig) -> dict[str, float]:
                              run_dir / f"round-{r}" / "sft", first=r == 1))
         tracker.progress.start()
         policy = str(run_dir / f"round-{r}" / "sft" / "final")
-        model, tokenizer = load_model_and_tokenizer(policy, config.tokenizer)
+        model, tokenizer = setup.policy(policy)
         final = evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference)
         tracker.log(r, final)
     model.save_pretrained(run_dir / "final")

@@ -131,6 +131,7 @@ class SFT:
     def __init__(self, config: SFTConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
         self.model, self.tokenizer = setup.policy()
+        self.model.train()
         self.examples, self.eval_examples, self.eval_rows, self.data_stats = load_data(config, self.tokenizer)
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)

@@ -157,7 +157,8 @@ def test_warm_start_trains_once_and_is_reused(tmp_path, monkeypatch, no_plots):
     (["tasks=[arithmetic, algebra]"], "unknown task 'algebra'"),
     (["peer_sampling=random"], "peer_sampling"),
     (["mode=join", "transport=file"], "hub_dir"),
-    (["algorithm=rloo", "node_samples_per_prompt=[1, 4]"], "RLOO"),
+    (["algorithm=rloo", "node_samples_per_prompt=[1, 4]"], "rloo needs samples_per_prompt >= 2"),
+    (["samples_per_prompt=1"], "grpo needs samples_per_prompt >= 2"),
     (["external=-1"], "'external' must be >= 0"),
 ])
 def test_config_errors_name_the_key(tmp_path, overrides, message):
