@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_config:
         print(f"Config keys of 'lmrl {args.verb}':\n{describe(config_cls)}")
         return 0
+    from rich.markup import escape
+
     from lmrl.tracking import console
     from lmrl.trainers.common import TrainingDiverged
 
@@ -80,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(config_cls, args.config, overrides)
         run(config)
     except TrainingDiverged as exc:
-        console.print(f"[bold red]Training stopped:[/] {exc}")
+        console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
         return 1
     except USER_ERRORS as exc:
         if os.environ.get("LMRL_DEBUG"):
             raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        console.print(f"[bold red]error:[/] {message}\n(set LMRL_DEBUG=1 for the traceback)")
+        # escaped: messages quote configs and samples such as `rewards: [task, format]`, which Rich reads as markup
+        console.print(f"[bold red]error:[/] {escape(str(message))}\n(set LMRL_DEBUG=1 for the traceback)")
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]Interrupted. resume=true continues from the newest checkpoint.")

@@ -17,12 +17,14 @@ def value_loss(
     agg: str = "seq_mean",
     max_len: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clipped value loss 0.5 * max((v - G)^2, (v_clip - G)^2), v_clip = v_old + clamp(v - v_old, -clip, clip).
+    """Clipped value loss 0.5 * max((v - G)^2, (v_clip - G)^2), v_clip = clamp(v, v_old - clip, v_old + clip).
 
     RLHF book §6.1 (eps_v = 0.2; masked per-sequence mean then batch mean, hence
     agg="seq_mean"). clip=None gives the plain 0.5 (v - G)^2. Shapes (N, T); only
-    `values` carries gradient. Stats: vf_clip_frac (share of tokens where the clipped
-    term is the larger one), value/mean, value/returns_mean.
+    `values` carries gradient. v itself is clamped into the band (TRL, verl), so inside
+    the band v_clip == v exactly (v_old + clamp(v - v_old, ...) can round one step off
+    v and count an unclipped token as clipped). Stats: vf_clip_frac (share of tokens
+    where the clipped term is the larger one), value/mean, value/returns_mean.
     """
     m = check_mask(mask, values)
     for name, x in (("old_values", old_values), ("returns", returns)):
@@ -40,7 +42,7 @@ def value_loss(
     if clip is None:
         per_token, clip_frac = 0.5 * err, 0.0
     else:
-        v_clip = old_v + (v - old_v).clamp(-clip, clip)
+        v_clip = torch.clamp(v, old_v - clip, old_v + clip)  # (N, T)
         err_clip = (v_clip - target) ** 2
         per_token = 0.5 * torch.maximum(err, err_clip)
         clip_frac = float(masked_mean((err_clip > err).float(), m))

@@ -11,7 +11,10 @@ Built-in models are Llama-style decoders with random init, sized for CPU work:
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
@@ -64,14 +67,52 @@ def builtin_config(name: str, vocab_size: int, pad_token_id: int, eos_token_id: 
 
 
 def check_model_path(name: str) -> None:
-    """Fail early and clearly on a local-looking path that does not exist."""
+    """Fail early and clearly on a local-looking path that does not exist, or on a hub id that is not in the HF
+    cache while the hub is unreachable (offline, the hub client retries for ~50 s before it gives up)."""
     looks_local = name.startswith((".", "/", "~")) or Path(name).suffix or name.count("/") > 1
     if looks_local and not Path(name).expanduser().exists():
         raise FileNotFoundError(
             f"Model path '{name}' does not exist. Give an existing local directory (for example "
-            f"runs/sft/final), a Hugging Face hub id (org/name), or a built-in model "
-            f"({', '.join('builtin:' + k for k in BUILTIN_MODELS)})."
+            f"runs/sft/final), a Hugging Face hub id (org/name), or a built-in model ({_builtin_names()})."
         )
+    if not looks_local and not Path(name).exists() and not _hub_cached(name) and not _hub_reachable():
+        raise FileNotFoundError(_not_found(name, "the hub is unreachable (no network or HF_HUB_OFFLINE=1)"))
+
+
+def _builtin_names() -> str:
+    return ", ".join("builtin:" + k for k in BUILTIN_MODELS)
+
+
+def _not_found(name: str, why: str) -> str:
+    return (
+        f"Model '{name}' is neither a local directory nor in the Hugging Face cache, and {why}.\n"
+        f"Fix: give a local model directory, run `hf download {name}` (or huggingface-cli download) where there "
+        f"is network and copy the HF cache here, or use a built-in model ({_builtin_names()})."
+    )
+
+
+def _hub_cached(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
+
+
+def _hub_reachable() -> bool:
+    """False when offline mode is on or the hub's host does not resolve (a proxy counts as reachable)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
+    except OSError:
+        return False
+    return True
 
 
 def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None = None) -> PreTrainedModel:
@@ -97,10 +138,13 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
     except OSError as exc:
-        raise FileNotFoundError(
-            f"Could not load model '{name}': {exc}. Give a local directory with config.json and weights, "
-            f"or a hub id that is cached locally (this machine may have no network)."
-        ) from exc
+        first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
+        if Path(name).expanduser().exists():
+            raise FileNotFoundError(
+                f"Could not load model from the local directory '{name}' ({first}).\n"
+                "Fix: point at a directory with config.json and weights (for example runs/sft/final)."
+            ) from exc
+        raise FileNotFoundError(_not_found(name, f"loading it failed ({first})")) from exc
     use_fp32_cpu_attention(model)
     return model
 

@@ -4,6 +4,13 @@
 
 (RLHF book Ch. 7: "an RM can be added linearly"; TRL `reward_weights`.)
 
+Each function is called with keywords, as TRL calls `reward_funcs`:
+`fn(prompts=[...], completions=[...], **columns)`, the columns being the dataset columns
+(`answer`, `task`, ...) and the trainer's `truncated`, `completion_lengths`, all lists of
+length N. So `def f(completions, **kwargs)`, `def f(prompts, completions, **kw)` and
+`def f(completions, answer, **kw)` all work; a function that cannot take these keywords
+(e.g. `def f(p, c)`, or a required column the batch lacks) is a configuration error.
+
 Failure policy (`on_reward_error`): a reward function that raises, returns the wrong
 number of values, a non-number, or NaN/inf makes `compute` raise `RewardError`,
 naming the function and the first offending sample (found by re-running the function
@@ -15,6 +22,7 @@ the failed calls and is reported as `reward/errors` in the metrics of later step
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -53,6 +61,7 @@ class RewardSet:
             `{"overlong": {"max_len": 512, "cache_len": 128}}`.
         on_reward_error: "skip" (default) or "stop", see the module docstring.
 
+    Functions are called as `fn(prompts=..., completions=..., **columns)` (TRL's convention).
     A reward function may expose a `last_stats: dict[str, float]` attribute, refreshed on
     each call; its entries are logged as `rewards/<name>/<key>` (e.g. `rewards/math/errors`).
     """
@@ -131,7 +140,7 @@ class RewardSet:
     ) -> list[float]:
         n = len(completions)
 
-        def fail(cause: str, index: int | None, config_error: bool = False) -> RewardError:
+        def fail(cause: str, index: int | None, config_error: bool = False, fix: str = "") -> RewardError:
             return RewardError(
                 name,
                 cause,
@@ -141,22 +150,44 @@ class RewardSet:
                 completion=None if index is None else str(completions[index]),
                 skippable=self.on_reward_error == "skip",
                 config_error=config_error,
+                fix=fix,
             )
 
+        unbound = _bind_error(fn, columns)
+        if unbound:
+            raise fail(
+                f"it cannot be called as {name}(prompts=..., completions=..., **columns): {unbound}", None,
+                config_error=True, fix="it is called with keywords (TRL's convention): name its parameters prompts, "
+                f"completions or a column ({', '.join(sorted(columns)) or 'none here'}) and end with **kwargs.",
+            )
         try:
-            return _as_floats(fn(list(prompts), list(completions), **columns), n)
+            return _as_floats(fn(prompts=list(prompts), completions=list(completions), **columns), n)
         except MissingColumnError as err:
             raise fail(f"a required column is missing. {err}", None, config_error=True) from err
         except _BadOutput as err:
             if err.index is not None:
-                raise fail(err.cause, err.index) from None
-            batch_cause, batch_err = err.cause, None
+                raise fail(err.cause, err.index, fix=_OUTPUT_FIX) from None
+            batch_cause, batch_err, fix = err.cause, None, _OUTPUT_FIX
         except Exception as err:
-            batch_cause, batch_err = f"it raised {type(err).__name__}: {err}", err
+            batch_cause, batch_err, fix = f"it raised {type(err).__name__}: {err}", err, ""
         index, cause = _find_bad_sample(fn, prompts, completions, columns)
         if index is not None and cause != batch_cause:
             batch_cause = f"{batch_cause}; run on this sample alone, {cause}"
-        raise fail(batch_cause, index) from batch_err
+        raise fail(batch_cause, index, fix=fix) from batch_err
+
+
+_OUTPUT_FIX = "return one finite float per completion, as a list or 1-D tensor of len(completions)."
+
+
+def _bind_error(fn: RewardFn, columns: dict[str, Any]) -> str:
+    """Why `fn(prompts=, completions=, **columns)` cannot bind ("" if it can or the signature is unknown)."""
+    try:
+        inspect.signature(fn).bind(prompts=[], completions=[], **columns)
+    except TypeError as err:
+        return str(err)
+    except ValueError:  # no signature (some builtins)
+        pass
+    return ""
 
 
 def _find_bad_sample(
@@ -166,7 +197,7 @@ def _find_bad_sample(
     for i in range(len(completions)):
         one = {k: v[i : i + 1] for k, v in columns.items()}
         try:
-            _as_floats(fn([prompts[i]], [completions[i]], **one), 1)
+            _as_floats(fn(prompts=[prompts[i]], completions=[completions[i]], **one), 1)
         except _BadOutput as err:
             return i, err.cause
         except Exception as err:  # noqa: BLE001 - any failure locates the sample

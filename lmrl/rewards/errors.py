@@ -7,13 +7,14 @@
     except RewardError as err:
         if not err.skippable:
             raise                    # on_reward_error="stop", or a config error
-        log(str(err))                # one readable paragraph
+        log(str(err))                # at most ~8 short lines: what, where, the fix
         continue                     # skip the step; reward_set.errors counts it
 """
 
 from __future__ import annotations
 
-SNIPPET_CHARS = 200
+SNIPPET_CHARS = 100
+CAUSE_CHARS = 400
 
 
 def snippet(text: object, limit: int = SNIPPET_CHARS) -> str:
@@ -52,6 +53,7 @@ class RewardError(ValueError):
             the failure could not be tied to one sample.
         prompt, completion: that sample's text (full; the message truncates them).
         cause: what went wrong, e.g. "raised ZeroDivisionError: division by zero".
+        fix: how to fix it, e.g. "return one float per completion" ("" if unknown).
         skippable: True if the trainer should log the message, count the error and
             skip the step (`on_reward_error="skip"`); False if the run must stop
             (`on_reward_error="stop"`, or a configuration error).
@@ -69,9 +71,11 @@ class RewardError(ValueError):
         completion: str | None = None,
         skippable: bool,
         config_error: bool = False,
+        fix: str = "",
     ) -> None:
         self.reward = reward
         self.cause = cause
+        self.fix = fix
         self.sample_index = sample_index
         self.num_samples = num_samples
         self.prompt = prompt
@@ -81,21 +85,24 @@ class RewardError(ValueError):
         super().__init__(self._message())
 
     def _message(self) -> str:
+        """What and where on line 1, the sample (cut to SNIPPET_CHARS) and the fix below: at most 5 lines."""
         if self.sample_index is None:
             unlocated = "" if self.config_error else " (no single sample reproduces it)"
             where = f"on a batch of {self.num_samples} samples{unlocated}"
-            sample = ""
         else:
             where = f"on sample {self.sample_index} of {self.num_samples}"
-            sample = f" Prompt: {snippet(self.prompt)}. Completion: {snippet(self.completion)}."
+        cause = " ".join(self.cause.split()).rstrip(". ")  # one line, however many the exception had
+        if len(cause) > CAUSE_CHARS:
+            cause = cause[:CAUSE_CHARS] + f"... [{len(cause) - CAUSE_CHARS} more chars]"
+        lines = [f"Reward function '{self.reward}' failed {where}: {cause}."]
+        if self.sample_index is not None:
+            lines += [f"  prompt: {snippet(self.prompt)}", f"  completion: {snippet(self.completion)}"]
+        if self.fix:
+            lines.append(f"Fix: {self.fix}")
         if self.config_error:
-            action = "This is a configuration error, so the run stops whatever on_reward_error says."
+            lines.append("This is a configuration error, so the run stops whatever on_reward_error says.")
         elif self.skippable:
-            action = "The step is skipped (on_reward_error='skip'); set on_reward_error='stop' to stop instead."
+            lines.append("The step is skipped (on_reward_error='skip'); on_reward_error='stop' stops instead.")
         else:
-            action = (
-                "The run stops (on_reward_error='stop'); fix the reward function or its inputs, "
-                "or set on_reward_error='skip' to skip such steps."
-            )
-        cause = self.cause.rstrip(". ")
-        return f"Reward function '{self.reward}' failed {where}: {cause}.{sample} {action}"
+            lines.append("The run stops (on_reward_error='stop'); on_reward_error='skip' skips such steps instead.")
+        return "\n".join(lines)

@@ -359,10 +359,9 @@ class RubricJudge:
 def load_judge_model(path: str, seed: int = 0):
     """(model, tokenizer) of a judge: a local path, a cached hub id, or a built-in model (random: garbage
     verdicts, useful for tests), frozen in eval mode."""
-    from lmrl.models import load_model_and_tokenizer
+    from lmrl.models.setup import ModelSetup
 
-    model, tokenizer = load_model_and_tokenizer(path, seed=seed)
-    return model.eval().requires_grad_(False), tokenizer
+    return ModelSetup(seed=seed).judge(path)
 
 
 VERDICT_REWARD = {"A": 1.0, "tie": 0.5, "B": 0.0}

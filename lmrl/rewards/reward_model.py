@@ -25,8 +25,9 @@ import torch
 from lmrl.data.chat import encode_prompt, render_prompt
 from lmrl.data.preference_parsing import STEP_SEPARATOR
 from lmrl.data.preference_tokens import Tokenized, collate_sequences, step_positions
-from lmrl.models.precision import autocast, autocast_dtype
-from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
+from lmrl.models.precision import autocast
+from lmrl.models.reward import RewardModel, last_token_index
+from lmrl.models.setup import ModelSetup
 from lmrl.rewards.types import RewardFn
 
 _SENTINEL = "\x00lmrl-prompt\x00"
@@ -113,8 +114,9 @@ def reward_model_reward(path: str, batch_size: int = 32, precision: str = "auto"
     Options: `batch_size` sequences per forward, `precision` (auto|bf16|fp32), `truncated_reward`
     (a fixed reward for truncated completions; None scores them without EOS).
     """
-    model, tokenizer = load_reward_model(path)
-    dtype = autocast_dtype(precision)
+    setup = ModelSetup(precision=precision)
+    model, tokenizer = setup.reward_model(path)
+    dtype = setup.dtype
 
     def reward_model(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
         truncated = list(columns.get("truncated") or [False] * len(completions))

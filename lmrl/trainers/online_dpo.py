@@ -3,12 +3,13 @@
 RLHF book ch. 8 "online / iterative" (spec `rlhf-book-advanced.md` §1: current-policy pairs labelled by an AI
 judge; D2PO relabels with a reward model), with any DPO-family loss of `lmrl.algorithms.PREFERENCE_LOSSES`:
 1. take `batch_size` prompts and sample K = `samples_per_prompt` completions each from the CURRENT policy
-   (temperature `temperature`, seeded per step, so a resumed run samples the same);
+   (`temperature`, `top_p`, `top_k`, seeded per step, so a resumed run samples the same);
 2. label: the weighted sum of `rewards` (a verifier such as `task` or `gold`, `model:PATH` reward models, the
    `judge`/`rubric` rewards, user functions) picks chosen = argmax, rejected = argmin of the K samples; a prompt
    whose best and worst differ by <= `min_gap` is a tie and is skipped (counted). With `judge=PATH` a pairwise
    LLM judge compares the K = 2 samples in both orders instead (`lmrl.rewards.judge`): a tie or a failed
-   verdict skips the prompt (both counted); `rewards`, if given, are then only logged;
+   verdict skips the prompt (both counted); `rewards`, if given, are then only logged. A failing reward
+   function skips the step (`on_reward_error=skip`, counted in `reward/errors`) or stops the run (`stop`);
 3. one optimizer step of the loss on the kept pairs against π_ref = the initial policy (a frozen copy; or
    `ref_model`), whose log-probs are computed on the fly (new pairs every step, so nothing can be cached).
 
@@ -29,54 +30,24 @@ Launch::
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from typing import Any
 
 import torch
 
-from lmrl.config import ConfigError
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast_dtype, count_parameters, load_model_and_tokenizer
+from lmrl.models import count_parameters
+from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
-from lmrl.rewards.judge import PairwiseJudge, load_judge_model
+from lmrl.rewards.judge import PairwiseJudge
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
-from lmrl.trainers import common
-from lmrl.trainers.preference import (DPOConfig, Example, Reference, build_examples, evaluate, load_reference,
-                                      reference_logps, train_step)
-
-ONLINE_LOSSES_EXCLUDED = ("kto",)  # unpaired: online sampling yields pairs
-
-
-def check_online_config(config: DPOConfig) -> None:
-    """Start-up checks of the online fields (called from `DPOConfig.__post_init__` when online=true)."""
-    if config.loss in ONLINE_LOSSES_EXCLUDED:
-        raise ConfigError(f"online=true does not support loss={config.loss} (it takes unpaired examples); use a "
-                          "paired loss such as dpo, ipo or simpo.")
-    if config.samples_per_prompt < 2:
-        raise ConfigError(f"online=true needs samples_per_prompt >= 2 to form a pair, got {config.samples_per_prompt}.")
-    if not config.rewards and not config.judge:
-        raise ConfigError("online=true needs a label source: rewards=[...] (e.g. rewards=[gold], rewards=[task], "
-                          "rewards=[model:runs/reward/final]) or judge=PATH (a pairwise LLM judge).")
-    if config.judge and config.samples_per_prompt != 2:
-        raise ConfigError(f"judge=... compares two completions: set samples_per_prompt=2 (got "
-                          f"{config.samples_per_prompt}), or label K samples with rewards=[judge] against a reference.")
-    if config.judge and config.loss == "odpo":
-        raise ConfigError("loss=odpo needs label scores; a pairwise judge gives none. Use rewards=[...] with odpo.")
-    if config.reward_weights and len(config.reward_weights) != len(config.rewards):
-        raise ConfigError(f"reward_weights has {len(config.reward_weights)} entries for {len(config.rewards)} "
-                          f"rewards {config.rewards}; give one weight per reward.")
-    if not config.temperature > 0 or config.max_new_tokens < 1:
-        raise ConfigError(f"online=true samples: temperature must be > 0 and max_new_tokens >= 1, got "
-                          f"{config.temperature} and {config.max_new_tokens}.")
-    unknown = set(config.judge_args) - {"swap", "max_new_tokens", "batch_size", "prompt", "chat"}
-    if unknown:
-        raise ConfigError(f"judge_args: unknown options {sorted(unknown)}; they are swap, max_new_tokens, "
-                          "batch_size, prompt, chat.")
+from lmrl.trainers import common, loop
+from lmrl.trainers.dpo_common import Example, Reference, build_examples, evaluate, reference_logps, train_step
+from lmrl.trainers.dpo_config import DPOConfig
 
 
 # ----------------------------------------------------------------------------- labelling (pure)
@@ -125,7 +96,8 @@ class Parts:
 def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tuple[RolloutBatch, list[list[int]]]:
     """K completions per prompt from the current policy (prompt-major), and the prompts' token ids."""
     ids = [encode_prompt(parts.tokenizer, r["prompt"], config.chat) for r in rows]  # as offline DPO tokenizes
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                            top_p=config.top_p, top_k=config.top_k)
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # resume-exact sampling
     return parts.engine.generate(ids, params, n=config.samples_per_prompt, generator=generator), ids
 
@@ -230,7 +202,7 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
 
 
 def evaluate_online(parts: Parts, data, config: DPOConfig, dtype, state) -> tuple[dict[str, float], list[dict]]:
-    """Held-out implicit-reward stats and gold score (`preference.evaluate`), plus greedy task accuracy."""
+    """Held-out implicit-reward stats and gold score (`dpo_common.evaluate`), plus greedy task accuracy."""
     _, eval_examples, gold_rows, task_rows = data
     ref = Reference(model=parts.ref_model)
     metrics, samples = evaluate(parts.model, parts.tokenizer, eval_examples, ref, gold_rows, config, dtype, state)
@@ -242,69 +214,59 @@ def evaluate_online(parts: Parts, data, config: DPOConfig, dtype, state) -> tupl
     return metrics, samples
 
 
-def build_parts(config: DPOConfig, model, tokenizer, dtype) -> Parts:
-    """π_ref (a frozen copy of the initial policy, made before any checkpoint is restored), labellers, optimizer."""
-    ref_model = None
-    if config.uses_reference:
-        ref_model = load_reference(config, tokenizer) if config.ref_model else copy.deepcopy(model)
-        ref_model.eval().requires_grad_(False)
-    reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs) \
-        if config.rewards else None
-    judge = None
-    if config.judge:
-        judge_model, judge_tokenizer = load_judge_model(config.judge, config.seed)
-        judge = PairwiseJudge(judge_model, judge_tokenizer, autocast_dtype=dtype, **config.judge_args)
-    optimizer = common.build_optimizer(model, config)
-    scheduler = common.build_scheduler(optimizer, config)
-    return Parts(model, tokenizer, ref_model, HFEngine(model, tokenizer, autocast_dtype=dtype), reward_set, judge,
-                 optimizer, scheduler)
+# ----------------------------------------------------------------------------- the method
 
 
-def train_online(config: DPOConfig) -> dict[str, float]:
+class OnlineDPO:
+    """The online DPO method for `loop.run`: one step samples, labels and takes one optimizer step (`online_step`).
+
+    Everything that can fail on bad input is built here, before the run starts: the label rewards, the prompts,
+    the policy, π_ref (the initial policy loaded again, frozen; or `ref_model`) and the judge."""
+
+    samples_title = "held-out generations"
+
+    def __init__(self, config: DPOConfig, setup: ModelSetup):
+        self.config, self.setup = config, setup
+        reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
+                               config.on_reward_error) if config.rewards else None
+        self.model, self.tokenizer = setup.policy()
+        self.model.train()
+        self.data = load_online_data(config, self.tokenizer)
+        self.rows = self.data[0]
+        ref_model = setup.frozen(config.ref_model, self.tokenizer) if config.uses_reference else None
+        judge = None
+        if config.judge:
+            judge_model, judge_tokenizer = setup.judge(config.judge)
+            judge = PairwiseJudge(judge_model, judge_tokenizer, autocast_dtype=setup.dtype, **config.judge_args)
+        self.optimizer = common.build_optimizer(self.model, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config)
+        engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
+        self.parts = Parts(self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer,
+                           self.scheduler)
+        self.state: dict[str, Any] = {"bco": (0.0, 0)}  # BCO's running (sum, count) of implicit rewards
+
+    def step(self, step: int) -> dict[str, float]:
+        config = self.config
+        rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.batch_size, step, config.seed)]
+        return online_step(self.parts, rows, config, self.setup.dtype, step, self.state, self.tracker)
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return evaluate_online(self.parts, self.data, self.config, self.setup.dtype, self.state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bco": self.state["bco"]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state["bco"] = state["bco"]
+
+
+def train(config: DPOConfig) -> dict[str, float]:
     """Run online DPO end to end; returns the final evaluation metrics (plus `initial/...` ones)."""
-    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
-    data = load_online_data(config, tokenizer)
+    setup = ModelSetup.from_config(config)
+    method = OnlineDPO(config, setup)
     run = common.start_run(config, f"online dpo ({config.loss})")
-    tracker, dtype = run.tracker, autocast_dtype(config.precision)
-    parts = build_parts(config, model, tokenizer, dtype)
     labeller = f"judge {config.judge}" if config.judge else f"rewards {config.rewards}"
-    tracker.print(f"online {config.loss}: {count_parameters(model) / 1e6:.2f}M params, {len(data[0])} prompts, "
-                  f"{config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
-                  f"run dir {run.dir}")
-    state: dict[str, Any] = {"initial": {}, "bco": (0.0, 0)}
-    if run.checkpoint:
-        state = common.restore_checkpoint(run.checkpoint, model, parts.optimizer, parts.scheduler)
-    else:
-        metrics, samples = evaluate_online(parts, data, config, dtype, state)
-        state["initial"] = {f"initial/{k}": v for k, v in metrics.items()}
-        tracker.log(0, metrics)
-        tracker.log_samples(0, samples, "held-out generations")
-    model.train()
-    rows = data[0]
-    try:
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            batch_rows = [rows[i] for i in common.epoch_batch_indices(len(rows), config.batch_size, step, config.seed)]
-            metrics = online_step(parts, batch_rows, config, dtype, step, state, tracker)
-            if step % config.log_every == 0 or step == config.max_steps or step == 1:
-                tracker.log(step, metrics)
-            else:
-                tracker.advance(step)
-            if common.is_due(step, config.eval_every, config.max_steps):
-                metrics, samples = evaluate_online(parts, data, config, dtype, state)
-                tracker.log(step, metrics)
-                tracker.log_samples(step, samples, "held-out generations")
-            if common.is_due(step, config.save_every, config.max_steps):
-                common.save_checkpoint(run, step, model, tokenizer, parts.optimizer, parts.scheduler, state,
-                                       config.keep_checkpoints)
-    except common.TrainingDiverged:
-        tracker.close()
-        raise
-    final, samples = evaluate_online(parts, data, config, dtype, state)
-    tracker.log(config.max_steps, final)
-    tracker.log_samples(config.max_steps, samples, "held-out generations")
-    common.save_checkpoint(run, config.max_steps, model, tokenizer, parts.optimizer, parts.scheduler, state,
-                           config.keep_checkpoints)
-    final_dir = common.save_final(run, model, tokenizer)
-    plots = tracker.close()
-    tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
-    return {**state["initial"], **final}
+    run.tracker.print(f"online {config.loss}: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.rows)} "
+                      f"prompts, {config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
+                      f"precision={setup.precision_name}, run dir {run.dir}")
+    return loop.run(config, method, run)

@@ -19,6 +19,9 @@ Deviations from the avataRL code, on purpose:
    the code's sum/|A| threshold, clamp 1.5); every option is a config field.
 As in every avataRL version there is no sampling (teacher forcing), no PPO clip, no GAE.
 
+Layout: this module is the method (models, objectives, the step, evaluation); its keys are in
+``pretrain_config.py`` and the text windows in ``pretrain_data.py``.
+
 Launch::
 
     lmrl pretrain --config pretrain/ce_tiny_pydoc                    # CE: a critic (CPU)
@@ -29,150 +32,58 @@ Launch::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from lmrl.algorithms import AvatarlOptions, avatarl_loss, avatarl_rewards
-from lmrl.config import ConfigError, TrainConfig, field
-from lmrl.data.corpus import corpus_splits, load_text_source, pack_tokens
 from lmrl.data.tokenizers import load_tokenizer
-from lmrl.models import autocast, autocast_dtype, count_parameters, is_builtin, load_model
+from lmrl.models import autocast, count_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models.loading import default_tokenizer_name
+from lmrl.models.setup import ModelSetup
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.trainers import common
-
-_DEFAULT = AvatarlOptions()
-
-
-@dataclasses.dataclass
-class PretrainConfig(TrainConfig):
-    objective: Literal["ce", "avatarl"] = field("ce", "ce: next-token cross-entropy; avatarl: REINFORCE on the critic+reality reward")
-    from_scratch: bool = field(False, "HF model: build it from its config.json (+ model_args) with random init instead of loading weights")
-    # data
-    data: str = field("builtin:pydoc", "builtin:pydoc, a .txt/.md file, or an HF dataset / .jsonl file with a text column")
-    text_column: str = field("text", "column holding the text of a dataset")
-    data_split: str = field("train", "split of an HF dataset; its text is then cut into train/val by val_fraction")
-    val_fraction: float = field(0.05, "last fraction of the text (cut at a line start) held out for val/ce")
-    block_size: int = field(128, "tokens per training window (context length)")
-    batch_size: int = field(32, "windows per optimizer step (split into grad_accum micro-batches)")
-    eval_batches: int | None = field(8, "validation batches of batch_size windows per evaluation (null: every window)")
-    sample_tokens: int = field(96, "tokens sampled (T=1) after a validation prefix for each of num_samples samples")
-    # avatarl
-    critic: str | None = field(None, "avatarl: frozen CE-trained critic (HF dir, e.g. runs/pretrain-ce-tiny-pydoc/final) sharing the student's tokenizer")
-    top_k: int = field(_DEFAULT.top_k, "k of the student and critic top-k in the active set (write-up/blog run 16, HEAD 4)")
-    epsilon: float = field(_DEFAULT.epsilon, "reality smoothing: gold gets 1-eps, the rest of the active set shares eps")
-    reality_weight: float = field(_DEFAULT.reality_weight, "w_r, exponent of the reality expert (0.7)")
-    mentor_weight: float = field(_DEFAULT.mentor_weight, "w_m, exponent of the critic expert (0.3)")
-    threshold: Literal["sum_over_size", "mean"] = field(_DEFAULT.threshold, "sum_over_size: the code's bar s/|A| (dense); mean: the write-up's 1/|A|")
-    reward_scale: float = field(_DEFAULT.reward_scale, "multiplier of kept rewards (x100; cancelled by the clamp when |A| < 66)")
-    reward_clamp: float | None = field(_DEFAULT.reward_clamp, "per-position proportional rescale so that max reward <= this (code 1.5; null: off, as the blog charts)")
-    critic_topk: bool = field(_DEFAULT.critic_topk, "include the critic's top-k in the active set (avataRL yes; pretrain-zero-rl fork no)")
-    entropy_mode: Literal["bonus", "temperature"] = field(_DEFAULT.entropy_mode, "bonus: loss -= coef*H (write-up, blog-time code); temperature: log-probs of softmax(S/(1+coef)) (HEAD)")
-    entropy_coef: float = field(_DEFAULT.entropy_coef, "beta of the entropy bonus, or the temperature offset (0.01)")
-    chunk_size: int | None = field(_DEFAULT.chunk_size, "positions per chunk in the avatarl reward/loss (memory only; results identical)")
-    output_dir: str = field("runs/pretrain", "run directory")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.batch_size % self.grad_accum:
-            raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}); "
-                              "each micro-batch has batch_size/grad_accum windows.")
-        for name in ("block_size", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
-        if self.eval_batches is not None and self.eval_batches < 1:
-            raise ConfigError(f"'eval_batches' must be >= 1 or null (every validation window), got {self.eval_batches}.")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"'val_fraction' must be in (0, 1), got {self.val_fraction}.")
-        if self.objective == "avatarl" and not self.critic:
-            raise ConfigError("objective=avatarl needs a critic: critic=<dir of a CE-trained model>, e.g. the final/ "
-                              "of a run of `lmrl pretrain --config pretrain/ce_tiny_pydoc`.")
-        if self.objective == "ce" and self.critic:
-            raise ConfigError(f"critic={self.critic!r} is only used by objective=avatarl; remove it (critic=null) "
-                              "or set objective=avatarl.")
-        try:
-            self.avatarl_options()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-
-    def avatarl_options(self) -> AvatarlOptions:
-        """The avatarl fields of this config as an ``AvatarlOptions`` (ignore_index unused: windows have no padding)."""
-        names = [f.name for f in dataclasses.fields(AvatarlOptions) if f.name != "ignore_index"]
-        return AvatarlOptions(**{name: getattr(self, name) for name in names})
-
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclasses.dataclass(frozen=True)
-class Windows:
-    """Token windows of the training and validation text; inputs w[:, :-1], targets w[:, 1:]."""
-
-    train: torch.Tensor  # (n_train, block_size + 1) long
-    val: torch.Tensor  # (n_val, block_size + 1) long
-    summary: str
-
-
-def load_windows(config: PretrainConfig, tokenizer) -> Windows:
-    """Text of ``config.data``, split by ``val_fraction``, tokenized and packed into windows."""
-    text = load_text_source(config.data, config.data_split, config.text_column)
-    train_text, val_text = corpus_splits(config.val_fraction, text)
-    parts = []
-    for name, part in (("train", train_text), ("validation", val_text)):
-        ids = tokenizer(part, add_special_tokens=False, verbose=False)["input_ids"]
-        if len(ids) < config.block_size + 1:
-            raise ValueError(f"the {name} text of {config.data} has {len(ids)} tokens, too few for one window of "
-                             f"block_size + 1 = {config.block_size + 1}; lower block_size, change val_fraction "
-                             f"({config.val_fraction}) or give more text.")
-        parts.append((ids, pack_tokens(ids, config.block_size)))
-    unk = tokenizer.unk_token_id
-    n_unk = sum(ids.count(unk) for ids, _ in parts) if unk is not None else 0
-    n_tokens = sum(len(ids) for ids, _ in parts)
-    summary = (f"{config.data}: {n_tokens} tokens ({n_unk / n_tokens:.2%} unknown), {len(parts[0][1])} train / "
-               f"{len(parts[1][1])} val windows of {config.block_size}")
-    return Windows(train=parts[0][1], val=parts[1][1], summary=summary)
-
+from lmrl.trainers import common, loop
+from lmrl.trainers.pretrain_config import PretrainConfig
+from lmrl.trainers.pretrain_data import Windows, load_windows  # noqa: F401 - re-exported
 
 # --------------------------------------------------------------------------- models
 
 
-def build_student(config: PretrainConfig):
-    """(model, tokenizer): a built-in model, an HF checkpoint, or an HF config with fresh weights."""
-    tokenizer = load_tokenizer(config.tokenizer or default_tokenizer_name(config.model))
-    if config.from_scratch and not is_builtin(config.model):
-        from transformers import AutoConfig, AutoModelForCausalLM
+def build_student(config: PretrainConfig, setup: ModelSetup):
+    """(model, tokenizer): a built-in model or an HF checkpoint (the setup's policy), or an HF config with fresh
+    weights (``from_scratch``)."""
+    if not config.from_scratch or is_builtin(config.model):
+        return setup.policy()
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-        hf_config = AutoConfig.from_pretrained(config.model)
-        unknown = sorted(set(config.model_args) - set(hf_config.to_dict()))
-        if unknown:
-            raise ValueError(f"model_args {unknown} are not fields of {config.model}'s {type(hf_config).__name__}; "
-                             f"valid ones include {sorted(hf_config.to_dict())[:12]}... Check the spelling.")
-        hf_config.update(config.model_args)
-        with torch.random.fork_rng():
-            torch.manual_seed(config.seed)
-            model = AutoModelForCausalLM.from_config(hf_config)
-        use_fp32_cpu_attention(model)
-    else:
-        model = load_model(config.model, tokenizer, seed=config.seed, model_args=config.model_args)
+    tokenizer = load_tokenizer(config.tokenizer or default_tokenizer_name(config.model))
+    hf_config = AutoConfig.from_pretrained(config.model)
+    unknown = sorted(set(config.model_args) - set(hf_config.to_dict()))
+    if unknown:
+        raise ValueError(f"model_args {unknown} are not fields of {config.model}'s {type(hf_config).__name__}; "
+                         f"valid ones include {sorted(hf_config.to_dict())[:12]}... Check the spelling.")
+    hf_config.update(config.model_args)
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        model = AutoModelForCausalLM.from_config(hf_config)
+    use_fp32_cpu_attention(model)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but model {config.model!r} only "
                          f"{model.config.vocab_size} embeddings; set vocab_size >= {len(tokenizer)} or change tokenizer.")
-    return model, tokenizer
+    return model.to(setup.device), tokenizer
 
 
-def load_critic(path: str, student, tokenizer):
-    """A frozen critic that shares the student's vocabulary, checked before any training step."""
+def load_critic(path: str, student, tokenizer, setup: ModelSetup):
+    """The frozen critic (`ModelSetup.frozen`), checked to share the student's vocabulary before any training step."""
     if is_builtin(path):
         raise ValueError(f"critic={path!r} is a randomly initialised built-in model, not a trained critic. Train one "
                          "with `lmrl pretrain objective=ce` and pass its final/ directory.")
-    critic = load_model(path, tokenizer)
+    critic = setup.frozen(path, tokenizer)
     critic_vocab, student_vocab = critic.config.vocab_size, student.config.vocab_size
     if critic_vocab != student_vocab:
         raise ValueError(f"critic {path!r} has a vocabulary of {critic_vocab} tokens but the student has "
@@ -186,7 +97,6 @@ def load_critic(path: str, student, tokenizer):
             raise ValueError(f"critic {path!r} was trained with another tokenizer than the student's (e.g. "
                              f"token/id pairs {differ} are in only one of them). The reward compares token ids; "
                              "use the critic's tokenizer for the student (tokenizer=...) or retrain the critic.")
-    critic.eval().requires_grad_(False)
     return critic
 
 
@@ -315,72 +225,66 @@ def evaluate(model, tokenizer, val: torch.Tensor, config: PretrainConfig, dtype,
     return {**metrics, "val/ppl": math.exp(metrics["val/ce"])}, samples
 
 
-# --------------------------------------------------------------------------- the loop
+# --------------------------------------------------------------------------- the method
 
 
-def _setup(config: PretrainConfig):
-    """Models, data and start-up checks: everything that can fail does so before the run directory is touched."""
-    model, tokenizer = build_student(config)
-    critic = load_critic(config.critic, model, tokenizer) if config.objective == "avatarl" else None
-    check_models(config, model, critic)
-    windows = load_windows(config, tokenizer)
-    limit = None if config.eval_batches is None else config.eval_batches * config.batch_size
-    return model, tokenizer, critic, windows.train, windows.val[:limit], windows.summary
+class Pretrain:
+    """The pretraining method for `loop.run`: one step is one optimizer step on ``batch_size`` windows."""
+
+    samples_title = "validation continuations"
+
+    def __init__(self, config: PretrainConfig, setup: ModelSetup):
+        """Models, data and start-up checks: everything that can fail does so before the run directory is touched."""
+        self.config, self.setup = config, setup
+        self.model, self.tokenizer = build_student(config, setup)
+        self.critic = None
+        if config.objective == "avatarl":
+            self.critic = load_critic(config.critic, self.model, self.tokenizer, setup)
+        check_models(config, self.model, self.critic)
+        windows = load_windows(config, self.tokenizer)
+        limit = None if config.eval_batches is None else config.eval_batches * config.batch_size
+        self.train_windows, self.val, self.data_summary = windows.train, windows.val[:limit], windows.summary
+        self.options, self.tokens_per_step = config.avatarl_options(), config.batch_size * config.block_size
+        self.model.train()
+        self.optimizer = common.build_optimizer(self.model, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config)
+
+    def step(self, step: int) -> dict[str, float]:
+        config, t0 = self.config, time.perf_counter()
+        rows = common.epoch_batch_indices(len(self.train_windows), config.batch_size, step, config.seed)
+        stats = train_step(self.model, self.critic, self.train_windows[rows], config.objective, self.options,
+                           config.grad_accum, self.setup.dtype, step=step)
+        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
+        elapsed = time.perf_counter() - t0
+        return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
+                "tokens": step * self.tokens_per_step, "tokens_per_s": self.tokens_per_step / elapsed,
+                "time/train_s": elapsed}
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        """`evaluate`, plus the critic's val/ce at the initial evaluation (step 0) and the tokens seen after it."""
+        config, dtype = self.config, self.setup.dtype
+        metrics, samples = evaluate(self.model, self.tokenizer, self.val, config, dtype, step)
+        if step > 0:
+            metrics["tokens"] = step * self.tokens_per_step
+        elif self.critic is not None:
+            metrics["critic/val_ce"] = validation_stats(self.critic, self.val, config.batch_size, dtype)["val/ce"]
+        return metrics, samples
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def train(config: PretrainConfig) -> dict[str, float]:
     """Pretrain end to end; returns the final val/ce and val/ppl (plus ``initial/...`` and the critic's val/ce)."""
-    model, tokenizer, critic, train_windows, val, summary = _setup(config)
+    setup = ModelSetup.from_config(config)
+    method = Pretrain(config, setup)
     run = common.start_run(config, f"pretrain {config.objective}")
-    tracker, dtype, options = run.tracker, autocast_dtype(config.precision), config.avatarl_options()
-    optimizer = common.build_optimizer(model, config)
-    scheduler = common.build_scheduler(optimizer, config)
-    tokens_per_step = config.batch_size * config.block_size
-    tracker.print(f"pretrain objective={config.objective}: {count_parameters(model) / 1e6:.2f}M params, {summary}, "
-                  f"{tokens_per_step} tokens/step, precision={'bf16 autocast' if dtype else 'fp32'}, run dir {run.dir}")
-    if run.checkpoint:
-        initial = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler).get("initial", {})
-    else:
-        metrics, samples = evaluate(model, tokenizer, val, config, dtype, 0)
-        if critic is not None:
-            metrics["critic/val_ce"] = validation_stats(critic, val, config.batch_size, dtype)["val/ce"]
-        initial = {f"initial/{k}": v for k, v in metrics.items()}
-        tracker.log(0, metrics)
-        tracker.log_samples(0, samples, "validation continuations")
-    model.train()
-    try:
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            t0 = time.perf_counter()
-            rows = common.epoch_batch_indices(len(train_windows), config.batch_size, step, config.seed)
-            stats = train_step(model, critic, train_windows[rows], config.objective, options, config.grad_accum,
-                               dtype, step=step)
-            grad_norm = common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
-            elapsed = time.perf_counter() - t0
-            if step % config.log_every == 0 or step == config.max_steps:
-                tracker.log(step, {**stats, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
-                                   "tokens": step * tokens_per_step, "tokens_per_s": tokens_per_step / elapsed,
-                                   "time/train_s": elapsed})
-            else:
-                tracker.advance(step)
-            if step == config.max_steps:
-                break
-            if config.eval_every and step % config.eval_every == 0:
-                metrics, samples = evaluate(model, tokenizer, val, config, dtype, step)
-                tracker.log(step, {**metrics, "tokens": step * tokens_per_step})
-                tracker.log_samples(step, samples, "validation continuations")
-            if config.save_every and step % config.save_every == 0:
-                common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                                       config.keep_checkpoints)
-    except BaseException:  # divergence, Ctrl-C, crash: stop the progress bar, keep the last good checkpoint
-        tracker.close()
-        raise
-    final, samples = evaluate(model, tokenizer, val, config, dtype, config.max_steps)
-    tracker.log(config.max_steps, {**final, "tokens": config.max_steps * tokens_per_step})
-    tracker.log_samples(config.max_steps, samples, "validation continuations")
-    common.save_checkpoint(run, config.max_steps, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                           config.keep_checkpoints)
-    final_dir = common.save_final(run, model, tokenizer)
-    plots = tracker.close()
-    tracker.print(f"val/ce {final['val/ce']:.4f} (initial {initial['initial/val/ce']:.4f}). Final model: {final_dir}  "
-                  f"plots: {run.dir / 'plots'} ({len(plots)} files)")
-    return {**initial, **final}
+    run.tracker.print(f"pretrain objective={config.objective}: {count_parameters(method.model) / 1e6:.2f}M params, "
+                      f"{method.data_summary}, {method.tokens_per_step} tokens/step, precision={setup.precision_name}, "
+                      f"run dir {run.dir}")
+    result = loop.run(config, method, run)
+    run.tracker.print(f"val/ce {result['val/ce']:.4f} (initial {result['initial/val/ce']:.4f})")
+    return result

@@ -19,64 +19,30 @@ Launch::
     lmrl reward --config reward/tiny_prefs                          # built-in data, CPU, ~2 min
     lmrl reward model=runs/sft/final dataset=prefs.jsonl batch_size=64 lr=1e-5 max_steps=1000
     lmrl reward mode=score model=runs/reward/final dataset=pairs.jsonl   # writes scores.jsonl
+
+The config is `reward_config.py`; ``mode=score`` (scoring a file with a trained RM) is `reward_score.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from rich.markup import escape
 
 from lmrl.algorithms import reward_model_loss
-from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data import preference as prefs
 from lmrl.data.chat import IGNORE_INDEX
-from lmrl.data.loading import row_where
-from lmrl.models import autocast, autocast_dtype, count_parameters, load_model_and_tokenizer
-from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
+from lmrl.models import autocast, count_parameters
+from lmrl.models.reward import RewardModel, last_token_index
+from lmrl.models.setup import ModelSetup
 from lmrl.rewards.reward_model import score_texts
-from lmrl.trainers import common
+from lmrl.trainers import common, loop, reward_score
+from lmrl.trainers.reward_config import RewardConfig  # also `lmrl reward`'s config (lmrl/cli.py)
 
 KIND_OF_LOSS = {"bt": "bt", "plackett_luce": "bt", "orm": "orm", "prm": "prm"}
-
-
-@dataclasses.dataclass
-class RewardConfig(TrainConfig):
-    mode: Literal["train", "score"] = field("train", "train a reward model, or score every row of `dataset` with "
-                                                     "the RM at `model`")
-    loss: Literal["bt", "plackett_luce", "orm", "prm"] = field(
-        "bt", "bt (pairs; all C(K,2) pairs for K > 2), plackett_luce (rankings), orm, prm")
-    dataset: str = field("builtin:prefs", "builtin:prefs|orm|prm, a .jsonl/.json/.parquet/.csv file, or an HF dataset")
-    data_args: dict = field({}, "arguments of a built-in source (digits, num_completions, kinds, seed, ...)")
-    split: str = field("train", "dataset split")
-    train_rows: int | None = field(2000, "rows generated for a built-in source, or the first N rows (null: all)")
-    eval_dataset: str | None = field(None, "held-out data; default: the built-in source's test split, none for files")
-    eval_split: str = field("test", "split of eval_dataset (or of the built-in source)")
-    eval_rows: int = field(200, "held-out rows to evaluate on")
-    chat: bool = field(True, "render prompt/completion with the chat template (False: raw text + EOS)")
-    max_length: int = field(256, "tokens per prompt + completion")
-    overlong: Literal["drop", "error"] = field("drop", "rows longer than max_length: drop them, or stop")
-    batch_size: int = field(32, "prompts per optimizer step, each with all its K completions (split into grad_accum)")
-    margin: bool = field(False, "bt, K = 2: subtract the row's margin (or chosen_score − rejected_score), Llama 2")
-    center_coef: float = field(0.0, "bt, K = 2: + c·mean((r_c + r_r)²), keeps rewards centred (Eisenstein 2023)")
-    scores_file: str | None = field(None, "mode=score: output JSONL (default: <output_dir>/scores.jsonl)")
-    output_dir: str = field("runs/reward", "run directory")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.batch_size % self.grad_accum:
-            raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
-        if self.center_coef < 0:
-            raise ConfigError(f"'center_coef' must be >= 0, got {self.center_coef}.")
-        if (self.margin or self.center_coef) and self.loss != "bt":
-            raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
-        if self.max_length < 2:
-            raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,111 +204,62 @@ def eval_samples(model, tokenizer, records, config: RewardConfig, dtype) -> list
     return rows
 
 
+# ----------------------------------------------------------------------------- the method
+
+
+class RewardModelTraining:
+    """The reward-model method for `loop.run`: one step is one optimizer step on ``batch_size`` prompts (each with
+    all its K completions; orm/prm: ``batch_size`` labelled completions)."""
+
+    samples_title = "held-out rows"
+
+    def __init__(self, config: RewardConfig, setup: ModelSetup):
+        self.config, self.setup = config, setup
+        lm, self.tokenizer = setup.policy()
+        self.model = RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat, seed=config.seed)
+        self.model.train()
+        self.items, self.eval_items, self.eval_records, self.dropped = load_data(config, self.tokenizer)
+        self.optimizer = common.build_optimizer(self.model, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config)
+
+    def step(self, step: int) -> dict[str, float]:
+        config, t0 = self.config, time.perf_counter()
+        idx = common.epoch_batch_indices(len(self.items), config.batch_size, step, config.seed)
+        batch = [self.items[i] for i in idx]
+        stats = train_step(self.model, batch, config, self.tokenizer.pad_token_id, self.setup.dtype, step)
+        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
+        elapsed = time.perf_counter() - t0
+        tokens = sum(len(s) for item in batch for s in item.seqs)
+        return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
+                "tokens_per_s": tokens / elapsed, "time/train_s": elapsed}
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        dtype = self.setup.dtype
+        metrics = evaluate(self.model, self.eval_items, self.config, self.tokenizer.pad_token_id, dtype)
+        return metrics, eval_samples(self.model, self.tokenizer, self.eval_records, self.config, dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 # ----------------------------------------------------------------------------- entry points
 
 
 def train(config: RewardConfig) -> dict[str, float]:
     """Train a reward model end to end (or score a dataset with mode=score); returns the final metrics."""
     if config.mode == "score":
-        return score(config)
-    lm, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
-    model = RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat, seed=config.seed)
-    items, eval_items, eval_records, dropped = load_data(config, tokenizer)
+        return reward_score.score(config)
+    setup = ModelSetup.from_config(config)
+    method = RewardModelTraining(config, setup)
     run = common.start_run(config, f"reward ({config.loss})")
-    tracker, dtype, pad_id = run.tracker, autocast_dtype(config.precision), tokenizer.pad_token_id
-    optimizer = common.build_optimizer(model, config)
-    scheduler = common.build_scheduler(optimizer, config)
-    tracker.print(f"Reward model ({config.loss}): {count_parameters(model) / 1e6:.2f}M params, {len(items)} training "
-                  f"rows ({dropped} dropped as overlong), {len(eval_items)} held-out, run dir {run.dir}")
-    initial: dict[str, float] = {}
-    if run.checkpoint:
-        initial = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler).get("initial", {})
-    else:
-        metrics = evaluate(model, eval_items, config, pad_id, dtype)
-        initial = {f"initial/{k}": v for k, v in metrics.items()}
-        tracker.log(0, metrics)
-    model.train()
-    try:
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            t0 = time.perf_counter()
-            batch = [items[i] for i in common.epoch_batch_indices(len(items), config.batch_size, step, config.seed)]
-            stats = train_step(model, batch, config, pad_id, dtype, step)
-            grad_norm = common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
-            elapsed = time.perf_counter() - t0
-            if step % config.log_every == 0 or step == config.max_steps:
-                tokens = sum(len(s) for item in batch for s in item.seqs)
-                tracker.log(step, {**stats, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
-                                   "tokens_per_s": tokens / elapsed, "time/train_s": elapsed})
-            else:
-                tracker.advance(step)
-            if common.is_due(step, config.eval_every, config.max_steps):
-                tracker.log(step, evaluate(model, eval_items, config, pad_id, dtype))
-            if common.is_due(step, config.save_every, config.max_steps):
-                common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                                       config.keep_checkpoints)
-    except common.TrainingDiverged:
-        tracker.close()
-        raise
-    final = evaluate(model, eval_items, config, pad_id, dtype)
-    tracker.log(config.max_steps, final)
-    tracker.log_samples(config.max_steps, eval_samples(model, tokenizer, eval_records, config, dtype), "held-out rows")
-    common.save_checkpoint(run, config.max_steps, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                           config.keep_checkpoints)
-    final_dir = common.save_final(run, model, tokenizer)
-    plots = tracker.close()
-    tracker.print(escape(f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
-                         f"as rewards=[model:{final_dir}])  plots: {run.dir / 'plots'} ({len(plots)} files)"))
-    return {**initial, **final}
-
-
-def score(config: RewardConfig) -> dict[str, float]:
-    """mode=score: every completion of `dataset` scored by the RM at `model`, written as JSONL.
-
-    Pairwise rows get `reward_chosen`/`reward_rejected`, ranked rows `rewards` (one per completion, in the
-    file's order), prompt/completion and stepwise rows `reward`. Returns the row count and, for pairs and
-    rankings, the RM's pairwise accuracy against the data's order.
-    """
-    model, tokenizer = load_reward_model(config.model)
-    builtin = config.dataset in prefs.BUILTIN_SOURCES  # a file is scored whole; train_rows sizes built-in data
-    rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows if builtin else None,
-                                      **config.data_args)
-    prompts, texts, spans = [], [], []  # spans[i]: (first, the row's completions best first or None)
-    for i, row in enumerate(rows):
-        where = row_where(i, config.dataset)
-        if isinstance(row, dict) and ("chosen" in row or "ranking" in row or "scores" in row):
-            group = prefs.parse_preference_row(row, where)
-            spans.append((len(texts), group.completions))
-            prompts += [group.prompt] * group.k
-            texts += list(group.completions)
-        elif isinstance(row, dict) and "completions" in row:
-            (record,) = prefs.parse_step_rows([row], where)
-            spans.append((len(texts), None))
-            prompts.append(record.prompt)
-            texts.append(record.completion)
-        elif isinstance(row, dict) and "prompt" in row and "completion" in row:
-            spans.append((len(texts), None))
-            prompts.append(row["prompt"])
-            texts.append(row["completion"])
-        else:
-            found = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{where}: mode=score needs prompt+completion, prompt+chosen+rejected or "
-                             f"prompt+completions columns; found {found}.")
-    values = score_texts(model, tokenizer, prompts, texts, dtype=autocast_dtype(config.precision))
-    out_path = Path(config.scores_file or Path(config.output_dir) / "scores.jsonl")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    correct = pairs = 0
-    with out_path.open("w") as f:
-        for row, (first, ranked) in zip(rows, spans):
-            if ranked is None:
-                extra = {"reward": values[first]}
-            else:
-                v = values[first : first + len(ranked)]  # best first
-                pairs += len(v) * (len(v) - 1) // 2
-                correct += sum(v[a] > v[b] for a in range(len(v)) for b in range(a + 1, len(v)))
-                extra = ({"reward_chosen": v[0], "reward_rejected": v[1]} if "chosen" in row else
-                         {"rewards": [v[ranked.index(c)] for c in row["completions"]]})
-            f.write(json.dumps({**row, **extra}) + "\n")
-    result = {"rows": float(len(rows)), **({"accuracy": correct / pairs} if pairs else {})}
-    print(f"Scored {len(rows)} rows with {config.model} -> {out_path}"
-          + (f"; pairwise accuracy {result['accuracy']:.3f} over {pairs} pairs" if pairs else ""))
+    run.tracker.print(f"Reward model ({config.loss}): {count_parameters(method.model) / 1e6:.2f}M params, "
+                      f"{len(method.items)} training rows ({method.dropped} dropped as overlong), "
+                      f"{len(method.eval_items)} held-out, precision={setup.precision_name}, run dir {run.dir}")
+    result = loop.run(config, method, run)
+    final_dir = run.dir / "final"
+    run.tracker.print(escape(f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
+                             f"as rewards=[model:{final_dir}])"))
     return result

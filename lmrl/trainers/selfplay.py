@@ -26,6 +26,10 @@ Why not ``online.update``: it takes one optimizer step per batch and aggregates 
 while LSP sums two separately normalised losses into one step. This module reuses its
 ``logprobs_no_grad``, ``policy_loss`` and the common optimizer step instead.
 
+Layout: this module is the method (one step, held-out evaluation, set-up); its keys are in ``selfplay_config.py``,
+the environment (challenger prompt, query checks) in ``selfplay_env.py``, the warm start and the reference model
+in ``selfplay_start.py``.
+
 Launch::
 
     lmrl selfplay --config selfplay/tiny_arithmetic              # CPU, verifiable, built-in model
@@ -34,189 +38,42 @@ Launch::
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import inspect
-import re
 import time
-from pathlib import Path
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from lmrl.algorithms import policy_loss
 from lmrl.algorithms.selfplay import selfplay_advantages
-from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data.chat import IGNORE_INDEX, render_prompt
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
-from lmrl.data.tasks.expr import evaluate as evaluate_expression
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, autocast_dtype, count_parameters, load_model, load_model_and_tokenizer
+from lmrl.models import autocast, count_parameters
 from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
+from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
-from lmrl.trainers import common
+from lmrl.trainers import common, loop
 from lmrl.trainers.online import logprobs_no_grad
-from lmrl.trainers.sft import train_step as sft_train_step
-
-CHALLENGER_PROMPTS = {
-    "lsp": """Background: a language task is an (input, output) tuple. The input is what a user gives a language agent; the output is the agent's reply.
-
-Request: generate ONE valid input for the task '{task}'. It will be passed to another language agent. The input may be easy, intermediate, hard or noisy: it should stress-test the agent.
-
-Details: copy the template between [Start Generation] and [End Generation] (without these tags) and fill in its {} placeholders.
-[Start Generation]
-{template}
-[End Generation]
-
-Final remarks: do not write the output, hints or anything that gives it away. Do not ask for actions a language agent cannot perform. Stop as soon as the template is filled. Follow the template strictly, unless the task and template are None or empty: then use your best judgement.""",
-    "short": "Write one {task} problem like {template}",
-}
-"""Named challenger prompts: ``lsp`` paraphrases the paper's Box 1; ``short`` suits built-in char models."""
-
-
-@dataclasses.dataclass
-class SelfPlayConfig(TrainConfig):
-    variant: Literal["lsp_zero", "lsp"] = field("lsp", "lsp_zero: zero-sum game on R; lsp: both roles also get the reference model's quality score R_Q")
-    task: str = field("", "challenger prompt parameter {task} (empty: None, general instruction following)")
-    template: str = field("", "challenger prompt parameter {template}: the form of a query, {} marks a slot (empty: None)")
-    challenger_prompt: str = field("lsp", "'lsp' (the paper's Box 1, paraphrased), 'short' (one line), or your own text with {task}/{template}")
-    verifier: Literal["none", "arithmetic"] = field("none", "none: any non-empty query; arithmetic: a query must be a problem like 12+34=, its answer is computed")
-    query_args: dict = field({}, "limits of a verifiable query (arithmetic: max_digits, max_operands, ops, negative)")
-    rewards: list[str] = field([], "R(q, a): reward specs (a reward model, 'task' with a verifier, module:function)")
-    reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
-    reward_kwargs: dict = field({}, "options per reward name")
-    on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the step or stops the run")
-    queries_per_step: int = field(8, "N: queries the Challenger writes per step (paper: 8)")
-    answers_per_query: int = field(4, "G: Solver answers per query (not given in the paper)")
-    challenger_max_new_tokens: int = field(64, "query length cap in tokens")
-    solver_max_new_tokens: int = field(128, "answer length cap in tokens")
-    temperature: float = field(1.0, "sampling temperature of both roles")
-    top_p: float = field(1.0, "nucleus sampling")
-    top_k: int = field(0, "top-k sampling (0: off)")
-    challenger_coef: float = field(1.0, "alpha_Ch: weight of the Challenger loss (not given in the paper)")
-    kl_coef: float = field(0.05, "beta: weight of the per-token KL to the frozen reference, both roles (paper: 0.05)")
-    kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator (k3: TRL's)")
-    solver_baseline: Literal["total", "task"] = field("total", "Solver baseline: mean of r+R_Q (total) or of r only (task)")
-    adv_scale: Literal["none", "std"] = field("none", "none (paper); std: divide by the group std (Solver) and batch std (Challenger)")
-    loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] = field("token_mean", "loss aggregation within each role")
-    tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off)")
-    malformed_reward: float = field(-1.0, "Challenger reward of a malformed query (a valid one earns -V(q) [+V_Q(q)])")
-    self_reward_weight: float = field(1.0, "lsp: R_Q is multiplied by this before it is added (paper: 1)")
-    self_reward_fallback: float = field(0.0, "lsp: R_Q of a judgement without a parseable <Score> (counted and logged)")
-    judge_prompt: str = field("lsp", "lsp: the paper's 7-point prompt (Box 3, paraphrased), or your text with {instruction}/{response}")
-    judge_max_new_tokens: int = field(256, "lsp: length cap of the judge's reasoning and score")
-    warm_start_steps: int = field(0, "SFT steps on both roles' formats before self-play (0: none; for built-in models)")
-    warm_start_dataset: str = field("task:arithmetic", "built-in task whose train rows teach the formats: prompt = problem, completion = answer")
-    warm_start_task_args: list[dict] = field([{}], "one task_args dict per problem family mixed into the warm start")
-    warm_start_rows: int = field(2000, "rows per problem family")
-    warm_start_lr: float = field(3e-3, "warm-start peak lr (cosine)")
-    warm_start_batch_size: int = field(64, "warm-start examples per step")
-    eval_dataset: str | None = field(None, "held-out Solver accuracy: a built-in task (test split), e.g. task:arithmetic")
-    eval_task_args: dict = field({}, "task_args of eval_dataset")
-    eval_rows: int = field(200, "held-out problems")
-    lr: float = field(3e-6, "peak learning rate (paper: 3e-6 for a 3B model)")
-    warmup_steps: int = field(0, "linear warmup (optimizer steps)")
-    lr_schedule: Literal["cosine", "linear", "constant"] = field("constant", "decay after warmup")
-    sample_every: int = field(10, "log num_samples queries with their answers and rewards every N steps")
-    output_dir: str = field("runs/selfplay", "run directory")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("queries_per_step", "answers_per_query", "challenger_max_new_tokens", "solver_max_new_tokens",
-                     "judge_max_new_tokens", "warm_start_batch_size", "sample_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
-        for name in ("kl_coef", "challenger_coef", "warm_start_steps", "self_reward_weight"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
-        if not self.rewards:
-            raise ConfigError("selfplay needs R(q, a): set rewards=[...] (a reward model, a 'module.path:function'), "
-                              "or verifier=arithmetic with rewards=[task] for the verifiable variant.")
-        if "task" in self.rewards and self.verifier == "none":
-            raise ConfigError("The 'task' reward needs each query's true answer, which only a verifier computes: "
-                              "set verifier=arithmetic, or use another reward (e.g. a reward model).")
-        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
-            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards.")
-        if self.adv_scale == "std" and (self.answers_per_query < 2 or self.queries_per_step < 2):
-            raise ConfigError("adv_scale=std needs answers_per_query >= 2 and queries_per_step >= 2 "
-                              "(the std of one value is undefined).")
-        placeholders = set(re.findall(r"\{\w+\}", self.judge_prompt))
-        if self.judge_prompt != "lsp" and not {"{instruction}", "{response}"} <= placeholders:
-            raise ConfigError("judge_prompt must be 'lsp' or a text containing {instruction} and {response}.")
-        try:
-            inspect.signature(QUERY_CHECKERS[self.verifier]).bind("query", **self.query_args)
-        except TypeError as exc:
-            raise ConfigError(f"query_args {self.query_args} do not fit verifier={self.verifier}: {exc}. Its options: "
-                              f"{list(inspect.signature(QUERY_CHECKERS[self.verifier]).parameters)[1:]}.") from exc
-
-
-# ----------------------------------------------------------------------------- the environment
-
-
-@dataclasses.dataclass(frozen=True)
-class Query:
-    """A valid Challenger query: what the Solver sees, the reward columns it comes with, numbers to log."""
-
-    text: str
-    columns: dict[str, Any]
-    stats: dict[str, float]
-
-
-def open_query(text: str) -> Query | None:
-    """Any non-empty text is a query (generation tags the model copied are removed)."""
-    text = text.replace("[Start Generation]", "").replace("[End Generation]", "").strip()
-    return Query(text, {}, {}) if text else None
-
-
-def arithmetic_query(text: str, max_digits: int = 3, max_operands: int = 3, ops: str = "+-",
-                     negative: bool = True) -> Query | None:
-    """An integer expression such as ``12+34=`` (spaces and the final ``=`` optional), or None.
-
-    Operands: 2..max_operands non-negative integers of at most max_digits digits, no leading zeros;
-    operators among ``ops``; no parentheses or unary minus; the value must be an integer (exact
-    division). The answer comes from ``lmrl.data.tasks.expr.evaluate`` (an ast whitelist).
-    """
-    expr = text.strip().removesuffix("=").replace(" ", "")
-    if not re.fullmatch(r"[0-9+\-*/]+", expr):
-        return None
-    numbers = re.findall(r"\d+", expr)
-    bad_number = any(len(x) > max_digits or (len(x) > 1 and x[0] == "0") for x in numbers)  # too long, leading 0
-    if not 2 <= len(numbers) <= max_operands or bad_number:
-        return None
-    result = evaluate_expression(expr, ops)
-    if result is None or result[0].denominator != 1 or (result[0] < 0 and not negative):
-        return None
-    stats = {"operands": float(len(numbers)), "max_digits": float(max(map(len, numbers)))}
-    return Query(expr + "=", {"task": "arithmetic", "answer": str(int(result[0])), "meta": {"expression": expr}}, stats)
-
-
-QUERY_CHECKERS: dict[str, Callable[..., Query | None]] = {"none": open_query, "arithmetic": arithmetic_query}
-
-
-def challenger_text(config: SelfPlayConfig) -> str:
-    """The challenger prompt <cp> with {task} and {template} filled in (empty means None, as in the paper)."""
-    prompt = CHALLENGER_PROMPTS.get(config.challenger_prompt, config.challenger_prompt)
-    return prompt.replace("{task}", config.task or "None").replace("{template}", config.template or "None")
-
-
-def query_metrics(batch: RolloutBatch, queries: list[Query | None]) -> dict[str, float]:
-    """Degeneration watch: malformed share, truncation, diversity and length of the Challenger's queries."""
-    texts = [t.strip() for t in batch.completions]
-    grams = [t[i : i + 3] for t in texts for i in range(max(0, len(t) - 2))]
-    valid = [q for q in queries if q is not None]
-    metrics = {"challenger/malformed_frac": 1 - len(valid) / len(queries),
-               "challenger/truncated_frac": batch.truncated.float().mean().item(),
-               "challenger/distinct_frac": len(set(texts)) / len(texts),
-               "challenger/distinct_3gram_frac": len(set(grams)) / max(1, len(grams)),
-               "challenger/query_len": sum(map(len, texts)) / len(texts)}
-    for key in valid[0].stats if valid else ():
-        metrics[f"challenger/{key}_mean"] = sum(q.stats[key] for q in valid) / len(valid)
-    return metrics
-
+from lmrl.trainers.selfplay_config import SelfPlayConfig
+from lmrl.trainers.selfplay_env import (  # noqa: F401 - re-exported
+    QUERY_CHECKERS,
+    Query,
+    arithmetic_query,
+    challenger_text,
+    open_query,
+    query_metrics,
+)
+from lmrl.trainers.selfplay_start import (
+    reference_model,
+    warm_start,
+    warm_start_examples,
+)
 
 # ----------------------------------------------------------------------------- learning
 
@@ -347,30 +204,7 @@ def log_samples(tracker, step, challenger, queries, solver, rewards, adv, config
     tracker.log_samples(step, rows, "self-play queries and first answers")
 
 
-# ----------------------------------------------------------------------------- warm start, eval, the loop
-
-
-def warm_start(model, tokenizer, config: SelfPlayConfig, dtype, tracker) -> dict[str, float]:
-    """SFT on both roles' formats: (<cp> -> problem) and (problem -> answer), from built-in task train rows."""
-    rows = [r for args in config.warm_start_task_args
-            for r in load_rows(config.warm_start_dataset, split="train", limit=config.warm_start_rows, **args)]
-    cp = challenger_text(config)
-    pairs = [{"prompt": cp, "completion": r["prompt"]} for r in rows] + \
-            [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]
-    examples, _ = build_sft_examples(pairs, tokenizer, max_length=1024, overlong="drop", where="warm start")
-    wconfig = dataclasses.replace(config, lr=config.warm_start_lr, max_steps=config.warm_start_steps,
-                                  warmup_steps=min(10, config.warm_start_steps // 10), lr_schedule="cosine")
-    optimizer = common.build_optimizer(model, wconfig)
-    scheduler = common.build_scheduler(optimizer, wconfig)
-    model.train()
-    for step in range(1, config.warm_start_steps + 1):
-        indices = common.epoch_batch_indices(len(examples), config.warm_start_batch_size, step, config.seed)
-        batch = [examples[i] for i in indices]
-        stats = sft_train_step(model, batch, tokenizer.pad_token_id, 1, dtype, step)
-        common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
-        if step % 50 == 0 or step == config.warm_start_steps:
-            tracker.print(f"warm start {step}/{config.warm_start_steps}: loss {stats['loss']:.4f}")
-    return {"warm_start/loss": stats["loss"], "warm_start/examples": float(len(examples))}
+# ----------------------------------------------------------------------------- held-out evaluation
 
 
 @torch.no_grad()
@@ -403,78 +237,74 @@ def evaluate(model, tokenizer, eval_rows, config: SelfPlayConfig, dtype) -> tupl
     return {"eval/accuracy": metrics["accuracy"], "eval/answer_prob": prob}, samples
 
 
-def reference_model(model, tokenizer, run, config: SelfPlayConfig):
-    """The frozen pi_Ref: the policy at the start of self-play (saved in output_dir/reference after a warm start)."""
-    path = Path(run.dir) / "reference"
-    if run.checkpoint and config.warm_start_steps:
-        if not path.is_dir():
-            raise FileNotFoundError(f"Resuming {run.dir} needs its reference model in {path}, which is missing. "
-                                    "Start a fresh run (overwrite=true).")
-        ref = load_model(str(path), tokenizer)
-    elif run.checkpoint:
-        ref = load_model(config.model, tokenizer, seed=config.seed, model_args=config.model_args)
-    else:
-        ref = copy.deepcopy(model)
-        if config.warm_start_steps:  # a loadable model dir: model=<run>/reference starts a run from the warm start
-            ref.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-    return ref.eval().requires_grad_(False)
+# ----------------------------------------------------------------------------- the method
+
+
+class SelfPlay:
+    """The self-play method for `loop.run`: one step is `selfplay_step` (both roles, one optimizer step).
+
+    Set up in two parts. The constructor loads all that can fail on bad input (policy, rewards, held-out and
+    warm-start data), before the run directory exists; `start(run)` then runs the warm start on a fresh run and
+    builds what depends on it: the reference model (the policy at the start of self-play) and the judge that uses it.
+    """
+
+    def __init__(self, config: SelfPlayConfig, setup: ModelSetup):
+        self.config, self.setup = config, setup
+        self.model, self.tokenizer = setup.policy()
+        self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
+                                    config.on_reward_error)
+        self.eval_rows = load_rows(config.eval_dataset, split="test", limit=config.eval_rows,
+                                   **config.eval_task_args) if config.eval_dataset else []
+        self.warm_start_data = warm_start_examples(config, self.tokenizer) if config.warm_start_steps else []
+        self.optimizer = common.build_optimizer(self.model, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config)
+        self.initial_metrics: dict[str, float] = {}  # the warm start's, logged at step 0
+
+    def start(self, run: common.Run) -> None:
+        """Warm start (a fresh run only), reference model, self-reward judge, and the parts a step uses."""
+        config, dtype, tokenizer = self.config, self.setup.dtype, self.tokenizer
+        if not run.checkpoint and config.warm_start_steps:
+            self.initial_metrics = warm_start(self.model, tokenizer, self.warm_start_data, config, dtype, run.tracker)
+        self.warm_start_data = []
+        needs_ref = config.kl_coef > 0 or config.variant == "lsp"
+        ref_model = reference_model(self.setup, self.model, tokenizer, run, config) if needs_ref else None
+        judge_set = None
+        if config.variant == "lsp":
+            judge = SelfReward(ref_model, tokenizer, fallback=config.self_reward_fallback, autocast_dtype=dtype,
+                               template=QUALITY_PROMPT if config.judge_prompt == "lsp" else config.judge_prompt,
+                               max_new_tokens=config.judge_max_new_tokens)
+            judge_set = RewardSet([judge], on_reward_error=config.on_reward_error)
+        cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
+        self.parts = Parts(self.model, tokenizer, ref_model, HFEngine(self.model, tokenizer, autocast_dtype=dtype),
+                           self.reward_set, judge_set,
+                           lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args), cp_ids,
+                           self.optimizer, self.scheduler)
+
+    def step(self, step: int) -> dict[str, float]:
+        return selfplay_step(self.parts, self.config, self.setup.dtype, step, self.tracker)
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def train(config: SelfPlayConfig) -> dict[str, float]:
-    """Run self-play end to end; returns the final metrics (with ``initial/eval/accuracy`` when evaluated)."""
-    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed, config.model_args)
-    reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
-    eval_rows = load_rows(config.eval_dataset, split="test", limit=config.eval_rows, **config.eval_task_args) \
-        if config.eval_dataset else []
+    """Run self-play end to end; returns the final metrics (with ``initial/eval/accuracy`` when evaluated and the
+    warm start's ``warm_start/loss``)."""
+    setup = ModelSetup.from_config(config)
+    method = SelfPlay(config, setup)
     run = common.start_run(config, f"selfplay {config.variant}")
-    tracker, dtype = run.tracker, autocast_dtype(config.precision)
-    initial: dict[str, float] = {}
-    if not run.checkpoint and config.warm_start_steps:
-        initial.update(warm_start(model, tokenizer, config, dtype, tracker))
-    needs_ref = config.kl_coef > 0 or config.variant == "lsp"
-    ref_model = reference_model(model, tokenizer, run, config) if needs_ref else None
-    optimizer = common.build_optimizer(model, config)
-    scheduler = common.build_scheduler(optimizer, config)
-    judge_set = None
-    if config.variant == "lsp":
-        judge = SelfReward(ref_model, tokenizer, fallback=config.self_reward_fallback, autocast_dtype=dtype,
-                           template=QUALITY_PROMPT if config.judge_prompt == "lsp" else config.judge_prompt,
-                           max_new_tokens=config.judge_max_new_tokens)
-        judge_set = RewardSet([judge], on_reward_error=config.on_reward_error)
-    cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
-    tracker.print(f"selfplay {config.variant}: {count_parameters(model) / 1e6:.2f}M params, "
-                  f"{config.queries_per_step} queries x {config.answers_per_query} answers/step, run dir {run.dir}")
-    if run.checkpoint:
-        initial = common.restore_checkpoint(run.checkpoint, model, optimizer, scheduler).get("initial", {})
-    else:
-        metrics, samples = evaluate(model, tokenizer, eval_rows, config, dtype)
-        initial.update({f"initial/{k}": v for k, v in metrics.items()})
-        tracker.log(0, {**metrics, **{k: v for k, v in initial.items() if k.startswith("warm_start/")}})
-        tracker.log_samples(0, samples, "held-out samples")
-    parts = Parts(model, tokenizer, ref_model, HFEngine(model, tokenizer, autocast_dtype=dtype), reward_set, judge_set,
-                  lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args), cp_ids, optimizer, scheduler)
+    run.tracker.print(f"selfplay {config.variant}: {count_parameters(method.model) / 1e6:.2f}M params, "
+                      f"{config.queries_per_step} queries x {config.answers_per_query} answers/step, "
+                      f"precision={setup.precision_name}, run dir {run.dir}")
     try:
-        for step in range(run.start_step + 1, config.max_steps + 1):
-            metrics = selfplay_step(parts, config, dtype, step, tracker)
-            if step % config.log_every == 0 or step == config.max_steps or step == 1:
-                tracker.log(step, metrics)
-            else:
-                tracker.advance(step)
-            if common.is_due(step, config.eval_every, config.max_steps):
-                tracker.log(step, evaluate(model, tokenizer, eval_rows, config, dtype)[0])
-            if common.is_due(step, config.save_every, config.max_steps):
-                common.save_checkpoint(run, step, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                                       config.keep_checkpoints)
-    except common.TrainingDiverged:
-        tracker.close()
+        method.start(run)
+    except BaseException:  # a failed or interrupted warm start: stop the progress bar
+        run.tracker.close()
         raise
-    final, samples = evaluate(model, tokenizer, eval_rows, config, dtype)
-    tracker.log(config.max_steps, final)
-    tracker.log_samples(config.max_steps, samples, "held-out samples")
-    common.save_checkpoint(run, config.max_steps, model, tokenizer, optimizer, scheduler, {"initial": initial},
-                           config.keep_checkpoints)
-    final_dir = common.save_final(run, model, tokenizer)
-    tracker.close()
-    tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'}")
-    return {**initial, **final}
+    return loop.run(config, method, run)

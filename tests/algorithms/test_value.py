@@ -66,3 +66,34 @@ def test_value_loss_bad_input():
         value_loss(_values(), OLD, RET[:, :2], MASK)
     with pytest.raises(ValueError, match="aggregation mode"):
         value_loss(_values(), OLD, RET, MASK, agg="mean")
+
+
+def test_value_loss_inside_band_is_exactly_unclipped():
+    # float32 values near 0 with |v - old| < clip on every token: v - old is inexact when
+    # v and old differ in sign or exponent, so old + (v - old) rounds off v on about a third
+    # of the tokens and the old formula gave vf_clip_frac 0.108. Clamping v keeps v_clip == v.
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(64, 32, generator=g) * 0.03
+    v = torch.randn(64, 32, generator=g) * 0.03
+    ret = torch.randn(64, 32, generator=g) * 0.03
+    mask = torch.ones(64, 32)
+    assert float((v - old).abs().max()) < 0.2
+    loss, stats = value_loss(v, old, ret, mask, clip=0.2)
+    plain, _ = value_loss(v, old, ret, mask, clip=None)
+    assert stats["vf_clip_frac"] == 0.0
+    assert loss.item() == plain.item()
+
+
+def test_value_loss_clip_frac_hand_values():
+    # clip 0.5, token_mean, v_clip = clamp(v, old - 0.5, old + 0.5), per token 0.5 max(err, err_c):
+    # v=100.25, old=100, G=99:  inside the band, v_clip = v; err = err_c 1.5625 -> 0.78125 (not clipped)
+    # v=101,    old=100, G=99:  v_clip 100.5; err 4, err_c 2.25 -> 2       (not clipped)
+    # v=99,     old=100, G=98:  v_clip 99.5;  err 1, err_c 2.25 -> 1.125   (clipped)
+    # v=101,    old=100, G=102: v_clip 100.5; err 1, err_c 2.25 -> 1.125   (clipped)
+    # token_mean (0.78125 + 2 + 1.125 + 1.125)/4 = 1.2578125; clip frac 2/4
+    v = torch.tensor([[100.25, 101.0, 99.0, 101.0]])
+    old = torch.tensor([[100.0, 100.0, 100.0, 100.0]])
+    ret = torch.tensor([[99.0, 99.0, 98.0, 102.0]])
+    loss, stats = value_loss(v, old, ret, torch.ones(1, 4), clip=0.5, agg="token_mean")
+    assert stats["vf_clip_frac"] == 0.5
+    assert loss.item() == 1.2578125

@@ -71,6 +71,51 @@ def raises_on_boom(prompts, completions, **kwargs):
     return [1.0 / ("boom" not in c) for c in completions]  # ZeroDivisionError on "boom"
 
 
+def trl_style(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def reads_answer(completions, answer, **kw):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+def test_functions_are_called_with_keywords():
+    # TRL-style (no prompts), a column by name, and lmrl's (prompts, completions, **columns)
+    rs = RewardSet([trl_style, reads_answer, ones_zeros])
+    _, components, _ = rs.compute(PROMPTS, COMPLETIONS, answer=["c0", "x", "boom", "y"], truncated=[False] * 4)
+    assert components["trl_style"].tolist() == [2.0, 2.0, 4.0, 2.0]
+    assert components["reads_answer"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert components["ones_zeros"].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_user_function_by_spec_gets_keywords(tmp_path, monkeypatch):
+    (tmp_path / "zz_trl_rewards.py").write_text(
+        "def brevity(completions, **kwargs):\n"
+        "    return [1.0 / (1 + len(c)) for c in completions]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rs = RewardSet(["zz_trl_rewards:brevity"])
+    # 1/(1+len): "abc" -> 1/4, "" -> 1
+    assert rs.compute(["q", "q"], ["abc", ""]).components["brevity"].tolist() == [0.25, 1.0]
+
+
+@pytest.mark.parametrize(
+    "fn, says",
+    [
+        (lambda p, c: [0.0] * len(c), "missing a required argument: 'p'"),
+        (reads_answer, "missing a required argument: 'answer'"),
+    ],
+)
+def test_a_function_that_cannot_take_the_keywords_is_a_config_error(fn, says):
+    with pytest.raises(RewardError) as info:
+        RewardSet([fn]).compute(PROMPTS, COMPLETIONS, truncated=[False] * 4)
+    err = info.value
+    assert err.config_error and not err.skippable and err.sample_index is None
+    msg = str(err)
+    assert says in msg and "prompts=..., completions=..." in msg and "a column (truncated)" in msg
+    assert len(msg.splitlines()) <= 8
+
+
 def test_a_raising_function_is_reported_with_its_name_and_sample():
     rs = RewardSet([ones_zeros, raises_on_boom])
     with pytest.raises(RewardError) as info:
@@ -81,7 +126,8 @@ def test_a_raising_function_is_reported_with_its_name_and_sample():
     assert (err.prompt, err.completion) == ("p2", "boom")
     msg = str(err)
     assert "'raises_on_boom'" in msg and "sample 2 of 4" in msg and "ZeroDivisionError" in msg
-    assert "'p2'" in msg and "'boom'" in msg and "skipped" in msg and "\n" not in msg
+    assert "prompt: 'p2'" in msg and "completion: 'boom'" in msg and "skipped" in msg
+    assert len(msg.splitlines()) <= 8
     assert rs.errors == 1
     # The counter shows up in the metrics of the next successful step.
     ok = RewardSet([ones_zeros])
@@ -112,9 +158,23 @@ def test_wrong_length_without_a_culprit_sample():
         return [0.0]
 
     with pytest.raises(RewardError, match="returned 1 values for 4 completions") as info:
-        RewardSet([always_one]).compute(PROMPTS, COMPLETIONS)
+        RewardSet([always_one], on_reward_error="stop").compute(PROMPTS, COMPLETIONS)
     assert info.value.sample_index is None
-    assert "no single sample reproduces it" in str(info.value)
+    msg = str(info.value)
+    assert "no single sample reproduces it" in msg and "'always_one'" in msg
+    assert "Fix: return one finite float per completion" in msg and "run stops" in msg
+    assert len(msg.splitlines()) <= 8
+
+
+def test_long_exception_text_keeps_the_message_short():
+    def fn(prompts, completions, **kwargs):
+        raise ValueError("line\n" * 200)
+
+    with pytest.raises(RewardError) as info:
+        RewardSet([fn]).compute(["p" * 5000] * 2, ["c" * 5000] * 2)
+    msg = str(info.value)
+    assert len(msg.splitlines()) <= 8 and len(msg) < 1200, msg
+    assert "'fn' failed on sample 0 of 2" in msg and "ValueError: line line" in msg and "more chars" in msg
 
 
 @pytest.mark.parametrize(
@@ -161,7 +221,8 @@ def test_long_texts_are_truncated_in_the_message():
 
     with pytest.raises(RewardError) as info:
         RewardSet([fn]).compute([long], [long])
-    assert "800 more chars" in str(info.value) and long not in str(info.value)
+    assert "900 more chars" in str(info.value) and "x" * 101 not in str(info.value)  # cut to 100 chars
+    assert len(str(info.value).splitlines()) <= 8
     assert info.value.completion == long  # the attribute keeps the full text
 
 

@@ -1,6 +1,7 @@
 """Online DPO: pair selection by hand, judge labelling, exact sampled tokens, a step moves the policy and not
-π_ref, a random judge's failures are counted and skip the step, resume is exact, a short seeded run raises the
-label reward, and bad configs fail at start-up."""
+π_ref, a random judge's failures are counted and skip the step, top_k reaches the sampler, on_reward_error skips or
+stops, resume is exact, a short seeded run raises the label reward, and bad configs and bad input (rewards, judge,
+data) fail at start-up, before the run directory is opened."""
 
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import torch
 
 from lmrl.config import ConfigError, load_config
 from lmrl.data import preference as prefs
+from lmrl.models.setup import ModelSetup
+from lmrl.rewards import RewardError
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import online_dpo, preference
 
@@ -43,8 +46,7 @@ def test_judge_pairs_by_hand():
 
 
 def make_parts(cfg):
-    model, tok = online_dpo.load_model_and_tokenizer(cfg.model, cfg.tokenizer, cfg.seed, cfg.model_args)
-    return online_dpo.build_parts(cfg, model, tok, None)
+    return online_dpo.OnlineDPO(cfg, ModelSetup.from_config(cfg)).parts
 
 
 class Quiet:
@@ -194,11 +196,44 @@ def test_short_seeded_run_raises_the_label_reward(tmp_path):
     (["judge=builtin:tiny", "loss=odpo"], "label scores"),
     (["reward_weights=[1.0, 2.0]"], "one weight per reward"),
     (["judge=builtin:tiny", "judge_args.swapp=false"], "unknown options"),
-    (["temperature=0"], "temperature must be > 0"),
+    (["temperature=0"], "'temperature' must be > 0"),
+    (["top_p=0"], "'top_p' must be in"),
+    (["on_reward_error=ignore"], "'on_reward_error' must be one of"),
 ])
 def test_bad_online_config_fails_at_start_up(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         config(tmp_path, *overrides)
+
+
+def test_top_k_reaches_the_sampler(tmp_path):
+    # top_k=1 keeps only the most likely token: the K samples of a prompt are the same completion, so every prompt
+    # is a tie and the step has no pair
+    cfg = config(tmp_path, "samples_per_prompt=3", "top_k=1")
+    parts = make_parts(cfg)
+    rows = online_dpo.load_online_data(cfg, parts.tokenizer)[0][:4]
+    batch, _ = online_dpo.sample(parts, rows, cfg, step=1)
+    groups = [batch.completions[i : i + 3] for i in range(0, 12, 3)]
+    assert all(len(set(g)) == 1 for g in groups), groups
+    assert online_dpo.label(parts, batch, rows, cfg)[2]["label/tie_frac"] == 1.0
+
+
+@pytest.mark.parametrize("policy", ["skip", "stop"])
+def test_on_reward_error_skips_the_step_or_stops(tmp_path, policy):
+    cfg = config(tmp_path, f"on_reward_error={policy}")
+    parts = make_parts(cfg)
+    rows = online_dpo.load_online_data(cfg, parts.tokenizer)[0][:4]
+
+    def broken(prompts, completions, **columns):
+        raise ZeroDivisionError("boom")
+
+    parts.reward_set.fns[0] = broken
+    before = {k: v.clone() for k, v in parts.model.state_dict().items()}
+    if policy == "stop":
+        with pytest.raises(RewardError, match="boom"):
+            online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet())
+    else:
+        assert online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet()) == {"reward/errors": 1.0}
+    assert all(torch.equal(before[k], v) for k, v in parts.model.state_dict().items())  # no update either way
 
 
 def test_prompt_column_is_required(tmp_path):
@@ -207,4 +242,22 @@ def test_prompt_column_is_required(tmp_path):
                     '"rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no"}]}\n')
     cfg = config(tmp_path, f"dataset={data}", "data_args={}", "train_rows=null")
     with pytest.raises(ValueError, match="'prompt' column"):
-        online_dpo.load_online_data(cfg, online_dpo.load_model_and_tokenizer(cfg.model)[1])
+        preference.train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (["rewards=[no_such_reward]"], ValueError, "no_such_reward"),
+    (["reward_kwargs.task.x=1"], ValueError, "not in `rewards`"),
+    (["reward_kwargs.gold.no_such_option=1"], ValueError, "no_such_option"),
+    (["rewards=[]", "judge=/no/such/judge"], FileNotFoundError, "does not exist"),
+    (["judge=builtin:tiny", "judge_args.max_new_tokens=0"], ValueError, "max_new_tokens >= 1"),
+    (["judge=builtin:tiny", "judge_args.prompt=no placeholders"], ValueError, "answer_a"),
+    (["ref_model=/no/such/model"], FileNotFoundError, "does not exist"),
+])
+def test_bad_rewards_judge_or_reference_fail_before_the_run_starts(tmp_path, overrides, error, message):
+    # these used to be caught only after the run directory was opened (rewards, judge and reference were built
+    # after `start_run`); now the method's construction fails before it
+    with pytest.raises(error, match=message):
+        preference.train(config(tmp_path, *overrides))
+    assert not (tmp_path / "run").exists()

@@ -13,7 +13,7 @@ from lmrl.data import preference as prefs
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import preference, sft
+from lmrl.trainers import dpo_common, dpo_config, preference, sft
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]
@@ -36,7 +36,7 @@ def tok():
 def test_sequence_logps_match_a_direct_computation(tok):
     model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS).eval()
     seqs = [prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "12+34=", "the answer is 46")]
-    logps, lengths = preference.sequence_logps(model, seqs, tok.pad_token_id, None)
+    logps, lengths = dpo_common.sequence_logps(model, seqs, tok.pad_token_id, None)
     for s, got, n in zip(seqs, logps, lengths):
         ids = torch.tensor([s.prompt_ids + s.completion_ids])
         logits = model(input_ids=ids).logits[0]  # (L, V), no padding at all
@@ -97,7 +97,7 @@ def test_resume_reuses_the_reference_cache(tmp_path, monkeypatch):
 
 def test_reference_fingerprint_follows_weights_precision_and_tokens(tok):
     model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS)
-    examples = [preference.Example((prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "1+1=", "3")))]
+    examples = [dpo_common.Example((prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "1+1=", "3")))]
     key = preference.fingerprint(model, "fp32", examples, [])
     assert preference.fingerprint(load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS), "fp32", examples,
                                   []) == key
@@ -110,7 +110,7 @@ def test_reference_fingerprint_follows_weights_precision_and_tokens(tok):
 def test_kto_balance_warning(tmp_path):
     printed = []
     tracker = type("T", (), {"print": lambda self, msg: printed.append(msg)})()
-    examples = [preference.Example((None, None), label) for label in (1, 0, 0, 0)]
+    examples = [dpo_common.Example((None, None), label) for label in (1, 0, 0, 0)]
     preference.check_kto_balance(examples, config(tmp_path, "loss=kto"), tracker)
     assert "λD·nD / (λU·nU) = 0.33 with 1 desirable and 3 undesirable" in printed[0]
     preference.check_kto_balance(examples, config(tmp_path, "loss=kto", "loss_args.lambda_d=3.5"), tracker)
@@ -124,24 +124,24 @@ def test_every_registered_loss_trains(tmp_path, loss):
     steps = [r for r in read_jsonl(Path(cfg.output_dir) / "metrics.jsonl") if "loss" in r]
     assert len(steps) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
     assert torch.isfinite(torch.tensor(result["eval/loss"]))
-    assert (Path(cfg.output_dir) / preference.REF_CACHE).exists() == (loss not in preference.REFERENCE_FREE)
+    assert (Path(cfg.output_dir) / preference.REF_CACHE).exists() == (loss not in dpo_config.REFERENCE_FREE)
 
 
 def test_kto_builds_unpaired_examples_from_pairs_and_files(tmp_path, tok):
     cfg = config(tmp_path, "loss=kto")
     rows = prefs.preference_rows(6, digits=1)
-    examples, _ = preference.build_examples(rows, tok, cfg, "rows")
+    examples, _ = dpo_common.build_examples(rows, tok, cfg, "rows")
     assert [e.label for e in examples] == [1, 0] * 6  # each pair: chosen desirable, rejected undesirable
     for e, (row, label) in zip(examples, [(r, k) for r in rows for k in ("chosen", "rejected")]):
         assert e.seqs[0] == prefs.tokenize(tok, row["prompt"], row[label])
         assert e.seqs[1].prompt_ids == e.seqs[0].prompt_ids  # z0 pair: same prompt ...
         assert e.seqs[1].completion_ids != e.seqs[0].completion_ids  # ... with another prompt's completion
     unpaired = [{"prompt": "1+1=", "completion": "2", "label": True}, {"prompt": "2+2=", "completion": "5", "label": 0}]
-    examples, _ = preference.build_examples(unpaired, tok, cfg, "rows")
+    examples, _ = dpo_common.build_examples(unpaired, tok, cfg, "rows")
     assert [e.label for e in examples] == [1, 0]
     assert examples[0].seqs[1] == prefs.tokenize(tok, "1+1=", "5")
     with pytest.raises(ValueError, match="two different prompts"):
-        preference.build_examples(unpaired[:1], tok, cfg, "rows")
+        dpo_common.build_examples(unpaired[:1], tok, cfg, "rows")
 
 
 def test_bco_keeps_a_running_mean_of_implicit_rewards(tmp_path):
@@ -206,6 +206,14 @@ def test_bad_input_fails_before_training(tmp_path, rows, overrides, message):
     with pytest.raises(ValueError, match=message):
         preference.train(cfg)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_bad_reference_model_fails_before_the_run_starts(tmp_path):
+    # the reference used to be loaded after the run directory was opened; now the method's construction fails
+    for precompute in ("true", "false"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            preference.train(config(tmp_path, *SMALL_RUN, "ref_model=/no/such/model", f"precompute_ref={precompute}"))
+        assert not (tmp_path / "run").exists()
 
 
 def test_bad_config():

@@ -208,7 +208,7 @@ def test_short_avatarl_run_lowers_validation_ce(tmp_path, corpus, critic_dir):
     assert [r["step"] for r in evals] == [0, 20, 40]
     assert all(0 < r["val/entropy"] <= math.log(VOCAB) + 1e-6 for r in evals)
     train_logs = [r for r in records if "loss" in r]
-    assert [r["step"] for r in train_logs] == list(range(5, 41, 5))
+    assert [r["step"] for r in train_logs] == [1, *range(5, 41, 5)]  # the first step, then every log_every
     for key in ("avatarl/gold_reward", "avatarl/reward_mean", "avatarl/expected_reward", "avatarl/rewarded_per_position", "avatarl/active_size",
                 "train/ce", "lr", "tokens_per_s", "grad_norm"):
         assert all(key in r for r in train_logs), key

@@ -275,6 +275,8 @@ def test_resume_continues_exactly(tmp_path):
     cfg = config(tmp_path, *args)
     reward.train(cfg)
     full = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
+    samples = read_jsonl(Path(cfg.output_dir) / "samples.jsonl")  # scored held-out rows at every evaluation
+    assert [r["step"] for r in samples] == [0] * 4 + [3] * 4 + [6] * 4 and "reward_chosen" in samples[0]
     shutil.rmtree(Path(cfg.output_dir) / "checkpoints" / "step-6")  # as if killed after step 5
     reward.train(config(tmp_path, *args, "resume=true"))
     resumed = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")

@@ -105,6 +105,23 @@ def test_bad_config_fails_at_start_up(tmp_path, overrides, message):
         sp_config(tmp_path, *overrides)
 
 
+
+@pytest.mark.parametrize("overrides, message", [
+    (["verifier=none", "rewards=[no_such_reward]"], "no_such_reward"),
+    (["warm_start_steps=2", "warm_start_task_args=[{digitz: 1}]"], "digitz"),
+    (["eval_dataset=task:no_such_task"], "no_such_task"),
+])
+def test_bad_input_fails_before_the_run_directory_and_any_model_call(tmp_path, monkeypatch, overrides, message):
+    def fail(*args, **kwargs):
+        raise AssertionError("the warm start or a self-play step ran before the bad input was refused")
+
+    monkeypatch.setattr(selfplay, "warm_start", fail)
+    monkeypatch.setattr(selfplay, "selfplay_step", fail)
+    with pytest.raises(ValueError, match=message):
+        selfplay.train(sp_config(tmp_path, *overrides))
+    assert not (tmp_path / "run").exists()
+
+
 # ----------------------------------------------------------------------------- runs
 
 
