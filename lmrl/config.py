@@ -257,8 +257,9 @@ def load_config(cls: type[T], recipe: str | None = None, overrides: typing.Seque
             raise ConfigError(f"Recipe {path} is not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"Recipe {path} must be a YAML mapping of config keys, got {type(loaded).__name__}.")
-        data = loaded
-    data = _merge(data, parse_overrides(overrides))
+        data = resolve_aliases(cls, loaded)
+    # aliases resolved per layer, so `num_generations=4` on the command line overrides a recipe's samples_per_prompt
+    data = _merge(data, resolve_aliases(cls, parse_overrides(overrides)))
     return from_dict(cls, data)
 
 

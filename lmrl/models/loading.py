@@ -69,7 +69,7 @@ def builtin_config(name: str, vocab_size: int, pad_token_id: int, eos_token_id: 
 def check_model_path(name: str) -> None:
     """Fail early and clearly on a local-looking path that does not exist, or on a hub id that is not in the HF
     cache while the hub is unreachable (offline, the hub client retries for ~50 s before it gives up)."""
-    looks_local = name.startswith((".", "/", "~")) or Path(name).suffix or name.count("/") > 1
+    looks_local = name.startswith((".", "/", "~")) or not _is_repo_id(name)  # 'Qwen/Qwen2.5-0.5B' is a hub id
     if looks_local and not Path(name).expanduser().exists():
         raise FileNotFoundError(
             f"Model path '{name}' does not exist. Give an existing local directory (for example "
@@ -77,6 +77,16 @@ def check_model_path(name: str) -> None:
         )
     if not looks_local and not Path(name).exists() and not _hub_cached(name) and not _hub_reachable():
         raise FileNotFoundError(_not_found(name, "the hub is unreachable (no network or HF_HUB_OFFLINE=1)"))
+
+
+def _is_repo_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _builtin_names() -> str:

@@ -74,3 +74,51 @@ def test_describe_lists_every_field_with_help():
     for f in dataclasses.fields(TrainConfig):
         assert f"  {f.name} (" in text
         assert f.metadata.get("help"), f"field {f.name} has no help text"
+
+
+# --- TRL / HF names ---------------------------------------------------------------------------------------------
+
+
+def test_trl_names_are_read_as_lmrl_keys_with_a_notice():
+    from lmrl.trainers.rl_config import RLConfig
+
+    notices = []
+    from lmrl.config import from_dict
+
+    config = from_dict(
+        RLConfig,
+        {"learning_rate": "2e-5", "num_generations": 4, "max_completion_length": 64, "gradient_accumulation_steps": 2,
+         "beta": 0.05, "max_grad_norm": 0.5, "warmup_steps": 3, "lr_scheduler_type": "constant_with_warmup"},
+        notify=notices.append,
+    )
+    assert (config.lr, config.samples_per_prompt, config.max_new_tokens, config.grad_accum) == (2e-5, 4, 64, 2)
+    assert (config.kl_coef, config.max_grad_norm, config.warmup_steps, config.lr_schedule) == (0.05, 0.5, 3, "constant")
+    assert "note: 'num_generations' is read as lmrl's 'samples_per_prompt' (samples_per_prompt=4)" in notices
+    assert len(notices) == 6  # max_grad_norm and warmup_steps are lmrl's own names
+
+
+def test_beta_stays_dpos_own_key():
+    from lmrl.trainers.dpo_config import DPOConfig
+
+    assert load_config(DPOConfig, None, ["beta=0.3"]).beta == 0.3
+
+
+def test_an_alias_on_the_command_line_overrides_the_recipes_key(tmp_path):
+    from lmrl.trainers.rl_config import RLConfig
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("samples_per_prompt: 8\nlr: 0.01\n")
+    config = load_config(RLConfig, str(recipe), ["num_generations=4", "learning_rate=0.002"])
+    assert (config.samples_per_prompt, config.lr) == (4, 0.002)
+
+
+def test_alias_and_key_in_one_layer_is_an_error():
+    from lmrl.trainers.rl_config import RLConfig
+
+    with pytest.raises(ConfigError, match="Both 'num_generations' .* and 'samples_per_prompt' are set"):
+        load_config(RLConfig, None, ["num_generations=4", "samples_per_prompt=8"])
+
+
+def test_a_typo_of_a_trl_name_suggests_the_lmrl_key():
+    with pytest.raises(ConfigError, match="Did you mean 'lr'\\? \\('learning_rate' in TRL\\)"):
+        load_config(TrainConfig, None, ["lerning_rate=1e-3"])

@@ -79,3 +79,15 @@ def test_local_directory_without_weights_names_the_directory(tmp_path):
     msg = str(info.value)
     assert len(msg.splitlines()) <= 8, msg
     assert f"local directory '{tmp_path}'" in msg and "config.json" in msg
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-0.5B", "gpt2", "meta-llama/Llama-3.2-1B"])
+def test_hub_ids_with_dots_are_not_taken_for_missing_paths(no_network, name):
+    with pytest.raises(FileNotFoundError, match="neither a local directory nor in the Hugging Face cache"):
+        check_model_path(name)
+
+
+@pytest.mark.parametrize("name", ["./missing", "runs/a/final", "~/nothing-here"])
+def test_missing_local_paths_say_so(name):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_model_path(name)
