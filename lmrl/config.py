@@ -331,6 +331,32 @@ class ModelSection(Section):
     precision: Literal["auto", "bf16", "fp32"] = field("auto", "auto: bf16 autocast where the CPU/GPU supports it; weights stay fp32")
     seed: int = field(0, "seed for data order, init of built-in models and sampling")
     keep_freed_memory: bool = field(True, "CPU: keep freed memory in the process instead of page-faulting it in again every step (glibc mallopt)")
+    device: str = field("auto", "auto (CUDA when available, else CPU) | cpu | cuda | cuda:N: every model of the run goes there")
+    gradient_checkpointing: bool = field(False, "recompute each layer's activations in the backward (less memory, ~30% more compute)")
+    logprob_chunk_mb: int = field(256, "most memory one chunk of fp32 logits may take: the LM head, log-softmax and entropy run chunk by chunk in forward and backward")
+    lora_r: int = field(0, "LoRA rank (0: train every weight); with r > 0 only the adapters (and value/reward heads) train")
+    lora_alpha: float = field(32.0, "LoRA scale numerator: the update is (lora_alpha / lora_r) B A x")
+    lora_dropout: float = field(0.0, "dropout on the LoRA input (0 keeps the sampler's and learner's forward identical)")
+    lora_target_modules: list[str] = field(["all-linear"], "linear layers that get adapters (all-linear: every one but the LM head)")
+    merge_lora: bool = field(False, "final/ holds the merged HF model (the adapter in final/adapter/) instead of the adapter")
+    load_in_4bit: bool = field(False, "QLoRA: load the base in 4-bit NF4 (CUDA + bitsandbytes; needs lora_r > 0)")
+
+    def __post_init__(self) -> None:
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ConfigError(f"'device' must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
+        _check(self, ("lora_r",), 0)
+        _check(self, ("logprob_chunk_mb",), 0, inclusive=False)
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"'lora_dropout' must be in [0, 1), got {self.lora_dropout}.")
+        if not self.lora_target_modules:
+            raise ConfigError("'lora_target_modules' is empty. Fix: lora_target_modules=[all-linear] or name layers, "
+                              "e.g. [q_proj,v_proj].")
+        if self.merge_lora and not self.lora_r:
+            raise ConfigError("merge_lora=true needs LoRA (lora_r > 0).")
+        super().__post_init__()
+
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclasses.dataclass

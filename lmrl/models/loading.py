@@ -125,12 +125,20 @@ def _hub_reachable() -> bool:
     return True
 
 
-def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None = None) -> PreTrainedModel:
+def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None = None,
+               load_in_4bit: bool = False) -> PreTrainedModel:
     """A causal LM in fp32 (weights are the master copy; compute runs under autocast).
 
-    ``builtin:<size>`` builds a fresh random model for ``tokenizer`` (seeded by ``seed``);
-    anything else goes to ``AutoModelForCausalLM.from_pretrained``.
+    ``builtin:<size>`` builds a fresh random model for ``tokenizer`` (seeded by ``seed``); a LoRA adapter directory
+    loads as its base with the adapter merged (`lmrl.models.lora`); anything else goes to
+    ``AutoModelForCausalLM.from_pretrained`` (``load_in_4bit``: NF4 weights via bitsandbytes, QLoRA's base).
     """
+    from lmrl.models import lora
+
+    if not is_builtin(name) and lora.is_adapter_dir(name):
+        model = lora.load_adapter_dir(name, tokenizer)
+        use_fp32_cpu_attention(model)
+        return model
     if is_builtin(name):
         if tokenizer is None:
             tokenizer = load_tokenizer(BUILTIN_TOKENIZER)
@@ -145,8 +153,9 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     if model_args:
         raise ValueError("model_args only apply to built-in models; edit the model's config.json instead.")
     check_model_path(name)
+    extra = {"quantization_config": four_bit_config(), "dtype": torch.bfloat16} if load_in_4bit else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(name, **{"dtype": torch.float32, **extra})
     except OSError as exc:
         first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
         if Path(name).expanduser().exists():
@@ -159,18 +168,30 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     return model
 
 
+def four_bit_config():
+    """QLoRA's base quantization: NF4 weights, double quantization, bf16 compute (Dettmers et al. 2023)."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
 def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed: int = 0, model_args: dict | None = None):
     """The model and its tokenizer (built-in models get ``builtin:char`` unless told otherwise)."""
     if not is_builtin(name):
         check_model_path(name)
     tokenizer = load_tokenizer(tokenizer_name or default_tokenizer_name(name))
     model = load_model(name, tokenizer, seed=seed, model_args=model_args)
+    check_vocab(model, tokenizer, name)
+    return model, tokenizer
+
+
+def check_vocab(model: torch.nn.Module, tokenizer, name: str) -> None:
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(
             f"Tokenizer has {len(tokenizer)} tokens but model '{name}' has only {model.config.vocab_size} embeddings; "
             f"use the model's own tokenizer."
         )
-    return model, tokenizer
 
 
 def count_parameters(model: torch.nn.Module) -> int:

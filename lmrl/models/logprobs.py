@@ -12,10 +12,12 @@ import inspect
 
 import torch
 
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, decoder_and_head, head_logprobs
+from lmrl.models.memory import is_checkpointing
 from lmrl.models.replay import replaying
 
 __all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "prompt_groups", "selective_log_softmax",
-           "shared_prompt_logits"]
+           "shared_prompt_outputs"]
 
 
 def _row_chunks(n_rows: int, vocab: int, chunk_size: int | None) -> int:
@@ -90,6 +92,7 @@ def completion_logprobs(
     autocast_dtype: torch.dtype | None = None,
     share_prompts: bool = False,
     linear_outputs=None,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
 
@@ -101,13 +104,17 @@ def completion_logprobs(
     under torch.autocast with that dtype (None: the model's dtype).
 
     share_prompts: rows with the same prompt (a group of G samples) run their prompt through the model once;
-    the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_logits`). Same
+    the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_outputs`). Same
     values and gradients, (G-1)/G fewer prompt FLOPs; ignored when every prompt is distinct or the model takes
     no `past_key_values`. The entropy is computed without gradient (it is a metric, not a loss term).
 
     linear_outputs: the `LinearOutputs` the sampler recorded for these rows (`RolloutBatch.linear_outputs`); with
     share_prompts, layers return them instead of recomputing (`lmrl.models.replay`: same values and gradients up
     to rounding, without the forward matmuls) while the weights are still the sampler's.
+
+    chunk_mb: when the (N, T, V) fp32 logits would exceed it, the decoder's hidden states go through the LM head
+    in chunks of at most that size, forward and backward (`lmrl.models.head`); otherwise one ordinary forward.
+    Gradient checkpointing turns share_prompts off (a checkpointed layer cannot take the prompt's cache).
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -127,17 +134,27 @@ def completion_logprobs(
     position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (N, P+T)
     device_type = input_ids.device.type
     ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    share_prompts = share_prompts and not is_checkpointing(model)
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
+    targets = input_ids[:, completion_start:]  # (N, T)
+    valid = attention_mask[:, completion_start:] != 0  # (N, T)
+    parts = decoder_and_head(model)
+    if parts is not None and targets.numel() > chunk_tokens(parts[1].weight.shape[0], chunk_mb):
+        with ctx, adapters_off(model):
+            hidden = completion_hidden(parts[0], input_ids, attention_mask, position_ids, completion_start, groups)
+            out = head_logprobs(hidden, parts[1], targets, temperature=temperature, chunk_mb=chunk_mb,
+                                return_entropy=return_entropy)
+        if not return_entropy:
+            return torch.where(valid, out, torch.zeros_like(out))
+        return tuple(torch.where(valid, x, torch.zeros_like(x)) for x in out)
     with ctx:
         if groups is not None and accepts_kwarg(model, "past_key_values"):
             with replaying(model, linear_outputs, prompt_rows=groups[0]):
-                logits = shared_prompt_logits(model, input_ids, attention_mask, position_ids, completion_start, *groups)
+                logits = shared_prompt_outputs(model, input_ids, attention_mask, position_ids, completion_start, *groups)
         else:
             extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
             logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
-    targets = input_ids[:, completion_start:]  # (N, T)
-    valid = attention_mask[:, completion_start:] != 0  # (N, T)
     logp = selective_log_softmax(logits, targets, temperature=temperature, chunk_size=chunk_size)
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     if not return_entropy:
@@ -145,6 +162,24 @@ def completion_logprobs(
     with torch.no_grad():
         entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
     return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
+
+
+def adapters_off(model) -> contextlib.AbstractContextManager:
+    """The LoRA reference view's `disable_adapter()` (its decoder is the policy's), else nothing."""
+    policy = getattr(model, "policy", None)
+    return policy.disable_adapter() if policy is not None and hasattr(policy, "disable_adapter") else contextlib.nullcontext()
+
+
+def completion_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                      completion_start: int, groups: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The decoder's last hidden states (N, T, H) at positions P-1 .. P+T-2 (they predict the completion tokens);
+    with ``groups`` each distinct prompt runs once (`shared_prompt_outputs`)."""
+    width = input_ids.shape[1] - completion_start
+    if groups is not None:
+        return shared_prompt_outputs(decoder, input_ids, attention_mask, position_ids, completion_start, *groups,
+                                     key="last_hidden_state")
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return out.last_hidden_state[:, -(width + 1) : -1]
 
 
 def prompt_groups(
@@ -168,11 +203,12 @@ def prompt_groups(
     return first[order], rank[inverse]
 
 
-def shared_prompt_logits(
+def shared_prompt_outputs(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-    completion_start: int, first: torch.Tensor, inverse: torch.Tensor,
+    completion_start: int, first: torch.Tensor, inverse: torch.Tensor, key: str = "logits",
 ) -> torch.Tensor:
-    """Logits (N, T, V) at positions P-1 .. P+T-2, running each distinct prompt once.
+    """Logits (N, T, V) at positions P-1 .. P+T-2, running each distinct prompt once (``key="last_hidden_state"``
+    with a decoder: its hidden states (N, T, H) at those positions).
 
     Forward 1: the U distinct prompts (U, P), keeping their KV cache and the last position's logits.
     Forward 2: the N completions (N, T) on the cache rows `inverse` (indexing is differentiable, so the prompt
@@ -186,12 +222,12 @@ def shared_prompt_logits(
                 position_ids=position_ids[first, :p], past_key_values=DynamicCache(), use_cache=True, **extra)
     cache = out.past_key_values
     _expand_cache(cache, inverse)  # (U, ...) -> (N, ...) per layer
-    last_prompt_logits = out.logits[inverse, -1:]  # (N, 1, V): predicts completion token 0
-    if input_ids.shape[1] == p + 1:  # T = 1: the prompt's logits are all there is
-        return last_prompt_logits
-    completion_logits = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
-                              position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True).logits
-    return torch.cat([last_prompt_logits, completion_logits], 1)  # (N, T, V)
+    last_prompt = getattr(out, key)[inverse, -1:]  # (N, 1, V): predicts completion token 0
+    if input_ids.shape[1] == p + 1:  # T = 1: the prompt's output is all there is
+        return last_prompt
+    completion = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
+                       position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True)
+    return torch.cat([last_prompt, getattr(completion, key)], 1)  # (N, T, V)
 
 
 def _expand_cache(cache, inverse: torch.Tensor) -> None:

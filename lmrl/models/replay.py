@@ -15,7 +15,7 @@ KV cache, the learner over the full sequence).
 A recorded output is used only when it is certainly the same computation; otherwise the layer computes as usual:
 every parameter's in-place version (bumped by every optimizer step) must be the one seen while sampling, the input
 shape must be the recorded one (prompt forward (U, P), completion forward (N, T-1), as in
-``shared_prompt_logits``), the dtype the one the layer would produce, and each layer must have run once per
+``shared_prompt_outputs``), the dtype the one the layer would produce, and each layer must have run once per
 forward. Models with active dropout are not recorded (sampling runs in eval mode, training does not).
 """
 

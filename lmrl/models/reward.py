@@ -94,7 +94,12 @@ class RewardModel(nn.Module):
         from safetensors.torch import save_file
 
         path = Path(path)
-        self.causal_lm.save_pretrained(path)
+        lm = self.causal_lm
+        if hasattr(lm, "merge_and_unload"):  # LoRA: a reward model directory always holds full weights
+            from lmrl.models.lora import merged_copy
+
+            lm = merged_copy(lm)
+        lm.save_pretrained(path)
         save_file({f"score.{k}": v.detach().contiguous() for k, v in self.score.state_dict().items()}, path / HEAD_FILE)
         info = {"format": "lmrl-reward-model", "kind": self.kind, "num_labels": KINDS[self.kind], "chat": self.chat}
         (path / CONFIG_FILE).write_text(json.dumps(info, indent=2) + "\n")

@@ -1,8 +1,8 @@
 """One model setup for every trainer: the policy, frozen reference, value, reward, critic and judge models.
 
 Every model a run uses is loaded here, so what applies to all of them is decided in one place: the
-precision (fp32 master weights, bf16 autocast where fast: `lmrl.models.precision`) and, as they land,
-device placement, LoRA and gradient checkpointing.
+precision (fp32 master weights, bf16 autocast where fast: `lmrl.models.precision`), the device
+(`lmrl.models.placement`), LoRA/QLoRA (`lmrl.models.lora`) and gradient checkpointing (`lmrl.models.memory`).
 
     setup = ModelSetup.from_config(config)        # reads model, tokenizer, model_args, seed, precision
     policy, tokenizer = setup.policy()
@@ -20,29 +20,54 @@ from typing import Any
 
 import torch
 
-from lmrl.models.loading import load_model, load_model_and_tokenizer
+from lmrl.data.tokenizers import load_tokenizer
+from lmrl.models.loading import (
+    check_model_path,
+    check_vocab,
+    default_tokenizer_name,
+    is_builtin,
+    load_model,
+    load_model_and_tokenizer,
+)
+from lmrl.models.lora import BaseModelView, apply_lora, unwrap
+from lmrl.models.memory import enable_gradient_checkpointing
+from lmrl.models.placement import resolve_device
 from lmrl.models.precision import autocast, autocast_dtype
 from lmrl.models.value import ValueModel
 
 
 @dataclass
 class ModelSetup:
-    """Loads a run's models with one precision policy. ``dtype`` is the autocast dtype (None: fp32)."""
+    """Loads a run's models with one precision, device, LoRA and checkpointing policy. ``dtype`` is the autocast
+    dtype (None: fp32)."""
 
     model: str = "builtin:tiny"
     tokenizer: str | None = None
     model_args: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     precision: str = "auto"
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    device: str | torch.device = "cpu"
+    gradient_checkpointing: bool = False
+    lora: LoraSettings | None = None
+    load_in_4bit: bool = False
 
     def __post_init__(self) -> None:
+        self.device = resolve_device(str(self.device))
         self.dtype: torch.dtype | None = autocast_dtype(self.precision, self.device)
+        self.trained: torch.nn.Module | None = None  # the policy, once loaded (a LoRA reference is a view of it)
+        if self.load_in_4bit:
+            check_four_bit(self.device, self.model, self.lora)
 
     @classmethod
     def from_config(cls, config: Any) -> ModelSetup:
         """From any config with the model section's keys (`lmrl.config.ModelSection`)."""
-        return cls(config.model, config.tokenizer, dict(config.model_args), config.seed, config.precision)
+        lora = None
+        if getattr(config, "lora_r", 0) > 0:
+            lora = LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, list(config.lora_target_modules),
+                                config.merge_lora)
+        return cls(config.model, config.tokenizer, dict(config.model_args), config.seed, config.precision,
+                   getattr(config, "device", "cpu"), getattr(config, "gradient_checkpointing", False), lora,
+                   getattr(config, "load_in_4bit", False))
 
     @property
     def precision_name(self) -> str:
@@ -53,19 +78,46 @@ class ModelSetup:
         return autocast(self.device, self.dtype)
 
     def policy(self, name: str | None = None) -> tuple[torch.nn.Module, Any]:
-        """The trained causal LM and its tokenizer (``name`` default: the config's model). The module mode is as
+        """The trained causal LM and its tokenizer (``name`` default: the config's model), on the device, with
+        LoRA adapters (only they train) and gradient checkpointing when configured. The module mode is as
         loaded (HF ``from_pretrained`` gives eval mode: no dropout, as RL wants); SFT-style trainers call
         ``model.train()``."""
-        model, tokenizer = load_model_and_tokenizer(name or self.model, self.tokenizer, self.seed,
-                                                    self.model_args if name in (None, self.model) else None)
-        return model.to(self.device), tokenizer
+        own = name in (None, self.model)
+        name = name or self.model
+        if not is_builtin(name):
+            check_model_path(name)
+        tokenizer = load_tokenizer(self.tokenizer or default_tokenizer_name(name))
+        model = load_model(name, tokenizer, self.seed, self.model_args if own else None, self.load_in_4bit)
+        check_vocab(model, tokenizer, name)
+        model = self.prepare(model, base=name)
+        self.trained = model
+        return model, tokenizer
+
+    def prepare(self, model: torch.nn.Module, base: str | None = None) -> torch.nn.Module:
+        """Apply this setup to a freshly built trainable model: device, gradient checkpointing, LoRA."""
+        if not self.load_in_4bit:  # a 4-bit model is placed by from_pretrained
+            model = model.to(self.device)
+        if self.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        if self.lora is not None:
+            if self.load_in_4bit:
+                from peft import prepare_model_for_kbit_training
+
+                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=self.gradient_checkpointing)
+            lora = self.lora
+            model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
+                               {"model": base or self.model, "seed": self.seed, "model_args": self.model_args})
+        return model
 
     def frozen(self, name: str | None, tokenizer, seed: int | None = None) -> torch.nn.Module:
         """A frozen causal LM (eval mode, no gradients): the KL/DPO reference, avatarl's critic, a judge.
 
         ``name`` default: the config's model (a built-in model is rebuilt from the same seed, so it equals the
-        policy's initial weights)."""
+        policy's initial weights). With LoRA, the reference to the policy's own base model is the policy with its
+        adapters disabled (`BaseModelView`), never a second copy of the weights."""
         name = name or self.model
+        if self.lora is not None and name == self.model and self.trained is not None and (seed in (None, self.seed)):
+            return BaseModelView(self.trained)
         args = self.model_args if name == self.model else None
         model = load_model(name, tokenizer, seed=self.seed if seed is None else seed, model_args=args)
         return model.to(self.device).eval().requires_grad_(False)
@@ -83,7 +135,34 @@ class ModelSetup:
         return model.to(self.device).eval().requires_grad_(False), tokenizer
 
     def value(self, policy: torch.nn.Module, init: str = "policy", tokenizer=None) -> ValueModel:
-        """PPO value model: a copy of the backbone of the policy (``init="policy"``) or of the model at ``init``,
-        plus a zero-initialised scalar head."""
+        """PPO value model: a copy of the backbone of the policy (``init="policy"``; with LoRA, its own copy of the
+        adapters, trained, the base frozen) or of the model at ``init``, plus a zero-initialised scalar head."""
         source = policy if init == "policy" else load_model(init, tokenizer)
-        return ValueModel.from_causal_lm(source).to(self.device)
+        return ValueModel.from_causal_lm(unwrap(source)).to(self.device)
+
+
+@dataclass
+class LoraSettings:
+    r: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+    merge: bool = False
+
+
+def check_four_bit(device: torch.device, model: str, lora: LoraSettings | None) -> None:
+    """QLoRA's start-up checks: a CUDA device, bitsandbytes installed, an HF model, and LoRA on top."""
+    if device.type != "cuda":
+        raise ValueError(f"load_in_4bit=true needs a CUDA GPU (bitsandbytes' 4-bit kernels); the device is {device}. "
+                         "Fix: drop load_in_4bit (plain LoRA runs on the CPU), or run on a GPU.")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("load_in_4bit=true needs bitsandbytes. Fix: pip install 'lmrl[qlora]' "
+                          "(or pip install bitsandbytes).") from exc
+    if is_builtin(model):
+        raise ValueError("load_in_4bit=true quantizes a pretrained HF model; built-in models are built in fp32. "
+                         "Fix: model=<an HF model> or drop load_in_4bit.")
+    if lora is None:
+        raise ValueError("load_in_4bit=true freezes the base in 4 bits, so only adapters can train. Fix: set lora_r "
+                         "(e.g. lora_r=16).")

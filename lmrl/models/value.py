@@ -13,7 +13,10 @@ from torch import nn
 
 
 def backbone_of(causal_lm: nn.Module) -> nn.Module:
-    """The decoder stack of an HF causal LM (``model.model`` for Llama, ``transformer`` for GPT-2)."""
+    """The decoder stack of an HF causal LM (``model.model`` for Llama, ``transformer`` for GPT-2); through a peft
+    wrapper, the decoder with its LoRA layers."""
+    if hasattr(causal_lm, "get_base_model"):
+        causal_lm = causal_lm.get_base_model()
     base = getattr(causal_lm, "base_model", None)
     if base is None or base is causal_lm:
         raise ValueError(f"{type(causal_lm).__name__} has no separate backbone (base_model) to put a value head on.")

@@ -25,6 +25,7 @@ import torch
 from lmrl.data.chat import encode_prompt, render_prompt
 from lmrl.data.preference_parsing import STEP_SEPARATOR
 from lmrl.data.preference_tokens import Tokenized, collate_sequences, step_positions
+from lmrl.models.placement import model_device, to_device
 from lmrl.models.precision import autocast
 from lmrl.models.reward import RewardModel, last_token_index
 from lmrl.models.setup import ModelSetup
@@ -62,8 +63,9 @@ def score_tokenized(model: RewardModel, items: Sequence[Tokenized], pad_id: int,
 
     `steps` (PRM only): per item, the indices in `completion_ids` of the tokens that end each step.
     """
-    batch = collate_sequences(items, pad_id)
-    with autocast("cpu", dtype):
+    device = model_device(model)
+    batch = to_device(collate_sequences(items, pad_id), device)
+    with autocast(device.type, dtype):
         out = model(batch["input_ids"], batch["attention_mask"])  # (N, L, C)
     if model.kind != "prm":
         last = out[..., 0].gather(1, last_token_index(batch["attention_mask"])[:, None]).squeeze(1)  # (N,)

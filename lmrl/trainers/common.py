@@ -22,6 +22,7 @@ import yaml
 
 from lmrl.config import TrainConfig, to_dict
 from lmrl.models.loading import save_model
+from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
 from lmrl.models.memory import keep_freed_memory
 from lmrl.tracking import Tracker, console
 
@@ -206,6 +207,8 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, tokenizer, tmp)
+    if has_frozen_weights(model):  # LoRA: the adapters (and heads) by name, for an exact resume
+        save_trainable(model, tmp)
     torch.save(
         {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
          "trainer": state or {}},
@@ -224,6 +227,18 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 
 def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """Load weights, optimizer, scheduler and RNG from ``checkpoint``; returns the trainer's own state."""
+    if (checkpoint / TRAINABLE_FILE).exists():
+        load_trainable(model, checkpoint)  # LoRA: the frozen base is the one loaded at start-up
+    else:
+        load_full_weights(model, checkpoint)
+    state = read_state(checkpoint)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state["trainer"]
+
+
+def load_full_weights(model, checkpoint: Path) -> None:
     from safetensors.torch import load_file
 
     weights = {}
@@ -233,13 +248,11 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[st
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"Checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}.")
-    state = read_state(checkpoint)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return state["trainer"]
 
 
-def save_final(run: Run, model, tokenizer) -> Path:
-    """``output_dir/final``: the trained model in HF format, loadable with ``model=<run>/final``."""
+def save_final(run: Run, model, tokenizer, merge_lora: bool = False) -> Path:
+    """``output_dir/final``: the trained model in HF format, loadable with ``model=<run>/final``; with LoRA the
+    adapter (loads as base + adapter), or with ``merge_lora`` the merged model and the adapter in final/adapter."""
+    if is_peft(model):
+        return save_adapter(model, tokenizer, run.dir / "final", merge=merge_lora)
     return save_model(model, tokenizer, run.dir / "final")

@@ -16,6 +16,8 @@ import torch
 from lmrl.algorithms import kto_reference_kl, preference_loss, preference_stats
 from lmrl.data import preference as prefs
 from lmrl.data.chat import render_prompt
+from lmrl.models.placement import model_device, to_device
+from lmrl.models.head import DEFAULT_CHUNK_MB
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.trainers import common
@@ -66,11 +68,12 @@ def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -
 # ----------------------------------------------------------------------------- log-probs
 
 
-def sequence_logps(model, seqs: list[prefs.Tokenized], pad_id: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(model, seqs: list[prefs.Tokenized], pad_id: int, dtype,
+                   chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed log-probs (N,) of each sequence's learned completion tokens, and their counts (N,)."""
-    batch = prefs.collate_completions(seqs, pad_id)
+    batch = to_device(prefs.collate_completions(seqs, pad_id), model_device(model))
     logp = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], int(batch["completion_start"]),
-                               autocast_dtype=dtype)  # (N, T)
+                               autocast_dtype=dtype, chunk_mb=chunk_mb)  # (N, T)
     mask = batch["completion_mask"]  # (N, T)
     return (logp * mask).sum(dim=1), mask.sum(dim=1)
 

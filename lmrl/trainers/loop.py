@@ -93,7 +93,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     tracker.log(last_step, final)
     tracker.log_samples(last_step, samples, title)
     save(run, last_step, method, initial, config)
-    final_dir = common.save_final(run, method.model, method.tokenizer)
+    final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     plots = tracker.close()
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}

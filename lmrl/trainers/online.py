@@ -84,7 +84,8 @@ def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
 def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> torch.Tensor:
     return completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
                                temperature=config.temperature, autocast_dtype=dtype,
-                               share_prompts=getattr(config, "share_prompts", False))
+                               share_prompts=getattr(config, "share_prompts", False),
+                               chunk_mb=config.logprob_chunk_mb)
 
 
 def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.Generator) -> torch.Tensor:
@@ -110,7 +111,7 @@ def zero_gradient_rows(adv: torch.Tensor, config: RLConfig, value_model, use_kl_
 def completion_values(value_model: ValueModel, batch: RolloutBatch, dtype) -> torch.Tensor:
     """V(s_t) for each completion token t: the value head at the position that predicts token t. (N, T)"""
     p, t = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
-    with autocast("cpu", dtype):
+    with autocast(batch.input_ids.device.type, dtype):
         values = value_model(batch.input_ids, batch.attention_mask)  # (N, P+T)
     return values[:, p - 1 : p + t - 1].float() * batch.completion_mask
 
@@ -159,6 +160,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
                                                     autocast_dtype=dtype, share_prompts=config.share_prompts,
+                                                    chunk_mb=config.logprob_chunk_mb,
                                                     linear_outputs=sub.linear_outputs)
                 loss, stats = policy_loss(
                     config.preset.loss, logp, logp.detach() if old_logp is None else old_logp[micro], adv[micro], mask,

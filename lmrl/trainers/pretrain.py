@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from lmrl.algorithms import AvatarlOptions, avatarl_loss, avatarl_rewards
 from lmrl.data.tokenizers import load_tokenizer
+from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, count_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models.loading import default_tokenizer_name
@@ -161,9 +162,10 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
     means (``avatarl/reward_max``: the max); ``train/ce`` is the CE of the same logits.
     """
     totals: dict[str, float] = {}
-    for micro in windows.chunk(grad_accum):
+    device = model_device(model)
+    for micro in windows.to(device).chunk(grad_accum):
         inputs, targets = micro[:, :-1], micro[:, 1:]  # (b, L) each
-        with autocast("cpu", dtype):
+        with autocast(device.type, dtype):
             logits = model(input_ids=inputs).logits  # (b, L, V)
             critic_logits = None
             if critic is not None:
@@ -192,8 +194,9 @@ def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype) -> di
     was_training = model.training
     model.eval()
     ce, entropy, count = 0.0, 0.0, 0
-    for batch in windows.split(batch_size):
-        with autocast("cpu", dtype):
+    device = model_device(model)
+    for batch in windows.to(device).split(batch_size):
+        with autocast(device.type, dtype):
             logits = model(input_ids=batch[:, :-1]).logits  # (b, L, V)
         log_p = logits.float().log_softmax(-1)  # (b, L, V)
         targets = batch[:, 1:]  # (b, L)

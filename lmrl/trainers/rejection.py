@@ -258,7 +258,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: Rej
     if reference is not None:
         batch = pool.batch
         ref_logp = completion_logprobs(reference, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                                       temperature=config.temperature, autocast_dtype=dtype)  # (N, T)
+                                       temperature=config.temperature, autocast_dtype=dtype,
+                                       chunk_mb=config.logprob_chunk_mb)  # (N, T)
         metrics["eval/kl"] = ((batch.sampler_logp - ref_logp) * batch.completion_mask).sum(1).mean().item()
     if "task" in rows[0] and "answer" in rows[0]:
         acc, _ = task_accuracy(model, tokenizer, rows, config.max_new_tokens, dtype, num_samples=0)

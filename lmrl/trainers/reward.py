@@ -35,6 +35,7 @@ from rich.markup import escape
 from lmrl.algorithms import reward_model_loss
 from lmrl.data import preference as prefs
 from lmrl.data.chat import IGNORE_INDEX
+from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, count_parameters
 from lmrl.models.reward import RewardModel, last_token_index
 from lmrl.models.setup import ModelSetup
@@ -120,11 +121,12 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
                dtype) -> tuple[torch.Tensor, dict]:
     """Mean loss over `items` and its statistics: pair (or token/step) accuracy, mean pair margin."""
     seqs = [s for item in items for s in item.seqs]
-    batch = prefs.collate_sequences(seqs, pad_id)
-    with autocast("cpu", dtype):
+    device = model_device(model)
+    batch = to_device(prefs.collate_sequences(seqs, pad_id), device)
+    with autocast(device.type, dtype):
         out = model(batch["input_ids"], batch["attention_mask"])  # (B*K, L, C)
     if config.loss in ("orm", "prm"):
-        labels = torch.full(out.shape[:2], IGNORE_INDEX, dtype=torch.long)  # (B, L)
+        labels = torch.full(out.shape[:2], IGNORE_INDEX, dtype=torch.long, device=device)  # (B, L)
         for b, (item, seq) in enumerate(zip(items, seqs)):
             for pos, y in item.labels:
                 labels[b, len(seq.prompt_ids) + pos] = y
@@ -142,10 +144,10 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
     else:
         fields = {"chosen_scores": scores[:, 0], "rejected_scores": scores[:, 1]}
         if config.margin:
-            fields["margin"] = torch.tensor([item.margin for item in items])
+            fields["margin"] = torch.tensor([item.margin for item in items], device=device)
         loss = reward_model_loss("bt", fields, center_coef=config.center_coef)
     diff = scores[:, :, None] - scores[:, None, :]  # (B, K, K): r_i − r_j, i ranked above j when i < j
-    above = torch.ones(k, k, dtype=torch.bool).triu(1)
+    above = torch.ones(k, k, dtype=torch.bool, device=device).triu(1)
     pairs = diff[:, above].detach()  # (B, C(K,2))
     return loss, {"accuracy": (pairs > 0).float().mean().item(), "margin": pairs.mean().item(), "n": len(items)}
 

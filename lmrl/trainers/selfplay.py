@@ -110,7 +110,7 @@ def update(parts: Parts, roles: list[tuple[str, RolloutBatch | None, torch.Tenso
             weight = float(mask.sum() / tokens) if config.loss_agg == "token_mean" else len(micro) / len(batch)
             logp, entropy = completion_logprobs(parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                 temperature=config.temperature, return_entropy=True,
-                                                autocast_dtype=dtype)  # (m, T) each
+                                                autocast_dtype=dtype, chunk_mb=config.logprob_chunk_mb)  # (m, T) each
             # on-policy, one update: pi_old = sg(pi_theta), so the ratio is 1 in value and grad log pi in gradient
             loss, stats = policy_loss("pg", logp, logp.detach(), adv[micro].to(logp.device), mask, agg=config.loss_agg,
                                       max_len=max_len, kl_coef=config.kl_coef, kl_estimator=config.kl_estimator,

@@ -24,6 +24,8 @@ from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, decoder_and_head, head_logprobs
+from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, count_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.trainers import common, loop
@@ -61,23 +63,34 @@ class SFTConfig(TrainConfig):
                               f"(got eval_every={self.eval_every}): accuracy is checked at each evaluation.")
 
 
-def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> tuple[torch.Tensor, int]:
-    """Summed next-token CE over labelled tokens of ``batch`` and the number of labelled tokens."""
-    with autocast("cpu", dtype):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,
+                        chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, int]:
+    """Summed next-token CE over labelled tokens of ``batch`` and the number of labelled tokens. Logits beyond
+    ``chunk_mb`` of fp32 go through the LM head in chunks (`lmrl.models.head`)."""
+    device = model_device(model)
+    batch = to_device(batch, device)
     targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
+    labelled = targets != -100
+    parts = decoder_and_head(model)
+    with autocast(device.type, dtype):
+        if parts is not None and targets.numel() > chunk_tokens(parts[1].weight.shape[0], chunk_mb):
+            hidden = parts[0](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+            logp = head_logprobs(hidden[:, :-1], parts[1], targets.clamp(min=0), chunk_mb=chunk_mb)  # (B, L-1)
+            return -(logp * labelled).sum(), int(labelled.sum())
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
-    return loss, int((targets != -100).sum())
+    return loss, int(labelled.sum())
 
 
-def train_step(model, examples: list[SFTExample], pad_id: int, grad_accum: int, dtype, step: int) -> dict[str, float]:
+def train_step(model, examples: list[SFTExample], pad_id: int, grad_accum: int, dtype, step: int,
+               chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
     """Forward/backward over ``grad_accum`` micro-batches; the loss is the token mean over the whole batch."""
     total_tokens = sum(sum(1 for y in ex.labels[1:] if y != -100) for ex in examples)
     micro = len(examples) // grad_accum
     loss_sum = 0.0
     for i in range(grad_accum):
         batch = collate_sft(examples[i * micro : (i + 1) * micro], pad_id)
-        loss, _ = token_cross_entropy(model, batch, dtype)
+        loss, _ = token_cross_entropy(model, batch, dtype, chunk_mb)
         common.check_finite(loss, step)
         (loss / total_tokens).backward()
         loss_sum += loss.item()
@@ -140,7 +153,8 @@ class SFT:
         config, t0 = self.config, time.perf_counter()
         batch = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
                                                                       config.seed)]
-        stats = train_step(self.model, batch, self.tokenizer.pad_token_id, config.grad_accum, self.setup.dtype, step)
+        stats = train_step(self.model, batch, self.tokenizer.pad_token_id, config.grad_accum, self.setup.dtype, step,
+                           config.logprob_chunk_mb)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         return {"loss": stats["loss"], "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_logits
+from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_outputs
 from lmrl.models.replay import LinearRecorder, has_dropout, replaying
 from lmrl.rollout import HFEngine, SamplingParams
 
@@ -66,7 +66,7 @@ def replay_counts(model, batch):
     first, inverse = prompt_groups(ids, mask, start)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     with replaying(model, batch.linear_outputs, first) as counts:
-        shared_prompt_logits(model, ids, mask, positions, start, first, inverse)
+        shared_prompt_outputs(model, ids, mask, positions, start, first, inverse)
     return counts
 
 

@@ -1,0 +1,80 @@
+"""A memory-bounded LM head: log-probs (and entropy) of target tokens from hidden states, chunk by chunk.
+
+Full logits cost rows x tokens x vocab: with Qwen2.5's 151,936-token vocabulary, 128 completions x 1,024 tokens
+are 80 GB in fp32. Here the LM head, log-softmax, gather and entropy run on chunks of at most `chunk_mb` of fp32
+logits; in training each chunk is recomputed in the backward (activation checkpointing of the head) instead of
+kept, so the peak is one chunk's logits, whatever the batch. When everything fits in one chunk (small vocabularies,
+the built-in models) the head runs once, as an ordinary forward: same values, same speed.
+
+    hidden = decoder(...).last_hidden_state          # (N, T, H)
+    logp, entropy = head_logprobs(hidden, lm_head, targets, chunk_mb=256)   # (N, T) each
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK_MB = 256
+
+__all__ = ["DEFAULT_CHUNK_MB", "chunk_tokens", "decoder_and_head", "head_logprobs"]
+
+
+def chunk_tokens(vocab: int, chunk_mb: float) -> int:
+    """Token positions per chunk: as many rows of fp32 logits (4 x vocab bytes each) as fit in ``chunk_mb``."""
+    return max(1, int(chunk_mb * 2**20) // (4 * vocab))
+
+
+def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, lm_head) of an HF causal LM whose logits are exactly ``lm_head(decoder(...).last_hidden_state)``,
+    through a peft wrapper; None for models that post-process logits (soft-capping, logit scales) or lack the parts,
+    which then compute full logits as usual."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = getattr(lm, "base_model", None)
+    get_head = getattr(lm, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    config = getattr(lm, "config", None)
+    if decoder is None or decoder is lm or head is None or config is None:
+        return None
+    if getattr(config, "final_logit_softcapping", None) or hasattr(lm, "logit_scale"):
+        return None
+    return decoder, head
+
+
+def _chunk_logprobs(hidden: torch.Tensor, weight_module: torch.nn.Module, targets: torch.Tensor,
+                    temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """log_softmax(head(h) / T)[target] and (no grad) the entropy, for one chunk (m, H) -> (m,), (m,)."""
+    z = weight_module(hidden).float() / temperature  # (m, V)
+    lse = torch.logsumexp(z, dim=-1)  # (m,)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, torch.zeros_like(logp).detach()
+    with torch.no_grad():
+        entropy = lse - (z.softmax(dim=-1) * z).sum(dim=-1)
+    return logp, entropy
+
+
+def head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
+                  temperature: float = 1.0, chunk_mb: float = DEFAULT_CHUNK_MB,
+                  return_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(lm_head(hidden) / temperature) at ``targets``, in fp32, never holding more than ``chunk_mb`` of
+    fp32 logits (forward and backward). hidden (..., H), targets (...) long -> (...) fp32; with return_entropy also
+    the entropy (...) of the same distributions, without gradient. Gradients reach ``hidden`` and the head's weights
+    and equal those of the unchunked computation."""
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"head_logprobs: targets {tuple(targets.shape)} must be hidden {tuple(hidden.shape)} "
+                         "without its last dimension.")
+    flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # (M, H), (M,)
+    step = chunk_tokens(lm_head.weight.shape[0], chunk_mb)
+    if flat_h.shape[0] <= step:  # one chunk: an ordinary forward (nothing to gain from recomputing)
+        logp, entropy = _chunk_logprobs(flat_h, lm_head, flat_t, temperature, return_entropy)
+    else:
+        recompute = torch.is_grad_enabled() and (flat_h.requires_grad or lm_head.weight.requires_grad)
+        parts = []
+        for start in range(0, flat_h.shape[0], step):
+            args = (flat_h[start : start + step], lm_head, flat_t[start : start + step], temperature, return_entropy)
+            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
+                         else _chunk_logprobs(*args))
+        logp, entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    logp = logp.view(targets.shape)
+    return (logp, entropy.view(targets.shape)) if return_entropy else logp
