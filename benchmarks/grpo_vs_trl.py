@@ -3,6 +3,13 @@
     python benchmarks/grpo_vs_trl.py                                   # builtin:medium (~14M), 8x8x32, 12 steps, bf16
     python benchmarks/grpo_vs_trl.py --precision fp32 --steps 20 --warmup 4
     python benchmarks/grpo_vs_trl.py --trl-gradient-checkpointing      # TRL's own default (recomputes activations)
+    python benchmarks/grpo_vs_trl.py --qwen2-vocab 151936 --prompts 16 --samples 8 --max-new-tokens 256 \
+        --trl-micro-batch 8 --lmrl-set gradient_checkpointing=true    # Qwen2 architecture, Qwen2.5's vocabulary size
+
+``--qwen2-vocab V`` builds a Qwen2-architecture model locally (random init, seed 0; ``--hidden``, ``--layers``) whose
+vocabulary has V entries, with the ``builtin:char`` tokenizer (the model may sample ids the tokenizer has no text
+for; both frameworks decode them to nothing): what costs memory in a big-vocabulary model is the LM head and its
+logits, which this reproduces at a size that runs on a CPU.
 
 The parent process builds the model once (``lmrl.models.load_model(model, char tokenizer, seed=0)``) and saves it
 with the ``builtin:char`` tokenizer to a temporary directory, writes the prompt rows (built-in arithmetic task, train
@@ -127,7 +134,18 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     hf_logging.disable_progress_bar()
     model_dir = workdir / "model"
-    if is_builtin(args.model):
+    if args.qwen2_vocab:
+        import torch
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        tokenizer = build_char_tokenizer()
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=args.qwen2_vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+            num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=1,
+            tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id, max_position_embeddings=4096))
+    elif is_builtin(args.model):
         tokenizer = build_char_tokenizer()
         model = load_model(args.model, tokenizer, seed=0)
     else:  # an existing checkpoint (e.g. an SFT run's final/), so that rewards are not all zero
@@ -167,7 +185,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         f"lr={LR}", f"adam_betas=[{ADAM_BETAS[0]},{ADAM_BETAS[1]}]", "weight_decay=0", "lr_schedule=constant",
         "warmup_steps=0", f"max_grad_norm={MAX_GRAD_NORM}", f"precision={args.precision}", "seed=0",
         f"max_steps={args.steps}", "log_every=1", "eval_every=0", "save_every=0", f"sample_every={args.steps + 1}",
-        f"output_dir={out}", "overwrite=true",
+        f"output_dir={out}", "overwrite=true", *args.lmrl_set,
     ]
     if args.reward == "digits":
         from lmrl.rewards import REWARDS, register_reward
@@ -236,10 +254,11 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         calls["reward"] += 1
         return [digit_share(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
 
+    micro = args.trl_micro_batch or args.prompts * args.samples  # one optimizer step per B*G completions either way
     config = GRPOConfig(
         output_dir=str(workdir / "trl-run"), use_cpu=True, bf16=args.precision == "bf16", fp16=False,
-        per_device_train_batch_size=args.prompts * args.samples, num_generations=args.samples,
-        gradient_accumulation_steps=1, num_iterations=1, max_completion_length=args.max_new_tokens,
+        per_device_train_batch_size=micro, num_generations=args.samples,
+        gradient_accumulation_steps=args.prompts * args.samples // micro, num_iterations=1, max_completion_length=args.max_new_tokens,
         temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
         learning_rate=LR, adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], weight_decay=0.0,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=MAX_GRAD_NORM, max_steps=args.steps,
@@ -321,7 +340,9 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
     cmd = [sys.executable, __file__, "--child", name, "--workdir", str(workdir), "--model", args.model,
            "--prompts", str(args.prompts), "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--precision", args.precision,
-           "--threads", str(args.threads), "--reward", args.reward]
+           "--threads", str(args.threads), "--reward", args.reward, "--qwen2-vocab", str(args.qwen2_vocab),
+           "--hidden", str(args.hidden), "--layers", str(args.layers), "--trl-micro-batch", str(args.trl_micro_batch)]
+    cmd += [f"--lmrl-set={kv}" for kv in args.lmrl_set]
     if args.trl_gradient_checkpointing:
         cmd.append("--trl-gradient-checkpointing")
     log = workdir / f"{name}.log"
@@ -340,7 +361,9 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
 
 def report(results: dict[str, dict], args: argparse.Namespace, info: dict) -> None:
     print(f"\nmachine: {machine()}; torch threads {next(iter(results.values()))['threads']}")
-    print(f"model {args.model} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
+    name = f"Qwen2 vocab {args.qwen2_vocab} hidden {args.hidden} x{args.layers}" if args.qwen2_vocab else args.model
+    print(f"lmrl overrides: {' '.join(args.lmrl_set) or 'none'}; TRL micro-batch {args.trl_micro_batch or 'B*G'}")
+    print(f"model {name} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
           f"{args.max_new_tokens} new tokens, {args.steps} steps ({args.warmup} warm-up), {args.precision}, "
           f"reward {args.reward}, fastest of {args.rounds} round(s)"
           + (", TRL gradient checkpointing on" if args.trl_gradient_checkpointing else ""))
@@ -387,6 +410,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads in each run (0: torch's default)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="TRL's default; off by default so that both do the same forward/backward work")
+    parser.add_argument("--qwen2-vocab", type=int, default=0, help="build a Qwen2-architecture model with this vocabulary")
+    parser.add_argument("--hidden", type=int, default=128, help="--qwen2-vocab: hidden size")
+    parser.add_argument("--layers", type=int, default=2, help="--qwen2-vocab: decoder layers")
+    parser.add_argument("--trl-micro-batch", type=int, default=0,
+                        help="TRL per_device_train_batch_size (with gradient accumulation to B*G; 0: B*G at once)")
+    parser.add_argument("--lmrl-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra lmrl config override, e.g. gradient_checkpointing=true (repeatable)")
     parser.add_argument("--workdir", help="keep the model, prompts, logs and run dirs here (default: a temp dir)")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

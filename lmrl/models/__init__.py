@@ -3,6 +3,7 @@
 from lmrl.models.loading import (
     BUILTIN_MODELS,
     count_parameters,
+    describe_parameters,
     is_builtin,
     load_model,
     load_model_and_tokenizer,
@@ -16,6 +17,7 @@ __all__ = [
     "autocast_dtype",
     "bf16_supported",
     "count_parameters",
+    "describe_parameters",
     "is_builtin",
     "load_model",
     "load_model_and_tokenizer",

@@ -198,6 +198,16 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def describe_parameters(model: torch.nn.Module) -> str:
+    """'1.25M params', or with frozen weights (LoRA) '1.25M params (47.1K trainable)'."""
+    total = count_parameters(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    text = f"{total / 1e6:.2f}M params"
+    if trainable == total:
+        return text
+    return f"{text} ({trainable / 1e6:.1f}M trainable)" if trainable >= 1e6 else f"{text} ({trainable / 1e3:.1f}K trainable)"
+
+
 def save_model(model, tokenizer, path: str | Path) -> Path:
     """``model.save_pretrained`` + ``tokenizer.save_pretrained`` into ``path``, without HF's per-save progress bar
     (a run saves many checkpoints; the bar is only noise in its log)."""

@@ -14,7 +14,6 @@ the base model exactly). `ModelSetup` applies it to the policy of every trainer;
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -178,10 +177,3 @@ def load_adapter_dir(path: str | Path, tokenizer) -> torch.nn.Module:
                                 "base_model_name_or_path). Fix: load the base with model=... and merge the adapter.")
     model = load_model(name, tokenizer, seed=base.get("seed", 0), model_args=base.get("model_args") or None)
     return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
-
-
-@contextlib.contextmanager
-def adapters_disabled(model: torch.nn.Module):
-    """Run ``model`` as its base (adapters off) inside the block; a no-op for a model without adapters."""
-    with model.disable_adapter() if is_peft(model) else contextlib.nullcontext():
-        yield

@@ -161,7 +161,8 @@ class SwarmNode:
         self.config, self.spec, self.transport, self.dir = config, spec, transport, Path(node_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         tok_name = config.tokenizer if spec.model == config.model else None
-        setup = ModelSetup(spec.model, tok_name, spec.model_args, config.seed, config.precision)
+        setup = dataclasses.replace(ModelSetup.from_config(config), model=spec.model, tokenizer=tok_name,
+                                    model_args=dict(spec.model_args))  # device, LoRA, ... from the config
         self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
                                     config.on_reward_error)
         if model is None:

@@ -41,7 +41,7 @@ from lmrl.algorithms import (
 from lmrl.data.chat import render_prompt
 from lmrl.data.loading import load_rows
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, count_parameters
+from lmrl.models import autocast, describe_parameters
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
@@ -314,7 +314,7 @@ def train(config: RLConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     method = OnlineRL(config, setup)
     run = common.start_run(config, config.algorithm)
-    run.tracker.print(f"{config.algorithm}: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.rows)} "
+    run.tracker.print(f"{config.algorithm}: {describe_parameters(method.model)}, {len(method.rows)} "
                       f"prompts, {config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
                       f"precision={setup.precision_name}, run dir {run.dir}")
     return loop.run(config, method, run)

@@ -39,7 +39,7 @@ import torch
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import count_parameters
+from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
@@ -266,7 +266,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     method = OnlineDPO(config, setup)
     run = common.start_run(config, f"online dpo ({config.loss})")
     labeller = f"judge {config.judge}" if config.judge else f"rewards {config.rewards}"
-    run.tracker.print(f"online {config.loss}: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.rows)} "
+    run.tracker.print(f"online {config.loss}: {describe_parameters(method.model)}, {len(method.rows)} "
                       f"prompts, {config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
                       f"precision={setup.precision_name}, run dir {run.dir}")
     return loop.run(config, method, run)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from lmrl.data import preference as prefs
-from lmrl.models import count_parameters
+from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.trainers import common, loop, online_dpo
 from lmrl.trainers.dpo_common import Example, Reference, build_examples, evaluate, reference_logps, train_step
@@ -171,7 +171,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     method = DPO(config, setup)
     run = common.start_run(config, f"dpo ({config.loss})")
-    run.tracker.print(f"{config.loss}: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.examples)} "
+    run.tracker.print(f"{config.loss}: {describe_parameters(method.model)}, {len(method.examples)} "
                       f"training examples ({method.dropped} dropped as overlong), {len(method.eval_examples)} "
                       f"held-out, precision={setup.precision_name}, run dir {run.dir}")
     method.start(run)

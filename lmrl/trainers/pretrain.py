@@ -42,8 +42,8 @@ import torch.nn.functional as F
 
 from lmrl.algorithms import AvatarlOptions, avatarl_loss, avatarl_rewards
 from lmrl.data.tokenizers import load_tokenizer
-from lmrl.models.placement import model_device, to_device
-from lmrl.models import autocast, count_parameters, is_builtin
+from lmrl.models.placement import model_device
+from lmrl.models import autocast, describe_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models.loading import default_tokenizer_name
 from lmrl.models.setup import ModelSetup
@@ -285,7 +285,7 @@ def train(config: PretrainConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     method = Pretrain(config, setup)
     run = common.start_run(config, f"pretrain {config.objective}")
-    run.tracker.print(f"pretrain objective={config.objective}: {count_parameters(method.model) / 1e6:.2f}M params, "
+    run.tracker.print(f"pretrain objective={config.objective}: {describe_parameters(method.model)}, "
                       f"{method.data_summary}, {method.tokens_per_step} tokens/step, precision={setup.precision_name}, "
                       f"run dir {run.dir}")
     result = loop.run(config, method, run)

@@ -36,7 +36,7 @@ from lmrl.algorithms import reward_model_loss
 from lmrl.data import preference as prefs
 from lmrl.data.chat import IGNORE_INDEX
 from lmrl.models.placement import model_device, to_device
-from lmrl.models import autocast, count_parameters
+from lmrl.models import autocast, describe_parameters
 from lmrl.models.reward import RewardModel, last_token_index
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards.reward_model import score_texts
@@ -257,7 +257,7 @@ def train(config: RewardConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     method = RewardModelTraining(config, setup)
     run = common.start_run(config, f"reward ({config.loss})")
-    run.tracker.print(f"Reward model ({config.loss}): {count_parameters(method.model) / 1e6:.2f}M params, "
+    run.tracker.print(f"Reward model ({config.loss}): {describe_parameters(method.model)}, "
                       f"{len(method.items)} training rows ({method.dropped} dropped as overlong), "
                       f"{len(method.eval_items)} held-out, precision={setup.precision_name}, run dir {run.dir}")
     result = loop.run(config, method, run)

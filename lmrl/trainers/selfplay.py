@@ -51,7 +51,7 @@ from lmrl.data.chat import IGNORE_INDEX, render_prompt
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, count_parameters
+from lmrl.models import autocast, describe_parameters
 from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
@@ -299,7 +299,7 @@ def train(config: SelfPlayConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     method = SelfPlay(config, setup)
     run = common.start_run(config, f"selfplay {config.variant}")
-    run.tracker.print(f"selfplay {config.variant}: {count_parameters(method.model) / 1e6:.2f}M params, "
+    run.tracker.print(f"selfplay {config.variant}: {describe_parameters(method.model)}, "
                       f"{config.queries_per_step} queries x {config.answers_per_query} answers/step, "
                       f"precision={setup.precision_name}, run dir {run.dir}")
     try:

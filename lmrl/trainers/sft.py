@@ -26,7 +26,7 @@ from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
 from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, decoder_and_head, head_logprobs
 from lmrl.models.placement import model_device, to_device
-from lmrl.models import autocast, count_parameters
+from lmrl.models import autocast, describe_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.trainers import common, loop
 
@@ -182,7 +182,7 @@ def train(config: SFTConfig) -> dict[str, float]:
     method = SFT(config, setup)
     run = common.start_run(config, "sft")
     run.tracker.print(
-        f"SFT: {count_parameters(method.model) / 1e6:.2f}M params, {len(method.examples)} examples "
+        f"SFT: {describe_parameters(method.model)}, {len(method.examples)} examples "
         f"({method.data_stats}), precision={setup.precision_name}, run dir {run.dir}"
     )
     return loop.run(config, method, run)
