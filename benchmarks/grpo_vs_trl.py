@@ -7,9 +7,9 @@
         --trl-micro-batch 8 --lmrl-set gradient_checkpointing=true    # Qwen2 architecture, Qwen2.5's vocabulary size
 
 ``--qwen2-vocab V`` builds a Qwen2-architecture model locally (random init, seed 0; ``--hidden``, ``--layers``) whose
-vocabulary has V entries, with the ``builtin:char`` tokenizer (the model may sample ids the tokenizer has no text
-for; both frameworks decode them to nothing): what costs memory in a big-vocabulary model is the LM head and its
-logits, which this reproduces at a size that runs on a CPU.
+vocabulary has V entries, with the ``builtin:char`` tokenizer extended by added tokens ``<x0>``, ``<x1>``, ... to V
+entries (so every sampled id has text, and the digit reward varies): what costs memory in a big-vocabulary model is
+the LM head and its logits, which this reproduces at a size that runs on a CPU.
 
 The parent process builds the model once (``lmrl.models.load_model(model, char tokenizer, seed=0)``) and saves it
 with the ``builtin:char`` tokenizer to a temporary directory, writes the prompt rows (built-in arithmetic task, train
@@ -138,7 +138,8 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        tokenizer = build_char_tokenizer()
+        tokenizer = build_char_tokenizer()  # + added tokens <x0>, <x1>, ... up to the vocabulary size
+        tokenizer.add_tokens([f"<x{i}>" for i in range(args.qwen2_vocab - len(tokenizer))])
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(
             vocab_size=args.qwen2_vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,

@@ -153,7 +153,10 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     if model_args:
         raise ValueError("model_args only apply to built-in models; edit the model's config.json instead.")
     check_model_path(name)
-    extra = {"quantization_config": four_bit_config(), "dtype": torch.bfloat16} if load_in_4bit else {}
+    extra = {}
+    if load_in_4bit:  # placed on the current GPU by from_pretrained, as TRL's get_kbit_device_map does
+        extra = {"quantization_config": four_bit_config(), "dtype": torch.bfloat16,
+                 "device_map": {"": torch.cuda.current_device()}}
     try:
         model = AutoModelForCausalLM.from_pretrained(name, **{"dtype": torch.float32, **extra})
     except OSError as exc:

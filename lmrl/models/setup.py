@@ -46,7 +46,7 @@ class ModelSetup:
     model_args: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     precision: str = "auto"
-    device: str | torch.device = "cpu"
+    device: str | torch.device = "auto"
     gradient_checkpointing: bool = False
     lora: LoraSettings | None = None
     load_in_4bit: bool = False

@@ -130,7 +130,8 @@ def test_shared_prompts_and_skipped_zero_advantage_rows_change_nothing(tmp_path,
         assert torch.allclose(p, finals[1][name], atol=1e-5), name
 
 
-def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lora", [[], ["lora_r=4", "lora_alpha=8", "merge_lora=true"]], ids=["full", "lora"])
+def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypatch, lora):
     import contextlib
 
     import lmrl.models.logprobs as logprobs
@@ -149,7 +150,7 @@ def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypa
     for reuse in ("true", "false"):
         out = tmp_path / reuse
         online.train(rl_config(tmp_path, "grpo", "max_steps=3", "skip_zero_advantage=false", f"output_dir={out}",
-                               f"reuse_sampling_forward={reuse}"))
+                               f"reuse_sampling_forward={reuse}", *lora))
         finals.append(dict(load_model(str(out / "final")).named_parameters()))
     reused, recomputed = counts[:3], counts[3:]
     assert all(c["replayed"] > 0 and c["computed"] == 0 for c in reused), reused  # every layer, every step
