@@ -65,9 +65,11 @@ def rollout(engine: HFEngine, tokenizer, rows, config: RLConfig, step: int) -> R
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                             top_p=config.top_p, top_k=config.top_k)
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # resume-exact sampling
-    # a recording is reused only by an update on the sampler's weights through the shared-prompt forward
-    record = config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
+    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step)  # resume-exact
+    # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
+    # gradient checkpointing turns off)
+    record = (config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
+              and not config.gradient_checkpointing)
     return engine.generate(ids, params, n=config.samples_per_prompt, generator=generator, record_linear_outputs=record)
 
 
