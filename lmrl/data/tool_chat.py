@@ -13,6 +13,7 @@ Llama 3.1+, Hermes) are used as they are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 from typing import Any, Sequence
@@ -41,6 +42,16 @@ CHATML_TOOLS_TEMPLATE = (
 `tools`, the system message ends with one line per tool, `name(arg, ...): description`; `tool` messages
 are `<|im_start|>tool\\n{content}<|im_end|>\\n`. Calls are part of the assistant's content (the model writes
 them in its `tool_parser` format)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolContext:
+    """How SFT renders and masks tool conversations: the tools (OpenAI schemas), the call format, call tokens."""
+
+    tools: list[dict]
+    parser: Any
+    """a `lmrl.rollout.tool_parsers.ToolParser` (writes `tool_calls` into the content, finds call spans)"""
+    train_calls: bool = True
 
 
 def ensure_tool_template(tokenizer: Any) -> Any:
@@ -196,6 +207,6 @@ def has_tool_turns(row: dict) -> bool:
     return any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages or [])
 
 
-__all__ = ["CHATML_TOOLS_TEMPLATE", "END_OF_TURN", "between_turns_ids", "ensure_tool_template", "has_tool_turns",
+__all__ = ["CHATML_TOOLS_TEMPLATE", "ToolContext", "END_OF_TURN", "between_turns_ids", "ensure_tool_template", "has_tool_turns",
            "prompt_ids", "render", "span_token_mask", "token_char_ends", "tokenize_tool_conversation",
            "tool_row_messages", "validate_tool_messages"]

@@ -9,7 +9,7 @@ Built-ins (`REWARDS`; options via `make_reward(name, **kwargs)`): `task`, `math`
 `rubric` (LLM judges). A user function is 'module.path:function'; a reward model is 'model:PATH'.
 """
 
-from lmrl.rewards import gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
+from lmrl.rewards import env, gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
 from lmrl.rewards.compose import ON_REWARD_ERROR, RewardResult, RewardSet
 from lmrl.rewards.errors import MissingColumnError, RewardError
 from lmrl.rewards.length import overlong_penalty, target_length_reward

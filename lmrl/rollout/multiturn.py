@@ -85,6 +85,8 @@ def run_episodes(engine, tokenizer, envs: Sequence[Environment], rows: Sequence[
             _add_turn(traj, tokenizer, ids, logp, batch.completions[k], batch.finish_reason[k] == "length", options)
             if traj.finish is None:
                 _step(traj, tokenizer, batch.completions[k], options, last_turn=turn == options.max_turns - 1)
+            else:  # cut by the budget or the turn length: the partial turn still ends the transcript
+                traj.history.append({"role": "assistant", "content": batch.completions[k]})
     return _assemble(trajs, tokenizer, engine, group_size)
 
 

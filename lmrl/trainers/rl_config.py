@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Literal
 
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.rollout.tool_config import ToolSection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ GROUP_BASELINES = ("rloo", "grpo", "dr_grpo")
 
 
 @dataclasses.dataclass
-class RLConfig(SamplingSection, RewardSection, TrainConfig):
+class RLConfig(ToolSection, SamplingSection, RewardSection, TrainConfig):
     algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
     dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
     task_args: dict = field({}, "arguments of a built-in task")

@@ -16,9 +16,10 @@ from lmrl.data.tasks.countdown import Countdown
 from lmrl.data.tasks.linear import Linear
 from lmrl.data.tasks.sorting import Sorting
 from lmrl.data.tasks.strings import Count, Reverse
+from lmrl.data.tasks.tool_arithmetic import ToolArithmetic
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Arithmetic, Countdown, Sorting, Reverse, Count, Linear)
+    cls.name: cls for cls in (Arithmetic, Countdown, Sorting, Reverse, Count, Linear, ToolArithmetic)
 }
 """Task families by name."""
 
