@@ -11,7 +11,8 @@ tool outputs); `loss_mask` is 1 only on sampled tokens, minus the tool-call toke
 
 An episode ends when the environment says done, after `max_turns` assistant turns, when a turn hits
 `params.max_new_tokens` without its end-of-turn token, or when the completion would pass
-`max_total_tokens` (it is cut there); all but the first are flagged `truncated`. `info[i]` keeps the
+`max_total_tokens` (it is cut there); all but the first are flagged `truncated`. A cut turn is still given to
+the environment (its reward counts; its observations are dropped). `info[i]` keeps the
 turn spans, the full transcript, the finish reason and the environment reward.
 """
 
@@ -85,8 +86,10 @@ def run_episodes(engine, tokenizer, envs: Sequence[Environment], rows: Sequence[
             _add_turn(traj, tokenizer, ids, logp, batch.completions[k], batch.finish_reason[k] == "length", options)
             if traj.finish is None:
                 _step(traj, tokenizer, batch.completions[k], options, last_turn=turn == options.max_turns - 1)
-            else:  # cut by the budget or the turn length: the partial turn still ends the transcript
-                traj.history.append({"role": "assistant", "content": batch.completions[k]})
+            else:  # cut by the budget or the turn length: the environment still scores the partial turn
+                assistant = {"role": "assistant", "content": batch.completions[k]}
+                traj.reward += float(traj.env.step(assistant).reward)
+                traj.history.append(assistant)
     return _assemble(trajs, tokenizer, engine, group_size)
 
 
