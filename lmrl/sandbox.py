@@ -190,8 +190,10 @@ def _status(code: int | None, timed_out: bool, stderr: str) -> str:
     return "ok" if code == 0 else "error"
 
 
-def run_python(code: str, limits: SandboxLimits | None = None, args: tuple[str, ...] = ()) -> SandboxResult:
-    """Run `code` with the current interpreter (`-I`: isolated mode) in a fresh temp dir under `limits`."""
+def run_python(code: str, limits: SandboxLimits | None = None, args: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> SandboxResult:
+    """Run `code` with the current interpreter (`-I`: isolated mode) in a fresh temp dir under `limits`;
+    `env` adds environment variables to the otherwise empty environment."""
     limits = limits or SandboxLimits()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lmrl-sandbox-") as root:
@@ -208,12 +210,13 @@ def run_python(code: str, limits: SandboxLimits | None = None, args: tuple[str, 
         cmd = [sys.executable, "-I", "-B", runner, src, *args]
         if limits.network_namespace and network_namespace_available():
             cmd = [shutil.which("unshare") or "unshare", "-rn", *cmd]
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        env_vars = {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+               **(env or {})}
         out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                proc = subprocess.Popen(cmd, cwd=work, env=env_vars, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                         preexec_fn=functools.partial(_set_limits, limits), start_new_session=True)
             except OSError as exc:
                 return SandboxResult("error", "", f"sandbox: could not start: {exc}", None, False,
@@ -236,3 +239,49 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+_PRELUDE = """
+def _lmrl_harness(marker, exec_=exec, print_=print, base=BaseException):
+    def report(tests):
+        passed = 0
+        for test in tests:
+            try:
+                exec_(test, globals())
+                passed += 1
+            except base:
+                pass
+        print_(marker + str(passed), flush=True)
+    return report
+import os as _os
+_lmrl_report = _lmrl_harness(_os.environ.pop("LMRL_TESTS_MARKER", "?"))
+del _lmrl_harness, _os
+"""
+
+
+def extract_code(completion: str) -> str:
+    """The code of a completion: the last ```python (or ```) fenced block, else the whole text."""
+    blocks = [b.split("\n", 1)[1] if "\n" in b else "" for b in completion.split("```")[1::2]]
+    return blocks[-1] if blocks else completion
+
+
+def run_tests(code: str, tests: list[str], limits: SandboxLimits | None = None) -> tuple[int, int, SandboxResult]:
+    """Run `code`, then each test (a Python statement such as `assert f(2) == 4`) in the same sandboxed process.
+
+    Returns (tests passed, tests given, the run). A test passes when it runs without raising. The count is
+    printed after a random marker that reaches the process in an environment variable removed before the
+    code runs, by a function that kept its own `exec`/`print`, so printing a fake count or replacing builtins
+    does not pass tests (code that digs through closures could; this guards against a policy's accidents
+    and naive hacks, not deliberate attacks). Code that crashes, loops or exits before the tests passes none.
+    """
+    if not tests:
+        raise ValueError("run_tests needs at least one test statement, e.g. 'assert f(1) == 2'.")
+    marker = f"@@lmrl-tests-{os.urandom(8).hex()}@@"
+    program = _PRELUDE + code + f"\n_lmrl_report({list(tests)!r})\n"
+    limits = limits or SandboxLimits()
+    result = run_python(program, dataclasses.replace(limits, max_output_chars=max(limits.max_output_chars, 10_000)),
+                        env={"LMRL_TESTS_MARKER": marker})
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith(marker) and line[len(marker):].isdigit():
+            return min(int(line[len(marker):]), len(tests)), len(tests), result
+    return 0, len(tests), result
