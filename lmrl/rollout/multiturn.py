@@ -11,7 +11,7 @@ tool outputs); `loss_mask` is 1 only on sampled tokens, minus the tool-call toke
 
 An episode ends when the environment says done, after `max_turns` assistant turns, when a turn hits
 `params.max_new_tokens` without its end-of-turn token, or when the completion would pass
-`max_total_tokens` (it is cut there); all but the first are flagged `truncated`. A cut turn is still given to
+`max_total_tokens` or the model's context length (it is cut there); all but the first are flagged `truncated`. A cut turn is still given to
 the environment (its reward counts; its observations are dropped). `info[i]` keeps the
 turn spans, the full transcript, the finish reason and the environment reward.
 """
@@ -72,11 +72,17 @@ def run_episodes(engine, tokenizer, envs: Sequence[Environment], rows: Sequence[
     for env, row in zip(envs, rows):
         history = env.reset(row)
         trajs.append(_Trajectory(env, history, prompt_ids(tokenizer, history, env.tools)))
+    limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
     for turn in range(options.max_turns):
+        for t in trajs:  # a context the model cannot extend ends the episode (flagged like the token budget)
+            if t.finish is None and limit is not None and len(t.prompt) + len(t.ids) >= limit:
+                t.finish = "budget"
         active = [t for t in trajs if t.finish is None]
         if not active:
             break
         room = max(options.max_total_tokens - len(t.ids) for t in active)
+        if limit is not None:
+            room = min(room, limit - max(len(t.prompt) + len(t.ids) for t in active))
         turn_params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, room))
         batch = engine.generate([t.prompt + t.ids for t in active], turn_params, n=1, generator=generator)
         lengths = batch.completion_lengths.tolist()

@@ -98,7 +98,8 @@ class RLConfig(ToolSection, SamplingSection, RewardSection, TrainConfig):
     @property
     def loss_options(self) -> dict[str, Any]:
         low, high = self.preset.clip
-        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": self.max_new_tokens,
+        max_len = self.max_total_tokens if self.multi_turn else self.max_new_tokens  # seq_sum_norm's constant
+        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": max_len,
                                 "tis_cap": self.tis_cap, "kl_estimator": self.kl_estimator}
         if self.preset.loss != "pg":
             opts.update(clip_low=self.clip_low if self.clip_low is not None else low,
