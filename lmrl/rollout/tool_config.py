@@ -14,7 +14,7 @@ from lmrl.config import ConfigError, Section, field
 from lmrl.rollout.env import EnvFactory, tool_env_factory
 from lmrl.rollout.multiturn import MultiTurnOptions
 from lmrl.rollout.tool_parsers import TOOL_PARSERS, get_parser
-from lmrl.rollout.tools import ToolBox, build_tools
+from lmrl.rollout.tools import ToolBox, build_tools, import_callable
 
 
 @dataclasses.dataclass
@@ -59,12 +59,10 @@ def build_env_factory(section: ToolSection, tokenizer: Any) -> EnvFactory | None
 
     ensure_tool_template(tokenizer)
     if section.env:
-        from lmrl.rewards.registry import _import_function
-
-        if ":" not in section.env:
-            raise ConfigError(f"env={section.env!r}: give an environment factory as module.path:factory.")
-        factory = _import_function(section.env, *section.env.split(":", 1))
-        return factory
+        try:
+            return import_callable(section.env, "env")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     try:
         tools = build_tools(section.tools, section.tool_kwargs)
     except ValueError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import importlib
 import operator
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -181,10 +182,27 @@ BUILTIN_TOOLS: dict[str, Callable[..., Tool]] = {"calculator": calculator, "pyth
 """Built-in tool factories by name; options come from `tool_kwargs.<name>`."""
 
 
+def import_callable(spec: str, key: str) -> Callable[..., Any]:
+    """The callable named by 'module.path:attr' (config key `key`), with an error naming the key and the fix."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{key}={spec!r}: give a function as module.path:name.")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure gets the same fix
+        raise ValueError(f"{key}={spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}). Put "
+                         "its folder on PYTHONPATH or run from it, and check the spelling.") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{key}={spec!r}: module {module_name!r} has no attribute {attr!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{key}={spec!r} is a {type(obj).__name__}, not a function.")
+    return obj
+
+
 def build_tools(names: Sequence[str], kwargs: dict[str, dict] | None = None) -> list[Tool]:
     """Built-in tools by name, or user tools given as 'module.path:factory' (a function returning a Tool)."""
-    from lmrl.rewards.registry import _import_function  # the same import-path rules as user rewards
-
     kwargs = kwargs or {}
     unknown_opts = sorted(set(kwargs) - set(names))
     if unknown_opts:
@@ -194,7 +212,7 @@ def build_tools(names: Sequence[str], kwargs: dict[str, dict] | None = None) -> 
         if name in BUILTIN_TOOLS:
             factory = BUILTIN_TOOLS[name]
         elif ":" in name:
-            factory = _import_function(name, *name.split(":", 1))
+            factory = import_callable(name, "tools")
         else:
             close = difflib.get_close_matches(name, BUILTIN_TOOLS, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""

@@ -100,3 +100,17 @@ def test_single_turn_batches_are_unchanged():
     from lmrl.rollout.types import RolloutBatch
 
     assert "loss_mask" in RolloutBatch.__dataclass_fields__
+
+
+def test_env_and_tool_paths_fail_at_start_up_with_the_key(tmp_path):
+    from lmrl.data.tokenizers import build_char_tokenizer
+    from lmrl.rollout.tool_config import build_env_factory
+
+    tok = build_char_tokenizer()
+    for overrides, match in ((["env=nosuchmodule:make"], "env='nosuchmodule:make': cannot import"),
+                             (["env=agentic_envs:nothing"], "has no attribute 'nothing'"),
+                             (["env=agentic_envs"], "module.path:name"),
+                             (["tools=[nosuchmodule:tool]"], "tools='nosuchmodule:tool': cannot import")):
+        with pytest.raises(ConfigError, match=match):
+            build_env_factory(rl_config(tmp_path, *overrides), tok)
+    assert build_env_factory(rl_config(tmp_path, "env=agentic_envs:digits"), tok)({"prompt": "x"}).tools == []
