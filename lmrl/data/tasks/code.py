@@ -1,6 +1,6 @@
 """Code: write a small Python function; it is verified by running unit tests in the sandbox (`lmrl.sandbox`).
 
-The problems are small families with random constants (add k, multiply by k, count a character, sum the
+The problems are small families with random constants and one worked example in the prompt (add k, multiply by k, count a character, sum the
 multiples of k, reverse every k-th ...), each with a reference solution (the SFT target) and `n_tests`
 assert statements on random inputs. `score` is 1.0 when every test passes; the `code` reward also offers
 the pass fraction.
@@ -51,11 +51,12 @@ class Code(Task):
 
     def sample(self, rng: random.Random) -> Example:
         spec, body, ref, kind = rng.choice(_FAMILIES)
-        k, c = rng.randint(2, 9), rng.choice("abc")
+        k, c = rng.randint(2, 30), rng.choice("abc")
         fn = ref(k, c)
         inputs = [_input(kind, rng) for _ in range(self.n_tests)]
         tests = [f"assert f({x!r}) == {fn(x)!r}" for x in inputs]
-        prompt = f"Write a Python function f(x) that {spec.format(k=k, c=c)}."
+        example = _input(kind, rng)
+        prompt = f"Write a Python function f(x) that {spec.format(k=k, c=c)}. Example: f({example!r}) == {fn(example)!r}."
         solution = f"def f(x):\n    {body.format(k=k, c=c)}\n"
         return Example(self.name, prompt, solution, {"tests": tests})
 
@@ -72,7 +73,7 @@ class Code(Task):
             return 0.0
         code = self.parse(completion)
         tests = list((meta or {}).get("tests") or [])
-        if code is None or not tests:
+        if code is None or not tests or "def f" not in code:  # no function f: nothing to run
             return 0.0
         passed, total, _ = run_tests(code, tests, TEST_LIMITS)
         return 1.0 if passed == total else 0.0
