@@ -105,14 +105,42 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--out", default="runs/tool_use")
+    p.add_argument("--collect", metavar="LOG", help="only gather the finished runs under --out (pass@k from the "
+                   "JSON lines of this log of an earlier run) into the results and the plot")
     a = p.parse_args()
     out = ROOT / a.out
     out.mkdir(parents=True, exist_ok=True)
+    if a.collect:
+        return collect(out, Path(a.collect), a)
     jobs = [(s, t) for s in a.seeds for t in (True, False)]
     with ThreadPoolExecutor(a.parallel) as pool:
         results = list(pool.map(lambda job: run_seed(job[0], job[1], out, a), jobs))
     results.sort(key=lambda r: (r["seed"], not r["tools"]))
     (ROOT / "docs" / "img" / "tools_results.json").write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+    plot(results, ROOT / "docs" / "img" / "tools.png")
+
+
+def collect(out: Path, log: Path, a) -> None:
+    """Results of the runs that finished (SFT and/or GRPO), for runs cut short by a deadline."""
+    printed = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"seed"')]
+    results = []
+    for seed in a.seeds:
+        for tools in (True, False):
+            tag = f"{'tools' if tools else 'notools'}-s{seed}"
+            sft_m, rl_m = out / f"sft-{tag}" / "metrics.jsonl", out / f"rl-{tag}" / "metrics.jsonl"
+            if not sft_m.exists():
+                continue
+            rl_rows = [json.loads(line) for line in rl_m.read_text().splitlines()] if rl_m.exists() else []
+            finished_rl = any(r.get("step") == a.rl_steps and "eval/accuracy" in r for r in rl_rows)
+            result = {"seed": seed, "tools": tools, "sft_accuracy": last(sft_m, "eval/accuracy"),
+                      "rl_accuracy": last(rl_m, "eval/accuracy") if finished_rl else None,
+                      "rl_steps_done": max([r["step"] for r in rl_rows if "reward/mean" in r], default=0),
+                      "rl_reward_curve": [(r["step"], r["reward/mean"]) for r in rl_rows if "reward/mean" in r]}
+            result.update(next(({k: v for k, v in r.items() if k.startswith("pass")} for r in printed
+                                if r["seed"] == seed and r["tools"] == tools), {}))
+            results.append(result)
+    (ROOT / "docs" / "img" / "tools_results.json").write_text(json.dumps({"args": vars(a), "results": results},
+                                                                         indent=1))
     plot(results, ROOT / "docs" / "img" / "tools.png")
 
 
@@ -132,7 +160,7 @@ def plot(results: list[dict], path: Path) -> None:
     for tools, color, dx in ((True, "tab:blue", -0.15), (False, "tab:orange", 0.15)):
         rs = [r for r in results if r["tools"] == tools]
         for i, key in enumerate(("sft_accuracy", "rl_accuracy")):
-            vals = [r[key] for r in rs]
+            vals = [r[key] for r in rs if r.get(key) is not None]
             ax2.scatter([i + dx] * len(vals), vals, color=color, label=("with calculator" if tools else "without tools")
                         if i == 0 else None)
     ax2.set_xticks([0, 1], ["after SFT", "after GRPO"])
