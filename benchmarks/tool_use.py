@@ -128,8 +128,9 @@ def collect(out: Path, log: Path, a) -> None:
         for tools in (True, False):
             tag = f"{'tools' if tools else 'notools'}-s{seed}"
             sft_m, rl_m = out / f"sft-{tag}" / "metrics.jsonl", out / f"rl-{tag}" / "metrics.jsonl"
-            if not sft_m.exists():
-                continue
+            sft_rows = [json.loads(line) for line in sft_m.read_text().splitlines()] if sft_m.exists() else []
+            if not any(r.get("step") == a.sft_steps and "eval/accuracy" in r for r in sft_rows):
+                continue  # SFT did not finish
             rl_rows = [json.loads(line) for line in rl_m.read_text().splitlines()] if rl_m.exists() else []
             finished_rl = any(r.get("step") == a.rl_steps and "eval/accuracy" in r for r in rl_rows)
             result = {"seed": seed, "tools": tools, "sft_accuracy": last(sft_m, "eval/accuracy"),
