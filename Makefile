@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	fi
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,swarm,lora]"
+	$(PY) -m pip install -q -e ".[test,swarm,lora,tools]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -270,7 +270,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 def section_of(cls: type, name: str) -> str:
     """The title of the section that first declares ``name`` (the method's own keys: '')."""
     for base in reversed(cls.__mro__):
-        if issubclass(base, Section) and base.title and name in base.__dict__.get("__annotations__", {}):
+        if issubclass(base, Section) and base.__dict__.get("title") and name in base.__dict__.get("__annotations__", {}):
             return base.title
     return ""
 

@@ -26,12 +26,13 @@ from lmrl.data.chat import render_prompt
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
 from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.tool_config import ToolSection
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import console
 
 
 @dataclasses.dataclass
-class GenerateConfig:
+class GenerateConfig(ToolSection):
     model: str = field("builtin:tiny", "HF model path or hub id, a run's final/ or checkpoint dir, or builtin:<size>")
     tokenizer: str | None = field(None, "tokenizer; default: the model's")
     prompts: list[str] = field([], "prompts (chat template applied when chat=true)")
@@ -55,6 +56,9 @@ class GenerateConfig:
                                           "as JSONL")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.multi_turn and (self.best_of > 1 or not self.chat):
+            raise ConfigError("tools/env run the multi-turn tool loop, which needs chat=true and best_of=1.")
         if self.n < 1 or self.max_new_tokens < 1:
             raise ConfigError("'n' and 'max_new_tokens' must be >= 1.")
         if self.temperature < 0:
@@ -98,6 +102,10 @@ def run(config: GenerateConfig) -> list[list[str]]:
         max_new_tokens=config.max_new_tokens, temperature=config.temperature or 1.0, top_p=config.top_p,
         top_k=config.top_k, stop_strings=tuple(config.stop), greedy=config.temperature == 0,
     )
+    if config.multi_turn:  # tools or an environment: the tool loop (lmrl.generate_tools)
+        from lmrl.generate_tools import run_tool_episodes
+
+        return run_tool_episodes(config, engine, tokenizer, params, prompts)
     texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     if config.best_of > 1:

@@ -12,6 +12,7 @@ from typing import Any, Literal, Sequence
 import torch
 
 from lmrl.data.chat import IGNORE_INDEX, tokenize_messages, tokenize_prompt_completion
+from lmrl.data.tool_chat import ToolContext, has_tool_turns, tokenize_tool_conversation, tool_row_messages
 from lmrl.data.loading import check_completion, check_messages, check_prompt, detect_format, row_where
 
 Overlong = Literal["truncate", "drop", "error"]
@@ -31,9 +32,21 @@ def _has_target(labels: Sequence[int]) -> bool:
 
 
 def tokenize_row(
-    row: dict, tokenizer: Any, fmt: str, train_on: str = "all", chat: bool = True, where: str = "row"
+    row: dict, tokenizer: Any, fmt: str, train_on: str = "all", chat: bool = True, where: str = "row",
+    tool_context: ToolContext | None = None,
 ) -> SFTExample:
-    """Validate and tokenize one row of format `fmt` ("messages" or "prompt_completion")."""
+    """Validate and tokenize one row of format `fmt` ("messages" or "prompt_completion").
+
+    A messages row with tool turns (tool messages, `tool_calls`) needs `tool_context`: the tools rendered by the
+    template, the call format, and whether call tokens are learned; tool outputs are never learned."""
+    if fmt == "messages" and has_tool_turns(row):
+        if tool_context is None:
+            raise ValueError(f"{where}: the row has tool turns; set tools=[...] (and tool_parser) so that the chat "
+                             "template can render them.")
+        messages = tool_row_messages(row, tool_context.parser)
+        ids, labels = tokenize_tool_conversation(tokenizer, messages, row.get("tools") or tool_context.tools,
+                                                 tool_context.parser, tool_context.train_calls, where)
+        return SFTExample(ids, labels)
     if fmt == "messages":
         messages = check_messages(row["messages"], where)
         if not chat:
@@ -57,6 +70,7 @@ def build_sft_examples(
     train_on: Literal["all", "last"] = "all",
     chat: bool = True,
     where: str = "dataset",
+    tool_context: ToolContext | None = None,
 ) -> tuple[list[SFTExample], dict[str, int]]:
     """Tokenized examples of `rows` and stats {"rows", "overlong", "dropped", "truncated"}.
 
@@ -81,7 +95,7 @@ def build_sft_examples(
         if not isinstance(row, dict) or any(c not in row for c in needed):
             found = sorted(row) if isinstance(row, dict) else type(row).__name__
             raise ValueError(f"{row_name}: needs columns {needed}, found {found}. Fix or drop the row.")
-        ex = tokenize_row(row, tokenizer, fmt, train_on, chat, row_name)
+        ex = tokenize_row(row, tokenizer, fmt, train_on, chat, row_name, tool_context)
         if len(ex.input_ids) > max_length:
             stats["overlong"] += 1
             overlong_rows.append(i + 1)

@@ -4,12 +4,12 @@
     rewards = RewardSet(["math", "format"], reward_weights=[1.0, 0.2])
     total, components, metrics = rewards.compute(prompts, completions, answer=answers)
 
-Built-ins (`REWARDS`; options via `make_reward(name, **kwargs)`): `task`, `math`,
+Built-ins (`REWARDS`; options via `make_reward(name, **kwargs)`): `task`, `math`, `code`, `env`,
 `exact_match`, `format`, `length`, `overlong`, `gold` (the built-in preference task), `judge` and
 `rubric` (LLM judges). A user function is 'module.path:function'; a reward model is 'model:PATH'.
 """
 
-from lmrl.rewards import gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
+from lmrl.rewards import code, env, gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
 from lmrl.rewards.compose import ON_REWARD_ERROR, RewardResult, RewardSet
 from lmrl.rewards.errors import MissingColumnError, RewardError
 from lmrl.rewards.length import overlong_penalty, target_length_reward

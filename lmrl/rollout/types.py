@@ -102,6 +102,12 @@ class RolloutBatch:
     linear_outputs: Any = None
     """`lmrl.models.replay.LinearOutputs` of the sampling forwards, when the engine was asked to record them;
     an on-policy update reuses them instead of recomputing the layers' matmuls. None otherwise."""
+    loss_mask: torch.Tensor | None = None
+    """FloatTensor (N, T) or None: 1 on the completion tokens the policy loss trains. Multi-turn rollouts set it
+    (0 on tool outputs and other environment tokens, which stay in `completion_mask` for attention);
+    None = `completion_mask` (single-turn)."""
+    info: list[dict] | None = None
+    """N dicts of per-trajectory details from multi-turn rollouts (turn spans, transcript, finish); else None."""
 
     def __post_init__(self) -> None:
         n, p = self.prompt_ids.shape
@@ -112,12 +118,13 @@ class RolloutBatch:
             "completion_mask": (self.completion_mask.shape, (n, t)),
             "sampler_logp": (self.sampler_logp.shape, (n, t)),
             "truncated": (self.truncated.shape, (n,)),
+            **({"loss_mask": (self.loss_mask.shape, (n, t))} if self.loss_mask is not None else {}),
         }
         for name, (got, want) in checks.items():
             if tuple(got) != want:
                 raise ValueError(f"RolloutBatch.{name} has shape {tuple(got)}, expected {want} (N={n}, P={p}, T={t}).")
-        for name in ("finish_reason", "prompts", "completions"):
-            if len(getattr(self, name)) != n:
+        for name in ("finish_reason", "prompts", "completions", "info"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(
                     f"RolloutBatch.{name} has {len(getattr(self, name))} entries, expected one per row (N={n})."
                 )
@@ -137,6 +144,11 @@ class RolloutBatch:
     def num_prompts(self) -> int:
         """B = N / G."""
         return len(self) // self.group_size
+
+    @property
+    def train_mask(self) -> torch.Tensor:
+        """FloatTensor (N, T): the tokens the loss trains (`loss_mask`, or `completion_mask` when it is None)."""
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -190,6 +202,8 @@ class RolloutBatch:
             completions=[self.completions[i] for i in rows],
             group_size=g if keeps_groups else 1,
             linear_outputs=None if self.linear_outputs is None else self.linear_outputs.select(take),
+            loss_mask=None if self.loss_mask is None else self.loss_mask[take],
+            info=None if self.info is None else [self.info[i] for i in rows],
         )
 
     def select_groups(self, groups: Sequence[int] | torch.Tensor) -> RolloutBatch:

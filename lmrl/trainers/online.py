@@ -48,7 +48,8 @@ from lmrl.models.value import ValueModel
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
-from lmrl.trainers import common, loop
+from lmrl.rollout.tool_config import build_env_factory
+from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 
 # ----------------------------------------------------------------------------- rollout and scoring
@@ -60,7 +61,9 @@ def repeat_columns(rows: list[dict[str, Any]], group_size: int) -> dict[str, lis
     return {k: [row[k] for row in rows for _ in range(group_size)] for k in keys}
 
 
-def rollout(engine: HFEngine, tokenizer, rows, config: RLConfig, step: int) -> RolloutBatch:
+def rollout(engine: HFEngine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
+    if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
+        return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -74,7 +77,7 @@ def rollout(engine: HFEngine, tokenizer, rows, config: RLConfig, step: int) -> R
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
-    columns = repeat_columns(rows, group_size)
+    columns = {**repeat_columns(rows, group_size), **agentic.episode_columns(batch)}
     return reward_set.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
                               completion_lengths=batch.completion_lengths.tolist(), **columns)
 
@@ -115,12 +118,12 @@ def completion_values(value_model: ValueModel, batch: RolloutBatch, dtype) -> to
     p, t = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
     with autocast(batch.input_ids.device.type, dtype):
         values = value_model(batch.input_ids, batch.attention_mask)  # (N, P+T)
-    return values[:, p - 1 : p + t - 1].float() * batch.completion_mask
+    return values[:, p - 1 : p + t - 1].float() * batch.train_mask
 
 
 def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, config: RLConfig, dtype):
     """GAE advantages (whitened over completion tokens) and returns, on KL-shaped per-token rewards."""
-    mask = batch.completion_mask
+    mask = batch.train_mask
     with torch.no_grad():
         old_values = completion_values(value_model, batch, dtype)
     kl_tok = (old_logp - ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)  # k1 in the reward
@@ -148,7 +151,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     for _ in range(config.ppo_epochs):
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
-            mb_tokens = batch.completion_mask[mb].sum().clamp(min=1)
+            mb_tokens = batch.train_mask[mb].sum().clamp(min=1)
             for micro in mb.chunk(config.grad_accum):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
@@ -157,7 +160,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                     if len(micro) == 0:
                         continue
                 sub = batch.select(micro)
-                mask = sub.completion_mask
+                mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
                 weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / len(mb)
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
@@ -208,13 +211,15 @@ class Parts:
     reward_set: RewardSet
     optimizer: torch.optim.Optimizer
     scheduler: Any
+    env_factory: Any = None
+    """multi-turn: makes one environment per trajectory (None: single-turn)"""
 
 
 def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, tracker) -> dict[str, float]:
     """Sample, score, compute advantages, update. Returns the step's metrics."""
     G = config.samples_per_prompt
     t0 = time.perf_counter()
-    batch = rollout(parts.engine, parts.tokenizer, rows, config, step)
+    batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
     t_rollout = time.perf_counter() - t0
     try:
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
@@ -226,9 +231,10 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
                     "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
-                    "train/reused_sampling_forward": float(batch.linear_outputs is not None)})
+                    "train/reused_sampling_forward": float(batch.linear_outputs is not None),
+                    **agentic.episode_metrics(batch)})
     if step % config.sample_every == 0 or step == 1:
-        tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": batch.completions[i],
+        tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": agentic.sample_text(batch, i),
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
                                    for i in range(0, min(len(batch), config.num_samples * G), G)])
     zero_var = zero_variance_groups(rewards, G)  # (B,)
@@ -260,9 +266,11 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     return metrics
 
 
-def evaluate(model, tokenizer, eval_rows, config: RLConfig, dtype) -> tuple[dict[str, float], list[dict]]:
+def evaluate(model, tokenizer, eval_rows, config: RLConfig, dtype, env_factory=None) -> tuple[dict[str, float], list[dict]]:
     if not eval_rows or "task" not in eval_rows[0]:
         return {}, []
+    if env_factory is not None:
+        return agentic.evaluate_episodes(model, tokenizer, eval_rows, config, dtype, env_factory)
     metrics, samples = task_accuracy(model, tokenizer, eval_rows, config.max_new_tokens, dtype, num_samples=config.num_samples)
     return {"eval/accuracy": metrics["accuracy"]}, samples
 
@@ -291,8 +299,9 @@ class OnlineRL:
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
         engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
+        env_factory = build_env_factory(config, self.tokenizer)
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
-                           self.scheduler)
+                           self.scheduler, env_factory)
 
     def step(self, step: int) -> dict[str, float]:
         config = self.config
@@ -300,7 +309,8 @@ class OnlineRL:
         return rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype)
+        return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
+                        self.parts.env_factory)
 
     def state_dict(self) -> dict[str, Any]:
         value_model = self.parts.value_model

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Literal
 
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.rollout.tool_config import ToolSection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ GROUP_BASELINES = ("rloo", "grpo", "dr_grpo")
 
 
 @dataclasses.dataclass
-class RLConfig(SamplingSection, RewardSection, TrainConfig):
+class RLConfig(ToolSection, SamplingSection, RewardSection, TrainConfig):
     algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
     dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
     task_args: dict = field({}, "arguments of a built-in task")
@@ -97,7 +98,8 @@ class RLConfig(SamplingSection, RewardSection, TrainConfig):
     @property
     def loss_options(self) -> dict[str, Any]:
         low, high = self.preset.clip
-        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": self.max_new_tokens,
+        max_len = self.max_total_tokens if self.multi_turn else self.max_new_tokens  # seq_sum_norm's constant
+        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": max_len,
                                 "tis_cap": self.tis_cap, "kl_estimator": self.kl_estimator}
         if self.preset.loss != "pg":
             opts.update(clip_low=self.clip_low if self.clip_low is not None else low,

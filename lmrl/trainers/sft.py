@@ -28,11 +28,12 @@ from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, decoder_and_head, h
 from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.setup import ModelSetup
-from lmrl.trainers import common, loop
+from lmrl.rollout.tool_config import ToolSection, build_env_factory
+from lmrl.trainers import agentic, common, loop
 
 
 @dataclasses.dataclass
-class SFTConfig(TrainConfig):
+class SFTConfig(ToolSection, TrainConfig):
     dataset: str = field("task:arithmetic", "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
     split: str = field("train", "dataset split")
@@ -106,11 +107,11 @@ def eval_loss(model, examples: list[SFTExample], pad_id: int, dtype, batch_size:
     return total / max(1, tokens)
 
 
-def load_data(config: SFTConfig, tokenizer) -> tuple[list[SFTExample], list[SFTExample], list[dict[str, Any]]]:
+def load_data(config: SFTConfig, tokenizer, tool_context=None) -> tuple[list[SFTExample], list[SFTExample], list[dict[str, Any]]]:
     """Training examples, held-out examples and held-out rows (for task accuracy), validated at start-up."""
     rows = load_rows(config.dataset, split=config.split, limit=config.train_rows, **config.task_args)
     examples, stats = build_sft_examples(rows, tokenizer, config.max_length, config.overlong, config.train_on,
-                                         config.chat, where=config.dataset)
+                                         config.chat, where=config.dataset, tool_context=tool_context)
     if not examples:
         raise ValueError(f"No usable training examples in {config.dataset} ({stats}).")
     eval_source = config.eval_dataset or (config.dataset if config.dataset.startswith("task:") else None)
@@ -119,18 +120,22 @@ def load_data(config: SFTConfig, tokenizer) -> tuple[list[SFTExample], list[SFTE
     if eval_source:
         eval_rows = load_rows(eval_source, split=config.eval_split, limit=config.eval_rows, **config.task_args)
         eval_examples, _ = build_sft_examples(eval_rows, tokenizer, config.max_length, "truncate", config.train_on,
-                                              config.chat, where=eval_source)
+                                              config.chat, where=eval_source, tool_context=tool_context)
     return examples, eval_examples, eval_rows, stats
 
 
-def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtype) -> tuple[dict, list]:
+def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtype, env_factory=None) -> tuple[dict, list]:
     metrics: dict[str, float] = {}
     samples: list[dict] = []
     was_training = model.training
     model.eval()
     if eval_examples:
         metrics["eval/loss"] = eval_loss(model, eval_examples, tokenizer.pad_token_id, dtype)
-    if eval_rows and "task" in eval_rows[0]:
+    if eval_rows and "task" in eval_rows[0] and env_factory is not None:  # tool episodes
+        episode_metrics, samples = agentic.evaluate_episodes(model, tokenizer, eval_rows, config, dtype, env_factory,
+                                                             config.eval_max_new_tokens)
+        metrics.update(episode_metrics)
+    elif eval_rows and "task" in eval_rows[0]:
         acc, samples = task_accuracy(model, tokenizer, eval_rows, config.eval_max_new_tokens, dtype,
                                      num_samples=config.num_samples)
         metrics["eval/accuracy"] = acc["accuracy"]
@@ -145,7 +150,16 @@ class SFT:
         self.config, self.setup = config, setup
         self.model, self.tokenizer = setup.policy()
         self.model.train()
-        self.examples, self.eval_examples, self.eval_rows, self.data_stats = load_data(config, self.tokenizer)
+        self.env_factory = build_env_factory(config, self.tokenizer)  # tools: tool template, tool-episode eval
+        tool_context = None
+        if config.multi_turn:
+            from lmrl.data.tool_chat import ToolContext
+            from lmrl.rollout.tools import ToolBox, build_tools
+
+            schemas = ToolBox(build_tools(config.tools, config.tool_kwargs)).schemas() if config.tools else []
+            tool_context = ToolContext(schemas, config.turn_options().parser, config.train_tool_calls)
+        self.examples, self.eval_examples, self.eval_rows, self.data_stats = load_data(config, self.tokenizer,
+                                                                                       tool_context)
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
 
@@ -161,7 +175,8 @@ class SFT:
                 "tokens_per_s": stats["tokens"] / elapsed, "time/train_s": elapsed}
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        return evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows, self.setup.dtype)
+        return evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows, self.setup.dtype,
+                        self.env_factory)
 
     def stop(self, metrics: dict[str, float]) -> str | None:
         target = self.config.stop_at_accuracy

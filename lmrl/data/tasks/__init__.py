@@ -12,13 +12,15 @@ import difflib
 
 from lmrl.data.tasks.arithmetic import Arithmetic
 from lmrl.data.tasks.base import Example, Task, extract_answer, make_rows, split_of
+from lmrl.data.tasks.code import Code
 from lmrl.data.tasks.countdown import Countdown
 from lmrl.data.tasks.linear import Linear
 from lmrl.data.tasks.sorting import Sorting
 from lmrl.data.tasks.strings import Count, Reverse
+from lmrl.data.tasks.tool_arithmetic import ToolArithmetic
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Arithmetic, Countdown, Sorting, Reverse, Count, Linear)
+    cls.name: cls for cls in (Arithmetic, Countdown, Sorting, Reverse, Count, Linear, ToolArithmetic, Code)
 }
 """Task families by name."""
 

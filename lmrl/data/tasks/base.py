@@ -79,6 +79,10 @@ class Task:
         """The normalised answer extracted from a completion, or None if there is none."""
         raise NotImplementedError
 
+    def messages(self, example: Example) -> list[dict] | None:
+        """A multi-turn SFT trace (e.g. tool use, OpenAI message format) for `example`; None (default): none."""
+        return None
+
     def is_correct(self, parsed: str, answer: str, meta: dict) -> bool:
         """Whether a parsed answer solves the problem (default: equals the parsed ground truth)."""
         return parsed == self.parse(answer)
@@ -107,13 +111,17 @@ def split_of(prompt: str) -> str:
 
 
 def _row(task: Task, ex: Example) -> dict:
-    return {
+    row = {
         "task": task.name,
         "prompt": ex.prompt,
         "completion": task.completion(ex),
         "answer": ex.answer,
         "meta": ex.meta,
     }
+    messages = task.messages(ex)
+    if messages is not None:  # a multi-turn (tool-use) trace for SFT
+        row["messages"] = messages
+    return row
 
 
 def make_rows(

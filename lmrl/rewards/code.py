@@ -1,0 +1,40 @@
+"""`code`: run a completion's code against unit tests in the sandbox (RLHF book ch. 7, code verifiers)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from lmrl.rewards.columns import as_meta, get_column
+from lmrl.rewards.registry import RewardFn, register_reward
+from lmrl.sandbox import SandboxLimits, extract_code, run_tests
+
+
+@register_reward("code")
+def make_code_reward(mode: str = "all", timeout_s: float = 5.0, memory_mb: int = 256) -> RewardFn:
+    """`code`: r_i = 1 if every test passes (mode="all", all-pass gating) or passed/total (mode="fraction",
+    partial credit). The code is the completion's last ```python block (else the whole completion); the tests
+    are Python statements (`assert f(2) == 4`) from the `tests` column, or `meta["tests"]` (the built-in
+    `code` task). Each completion runs in its own sandbox (lmrl.sandbox: time, memory, no network)."""
+    if mode not in ("all", "fraction"):
+        raise ValueError(f"Reward 'code': mode must be 'all' or 'fraction', got {mode!r}.")
+    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb)
+
+    def code_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+        n = len(completions)
+        if columns.get("tests") is not None:
+            tests = [json.loads(t) if isinstance(t, str) else t for t in get_column(columns, "tests", n, "code")]
+        else:
+            hint = "It holds each sample's unit tests: a `tests` column or meta['tests']."
+            tests = [as_meta(m).get("tests") for m in get_column(columns, "meta", n, "code", hint)]
+        rewards = []
+        for completion, cases in zip(completions, tests):
+            if not cases:
+                raise ValueError("Reward 'code': a sample has no tests; every row needs at least one test statement.")
+            passed, total, _ = run_tests(extract_code(completion), list(cases), limits)
+            rewards.append(float(passed == total) if mode == "all" else passed / total)
+        return rewards
+
+    code_reward.__name__ = "code"
+    return code_reward

@@ -1,0 +1,75 @@
+"""The `tools` config section (`tools=`, `env=`, `tool_parser=`, ...) and what it builds: an environment factory.
+
+Shared by `lmrl rl`, `lmrl generate` and `lmrl sft`. Everything is checked at start-up: unknown tools,
+parsers or options, an env path that does not import, an MCP server that does not start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from lmrl.config import ConfigError, Section, field
+from lmrl.rollout.env import EnvFactory, tool_env_factory
+from lmrl.rollout.multiturn import MultiTurnOptions
+from lmrl.rollout.tool_parsers import TOOL_PARSERS, get_parser
+from lmrl.rollout.tools import ToolBox, build_tools, import_callable
+
+
+@dataclasses.dataclass
+class ToolSection(Section):
+    title = "tools (multi-turn)"
+    tools: list[str] = field([], "tools the model may call: calculator, python, or module.path:factory (a Tool); "
+                                 "non-empty turns on the multi-turn tool loop")
+    tool_kwargs: dict = field({}, "options per tool, e.g. {python: {timeout_s: 5, memory_mb: 256}}")
+    mcp_servers: list[str] = field([], "MCP servers over stdio whose tools are added, each a command line "
+                                       "(needs the `tools` extra: pip install 'lmrl[tools]')")
+    env: str | None = field(None, "a multi-turn environment factory module.path:factory, row -> Environment "
+                                  "(default with tools: the tool environment)")
+    tool_parser: str = field("hermes", f"tool-call format: {', '.join(TOOL_PARSERS)}")
+    max_turns: int = field(4, "assistant turns per episode")
+    max_total_tokens: int = field(256, "token budget of a whole trajectory's completion (turns + tool outputs)")
+    train_tool_calls: bool = field(True, "learn the tool-call tokens (false: mask them like tool outputs)")
+    max_tool_output_chars: int = field(1000, "tool outputs longer than this are cut with a marker (and counted)")
+    system_prompt: str | None = field(None, "system message of tool episodes (the template lists the tools in it)")
+
+    def __post_init__(self) -> None:
+        if self.tool_parser not in TOOL_PARSERS:
+            raise ConfigError(f"tool_parser={self.tool_parser!r} is not a known format; use one of {sorted(TOOL_PARSERS)}.")
+        for name in ("max_turns", "max_total_tokens", "max_tool_output_chars"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        super().__post_init__()
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether rollouts run the multi-turn loop (tools, MCP servers or an environment are set)."""
+        return bool(self.tools or self.mcp_servers or self.env)
+
+    def turn_options(self) -> MultiTurnOptions:
+        return MultiTurnOptions(self.max_turns, self.max_total_tokens, self.train_tool_calls, get_parser(self.tool_parser))
+
+
+def build_env_factory(section: ToolSection, tokenizer: Any) -> EnvFactory | None:
+    """The environment factory of a config (None: single-turn), with the tokenizer's template made tool-ready."""
+    if not section.multi_turn:
+        return None
+    from lmrl.data.tool_chat import ensure_tool_template
+
+    ensure_tool_template(tokenizer)
+    if section.env:
+        try:
+            return import_callable(section.env, "env")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    try:
+        tools = build_tools(section.tools, section.tool_kwargs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for command in section.mcp_servers:
+        from lmrl.rollout.mcp_tools import mcp_tools
+
+        tools += mcp_tools(shlex.split(command))
+    return tool_env_factory(ToolBox(tools, section.max_tool_output_chars), get_parser(section.tool_parser),
+                            section.system_prompt)

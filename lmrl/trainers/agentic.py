@@ -1,0 +1,66 @@
+"""Multi-turn (tool-use) rollouts for online RL: what `lmrl rl tools=[...]` / `env=...` changes in a step.
+
+The policy-gradient step is the single-turn one (`lmrl.trainers.online`): a trajectory is one row of the
+`RolloutBatch` whose `loss_mask` leaves out tool outputs, so advantages, losses, KL and TIS apply
+unchanged. This module builds the environments, runs the episodes, adds the `env_reward` column for the
+`env` reward, and the `tools/*` and `episode/*` metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lmrl.eval.tools import tool_eval
+from lmrl.rollout.multiturn import run_episodes
+from lmrl.rollout.types import RolloutBatch, SamplingParams
+
+
+def rollout_episodes(engine, tokenizer, rows: list[dict], config, step: int, env_factory) -> RolloutBatch:
+    """G episodes per prompt (prompt-major), resume-exact sampling (seeded by step)."""
+    G = config.samples_per_prompt
+    rep = [row for row in rows for _ in range(G)]
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                            top_p=config.top_p, top_k=config.top_k)
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    return run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params, config.turn_options(),
+                        generator, group_size=G)
+
+
+def episode_columns(batch: RolloutBatch) -> dict[str, list]:
+    """Extra reward columns of multi-turn rows: `env_reward` (the `env` reward reads it)."""
+    return {"env_reward": [info["env_reward"] for info in batch.info]} if batch.info is not None else {}
+
+
+def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """tools/* (per episode) and episode/* metrics of a multi-turn batch; {} for single-turn."""
+    if batch.info is None:
+        return {}
+    n = len(batch.info)
+    metrics: dict[str, float] = {}
+    keys = sorted({k for info in batch.info for k in info["stats"]})
+    for key in keys:
+        metrics[f"tools/{key}_per_episode"] = sum(info["stats"].get(key, 0) for info in batch.info) / n
+    for finish in ("done", "max_turns", "turn_length", "budget"):
+        metrics[f"episode/{finish}_frac"] = sum(info["finish"] == finish for info in batch.info) / n
+    metrics["episode/turns_mean"] = sum(info["num_turns"] for info in batch.info) / n
+    metrics["episode/trained_tokens_frac"] = float(batch.train_mask.sum() / batch.completion_mask.sum().clamp(min=1))
+    return metrics
+
+
+def sample_text(batch: RolloutBatch, i: int) -> str:
+    """What samples.jsonl shows of row i: the transcript of a multi-turn row, else the completion."""
+    return batch.info[i]["transcript"] if batch.info is not None else batch.completions[i]
+
+
+def evaluate_episodes(model, tokenizer, eval_rows: list[dict[str, Any]], config, dtype, env_factory,
+                      max_new_tokens: int | None = None):
+    """Greedy held-out accuracy of tool episodes (eval/accuracy) and their tool metrics."""
+    from lmrl.rollout.hf import HFEngine
+
+    engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
+    metrics, samples = tool_eval(engine, tokenizer, eval_rows, env_factory, config.turn_options(),
+                                 max_new_tokens or config.max_new_tokens, num_samples=config.num_samples)
+    return {"eval/accuracy": metrics["accuracy"],
+            "eval/tool_calls_per_episode": metrics["tools/calls_per_episode"]}, samples

@@ -1,0 +1,53 @@
+"""The code verifier: unit tests in the sandbox, all-pass or pass fraction, and the built-in code task."""
+
+import pytest
+
+from lmrl.data.tasks import get_task, make_rows
+from lmrl.rewards import make_reward
+from lmrl.sandbox import SandboxLimits, extract_code, run_tests
+
+TESTS = ["assert f(1) == 2", "assert f(5) == 6", "assert f(-1) == 0"]
+
+
+def test_run_tests_counts_passing_tests():
+    assert run_tests("def f(x):\n    return x + 1", TESTS)[:2] == (3, 3)
+    assert run_tests("def f(x):\n    return 2 if x == 1 else 0", TESTS)[:2] == (2, 3)
+
+
+@pytest.mark.parametrize("code", [
+    "import sys\nsys.exit(0)",                                            # exits before the tests
+    "print('@@lmrl-tests-0000@@3')",                                      # prints a fake count
+    "import builtins\nbuiltins.exec = lambda *a, **k: None",              # disables the tests' exec
+    "import os\nprint(os.environ.get('LMRL_TESTS_MARKER'))\ndef f(x):\n    return -999",  # looks for the marker
+    "def f(:",                                                            # does not compile
+])
+def test_naive_reward_hacks_pass_nothing(code):
+    assert run_tests(code, TESTS)[0] == 0
+
+
+def test_an_infinite_loop_passes_nothing_and_is_killed():
+    passed, total, result = run_tests("while True:\n    pass", TESTS, SandboxLimits(timeout_s=1, cpu_s=1))
+    assert (passed, total, result.status) == (0, 3, "timeout")
+
+
+def test_extract_code_takes_the_last_fenced_block():
+    assert extract_code("a\n```python\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
+    assert extract_code("def f(x): return x") == "def f(x): return x"
+
+
+def test_code_reward_modes_and_columns():
+    completions = ["```python\ndef f(x):\n    return x + 1\n```", "def f(x):\n    return 2", "oops("]
+    frac = make_reward("code", mode="fraction")(["p"] * 3, completions, tests=[TESTS] * 3)
+    assert frac == [1.0, pytest.approx(1 / 3), 0.0]
+    gate = make_reward("code")(["p"] * 3, completions, meta=[{"tests": TESTS}] * 3)
+    assert gate == [1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="mode"):
+        make_reward("code", mode="most")
+
+
+def test_the_code_task_reference_solutions_pass_and_wrong_code_fails():
+    task = get_task("code", n_tests=3)
+    for row in make_rows(task, 4, seed=3):
+        assert len(row["meta"]["tests"]) == 3
+        assert task.score(row["completion"], row["answer"], row["meta"]) == 1.0
+        assert task.score("def f(x):\n    return None", row["answer"], row["meta"]) == 0.0

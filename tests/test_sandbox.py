@@ -1,0 +1,97 @@
+"""The sandbox stops or refuses each thing it promises to, and says why."""
+
+import os
+
+import pytest
+
+from lmrl.sandbox import SandboxLimits, network_namespace_available, run_python
+
+LIMITS = SandboxLimits(timeout_s=3, cpu_s=2, memory_mb=256, max_output_chars=200)
+
+
+def test_ordinary_code_runs_and_prints():
+    result = run_python("import math\nprint(math.factorial(10))", LIMITS)
+    assert (result.status, result.stdout, result.exit_code, result.truncated) == ("ok", "3628800\n", 0, False)
+
+
+def test_an_infinite_loop_is_killed_for_time():
+    result = run_python("while True:\n    pass", LIMITS)
+    assert result.status == "timeout" and "time limit" in result.text()
+    assert result.seconds < 6
+
+
+def test_a_sleeping_program_is_killed_at_the_wall_clock_limit():
+    result = run_python("import time\ntime.sleep(60)", SandboxLimits(timeout_s=1))
+    assert result.status == "timeout" and result.exit_code == -9 and result.seconds < 4
+
+
+def test_a_fork_bomb_is_refused():
+    result = run_python("import os\nwhile True:\n    os.fork()", LIMITS)
+    assert result.status == "error" and "starting processes is not allowed" in result.stderr
+
+
+def test_subprocesses_are_refused():
+    result = run_python("import subprocess\nsubprocess.run(['ls'])", LIMITS)
+    assert result.status == "error" and "starting processes is not allowed" in result.stderr
+
+
+def test_a_1gb_allocation_hits_the_memory_limit():
+    result = run_python("x = bytearray(1 << 30)\nprint('allocated')", LIMITS)
+    assert result.status == "memory" and "allocated" not in result.stdout and "memory limit" in result.text()
+
+
+def test_a_network_connection_is_refused():
+    code = "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\nprint('connected')"
+    result = run_python(code, LIMITS)
+    assert result.status == "error" and "network access is disabled" in result.stderr
+    assert "connected" not in result.stdout
+
+
+@pytest.mark.skipif(not network_namespace_available(), reason="no unprivileged network namespaces here")
+def test_the_network_namespace_has_no_route_even_without_the_audit_hook():
+    # _socket is the C module: the audit hook still fires, so check the namespace directly: only loopback exists
+    result = run_python("import socket\nprint(sorted(name for _, name in socket.if_nameindex()))", LIMITS)
+    assert result.status == "ok" and result.stdout.strip() == "['lo']"
+
+
+def test_a_write_outside_the_temp_dir_is_refused(tmp_path):
+    target = tmp_path / "evil.txt"
+    result = run_python(f"open({str(target)!r}, 'w').write('x')", LIMITS)
+    assert result.status == "error" and "writing outside the sandbox directory" in result.stderr
+    assert not target.exists()
+
+
+def test_deleting_outside_the_temp_dir_is_refused(tmp_path):
+    victim = tmp_path / "keep.txt"
+    victim.write_text("x")
+    result = run_python(f"import os\nos.remove({str(victim)!r})", LIMITS)
+    assert result.status == "error" and victim.exists()
+
+
+def test_each_run_has_a_private_temp_dir_that_is_removed():
+    first = run_python("import os\nopen('note.txt', 'w').write('hi')\nprint(os.getcwd())", LIMITS)
+    second = run_python("import os\nprint(os.path.exists('note.txt'))", LIMITS)
+    assert first.status == "ok" and second.stdout.strip() == "False"
+    assert not os.path.exists(first.stdout.strip())
+
+
+def test_output_is_cut_with_a_marker_and_counted():
+    result = run_python("print('a' * 5000)", LIMITS)
+    assert result.status == "ok" and result.truncated
+    assert result.stdout.startswith("a" * 200) and "[output truncated: 4801 more characters]" in result.stdout
+
+
+def test_huge_files_hit_the_file_size_limit():
+    result = run_python("open('big', 'wb').write(b'a' * (4 << 20))", SandboxLimits(max_file_bytes=1 << 20))
+    assert result.status == "output_limit" and "size limit" in result.text()
+
+
+def test_an_exception_is_an_error_with_the_traceback_of_the_code_only():
+    result = run_python("def f():\n    raise ValueError('boom')\nf()", LIMITS)
+    assert result.status == "error" and result.exit_code == 1
+    assert "ValueError: boom" in result.stderr and "runner" not in result.stderr
+
+
+def test_bad_limits_fail_clearly():
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxLimits(timeout_s=0)
