@@ -92,6 +92,12 @@ class BufferPool:
         return buf
 
 
+MAX_RECORDED_VOCAB = 4096
+"""The LM head is recorded only up to this vocabulary size: beyond it the record would be every step's logits
+(128 rows x 256 steps x Qwen2.5's 151,936 entries in bf16: 10 GB), and the training forward computes the head in
+chunks (`lmrl.models.head`) anyway."""
+
+
 class LinearRecorder:
     """Records every nn.Linear output of `model` during one rollout.
 
@@ -110,6 +116,9 @@ class LinearRecorder:
         self.n_rows, self.steps = rows, steps
         self.pool = pool if pool is not None else BufferPool()
         self.names = {m: name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if isinstance(head, torch.nn.Linear) and head.out_features > MAX_RECORDED_VOCAB:
+            self.names.pop(head, None)  # its record would be the logits of every step: the layer is recomputed
         self.versions = parameter_versions(model)
         self.prefill_out: dict[str, torch.Tensor] = {}
         self.decode_out: dict[str, torch.Tensor] = {}
