@@ -21,17 +21,18 @@ import torch
 from rich.table import Table
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best
-from lmrl.config import ConfigError, field
+from lmrl.config import ConfigError, EngineSection, field
 from lmrl.data.chat import render_prompt
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import console
 
 
 @dataclasses.dataclass
-class GenerateConfig:
+class GenerateConfig(EngineSection):
     model: str = field("builtin:tiny", "HF model path or hub id, a run's final/ or checkpoint dir, or builtin:<size>")
     tokenizer: str | None = field(None, "tokenizer; default: the model's")
     prompts: list[str] = field([], "prompts (chat template applied when chat=true)")
@@ -55,6 +56,7 @@ class GenerateConfig:
                                           "as JSONL")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.n < 1 or self.max_new_tokens < 1:
             raise ConfigError("'n' and 'max_new_tokens' must be >= 1.")
         if self.temperature < 0:
@@ -93,13 +95,14 @@ def run(config: GenerateConfig) -> list[list[str]]:
     """Prints a table of completions and returns them, grouped per prompt (best_of: the best one per prompt)."""
     prompts = config.all_prompts()
     model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed)
-    engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype(config.precision))
     params = SamplingParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature or 1.0, top_p=config.top_p,
         top_k=config.top_k, stop_strings=tuple(config.stop), greedy=config.temperature == 0,
     )
     texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    engine = make_engine(config, model, tokenizer, autocast_dtype(config.precision), sampling=params,
+                         longest_prompt=max(len(i) for i in ids))
     if config.best_of > 1:
         rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, "stop")
         return [[c] for c in run_best_of(engine, ids, params, rewards, config, prompts)["completion"]]

