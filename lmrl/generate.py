@@ -21,10 +21,11 @@ import torch
 from rich.table import Table
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best
-from lmrl.config import ConfigError, EngineSection, field
+from lmrl.config import ConfigError, field
 from lmrl.data.chat import render_prompt
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch

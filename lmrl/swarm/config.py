@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config import ConfigError, EngineSection, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.data.tasks import TASKS
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.swarm.sampling import PEER_SAMPLERS
 
 DEFAULT_TASKS = ["arithmetic", "countdown", "sorting", "reverse", "count", "linear"]

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from lmrl.algorithms import PREFERENCE_LOSSES
 from lmrl.algorithms.registry import check_options, keyword_options
-from lmrl.config import ConfigError, EngineSection, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.rollout.engine_section import EngineSection
 
 REFERENCE_FREE = ("simpo", "orpo")  # losses whose formula has no π_ref: no reference log-probs needed
 ONLINE_LOSSES_EXCLUDED = ("kto",)  # unpaired: online sampling yields pairs

@@ -36,7 +36,7 @@ import torch
 import yaml
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best, select_top_k
-from lmrl.config import ConfigError, EngineSection, RewardSection, TrainConfig, field, to_dict
+from lmrl.config import ConfigError, RewardSection, TrainConfig, field, to_dict
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import load_rows
@@ -44,6 +44,7 @@ from lmrl.eval.generation import task_accuracy
 from lmrl.models.setup import ModelSetup
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rewards import RewardSet
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch

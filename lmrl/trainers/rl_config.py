@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from lmrl.config import ConfigError, EngineSection, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.rollout.engine_section import EngineSection
 
 
 @dataclasses.dataclass(frozen=True)

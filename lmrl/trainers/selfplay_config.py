@@ -11,7 +11,8 @@ import inspect
 import re
 from typing import Literal
 
-from lmrl.config import ConfigError, DecodingSection, EngineSection, RewardSection, TrainConfig, field
+from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, field
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.trainers.selfplay_env import QUERY_CHECKERS
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config
 
-from lmrl.config import ConfigError, EngineSection, load_config
+from lmrl.config import ConfigError, load_config
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.generate import GenerateConfig
 from lmrl.rollout import HFEngine, SamplingParams
 from lmrl.rollout import engines
