@@ -3,6 +3,7 @@ cost of one in-place weight sync. Needs vLLM (`make test-vllm` builds .venv-vllm
 
     .venv-vllm/bin/python benchmarks/engine_speed.py --model medium      # builtin:medium layout, 128 x 256 tokens
     .venv-vllm/bin/python benchmarks/engine_speed.py --model qwen2       # a Qwen2-architecture model (tied head)
+    .venv-vllm/bin/python benchmarks/engine_speed.py --model qwen2 --hidden 1024 --layers 16 --sync-only  # sync cost
 
 Random weights, random prompts of 16-48 tokens, `--prompts` x `--samples` completions of exactly `--new-tokens`
 tokens (no stop token is ever sampled, so both engines do identical work), temperature 1. Tokens/s counts completion
@@ -27,13 +28,13 @@ from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
 from rollout_speed import EOS, PAD, _IdTokenizer, race  # noqa: E402
 
 
-def build(name: str, vocab: int):
+def build(name: str, vocab: int, hidden: int = 512, layers: int = 8):
     torch.manual_seed(0)
     if name == "medium":
         config = builtin_config("builtin:medium", vocab, PAD, EOS, num_attention_heads=6)
         return LlamaForCausalLM(config).eval()
-    config = Qwen2Config(vocab_size=vocab, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                         num_key_value_heads=2, intermediate_size=1536, max_position_embeddings=1024,
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                         num_key_value_heads=2, intermediate_size=3 * hidden, max_position_embeddings=1024,
                          tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS)
     return Qwen2ForCausalLM(config).eval()
 
@@ -48,10 +49,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=("fp32", "bf16"))
     parser.add_argument("--kv-gb", type=float, default=2.0, help="vLLM KV-cache budget (GiB)")
+    parser.add_argument("--hidden", type=int, default=512, help="qwen2: hidden size (heads of 64)")
+    parser.add_argument("--layers", type=int, default=8, help="qwen2: layers")
+    parser.add_argument("--sync-only", action="store_true", help="only time vLLM's start and weight syncs")
     args = parser.parse_args()
 
     vocab = args.vocab or (128 if args.model == "medium" else 32768)
-    model = build(args.model, vocab)
+    model = build(args.model, vocab, args.hidden, args.layers)
     tok = _IdTokenizer(vocab)
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(16, 49, (args.prompts,), generator=gen).tolist()
@@ -68,6 +72,9 @@ def main() -> None:
                                                 kv_cache_gb=args.kv_gb, max_num_seqs=args.prompts * args.samples))
         start_s = time.perf_counter() - t0
         syncs = [vl.sync_weights() for _ in range(5)]
+        if args.sync_only:
+            print(f"  {name}: vLLM start {start_s:.1f} s, weight sync {min(syncs):.2f}-{max(syncs):.2f} s")
+            continue
 
         def run(engine):
             batch = engine.generate(prompts, params, n=args.samples, generator=torch.Generator().manual_seed(1))
