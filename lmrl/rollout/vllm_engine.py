@@ -50,6 +50,7 @@ class VLLMOptions:
     sleep: bool = False
     seed: int = 0
     max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
 
 
 def base_model(model):
@@ -259,14 +260,19 @@ def apply_stop_strings(matcher: StopStringMatcher, out_ids: torch.Tensor, length
 
 def start_llm(model_dir: str, options: VLLMOptions, device: torch.device):
     """`vllm.LLM` on `model_dir` with dummy weights, leaving the process as it found it: vLLM reseeds the global
-    RNGs and replaces `torch.set_num_threads` with a no-op on CPU (shared/notes/vllm-cpu.md); both are restored."""
+    RNGs and replaces `torch.set_num_threads` with a no-op on CPU (shared/notes/vllm-cpu.md); both are restored.
+
+    On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
+    `set_offset`, which CPU generators refuse ("CPU Generator does not use offset"), so a batch whose prompts exceed
+    one step's token budget crashed. Without chunking every prompt is prefilled whole (budget >= max_model_len)."""
     from vllm import LLM
 
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     cuda = device.type == "cuda"
     kwargs = dict(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep) if cuda \
-        else dict(kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30))
+        else dict(kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30), enable_chunked_prefill=False,
+                  max_num_batched_tokens=max(options.max_num_batched_tokens, options.max_model_len))
     try:
         llm = LLM(model=model_dir, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
                   dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,

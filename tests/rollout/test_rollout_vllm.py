@@ -109,6 +109,19 @@ def test_sampled_log_probs_equal_the_learner_and_seeds_reproduce(pair, prompts):
     assert len({tuple(r) for r in batch.completion_ids[:4].tolist()}) > 1  # the n children are distinct samples
 
 
+def test_more_prompt_tokens_than_one_engine_step_takes_are_sampled_seeded(pair, tok):
+    # 16 prompts x 8 samples x 100 prompt tokens > the 8192-token step budget: with chunked prefill a seeded request
+    # whose prefill is split crashed vLLM's CPU backend
+    model, _, engine, _ = pair
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, len(tok), (100,), generator=g).tolist() for _ in range(16)]
+    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    batch = engine.generate(prompts, params, n=8, generator=torch.Generator().manual_seed(1))
+    assert len(batch) == 128
+    learner = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
+    assert ((learner - batch.sampler_logp) * batch.completion_mask).abs().max().item() < TOL
+
+
 def test_stop_strings_and_stop_tokens_mean_what_they_mean_for_hf(pair, prompts, tok):
     _, hf, engine, _ = pair
     free = hf.generate(prompts, SamplingParams(max_new_tokens=24, greedy=True, temperature=0))
