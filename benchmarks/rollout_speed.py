@@ -1,10 +1,12 @@
-"""Rollout throughput: lmrl `HFEngine.generate` vs HF `model.generate(do_sample=True)`.
+"""Rollout throughput: lmrl `HFEngine.generate` vs HF `model.generate(do_sample=True)`; with --engines, lmrl's two
+engines (`engine=hf` vs `engine=vllm`, `benchmarks/engine_speed.py`).
 
 Same random ~10M-parameter Llama-style model, same prompts, same n and max_new_tokens, fp32 and bf16
 autocast. Tokens/s counts real completion tokens (up to and including the stop token).
 
     python benchmarks/rollout_speed.py                      # 16 prompts x 8 samples x 64 new tokens
     python benchmarks/rollout_speed.py --eos-bias 4         # rows stop early: measures batch compaction too
+    python benchmarks/rollout_speed.py --engines --model medium    # HFEngine vs VLLMEngine, 128 x 256 (needs vLLM)
 
 By default no stop token is ever sampled (every row is 64 tokens), so both sides do identical work;
 with --eos-bias the eos logit is raised so that completion lengths vary.
@@ -72,6 +74,13 @@ def race(contenders: dict, repeats: int) -> dict:
 
 
 def main() -> None:
+    import sys
+
+    if "--engines" in sys.argv:  # lmrl's HF engine vs its vLLM engine
+        from engine_speed import main as engines_main
+
+        sys.argv.remove("--engines")
+        return engines_main()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)

@@ -25,6 +25,8 @@ from lmrl.config import ConfigError, field
 from lmrl.data.chat import render_prompt
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
+from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.tool_config import ToolSection
 from lmrl.rollout.types import RolloutBatch
@@ -32,7 +34,7 @@ from lmrl.tracking import console
 
 
 @dataclasses.dataclass
-class GenerateConfig(ToolSection):
+class GenerateConfig(ToolSection, EngineSection):
     model: str = field("builtin:tiny", "HF model path or hub id, a run's final/ or checkpoint dir, or builtin:<size>")
     tokenizer: str | None = field(None, "tokenizer; default: the model's")
     prompts: list[str] = field([], "prompts (chat template applied when chat=true)")
@@ -97,7 +99,6 @@ def run(config: GenerateConfig) -> list[list[str]]:
     """Prints a table of completions and returns them, grouped per prompt (best_of: the best one per prompt)."""
     prompts = config.all_prompts()
     model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed)
-    engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype(config.precision))
     params = SamplingParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature or 1.0, top_p=config.top_p,
         top_k=config.top_k, stop_strings=tuple(config.stop), greedy=config.temperature == 0,
@@ -108,6 +109,8 @@ def run(config: GenerateConfig) -> list[list[str]]:
         return run_tool_episodes(config, engine, tokenizer, params, prompts)
     texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    engine = make_engine(config, model, tokenizer, autocast_dtype(config.precision), sampling=params,
+                         longest_prompt=max(len(i) for i in ids))
     if config.best_of > 1:
         rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, "stop")
         return [[c] for c in run_best_of(engine, ids, params, rewards, config, prompts)["completion"]]

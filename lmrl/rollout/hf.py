@@ -100,6 +100,11 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def set_model(self, model) -> None:
+        """Sample from `model` from now on (the engine interface's way to follow a replaced policy)."""
+        self.model = model
+        self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
+
     @property
     def pad_token_id(self) -> int:
         """The tokenizer's pad id, else its eos id, else 0 (padding is always masked, so any id works)."""

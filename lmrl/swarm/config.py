@@ -7,6 +7,7 @@ from typing import Literal
 
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.data.tasks import TASKS
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.swarm.sampling import PEER_SAMPLERS
 
 DEFAULT_TASKS = ["arithmetic", "countdown", "sorting", "reverse", "count", "linear"]
@@ -14,7 +15,7 @@ DEFAULT_TASKS = ["arithmetic", "countdown", "sorting", "reverse", "count", "line
 
 
 @dataclasses.dataclass
-class SwarmConfig(SamplingSection, RewardSection, TrainConfig):
+class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
     mode: Literal["sim", "join"] = field("sim", "sim: N nodes in this process; join: this process is one node of a real swarm")
     # ---- what every node does each round (SAPO section 2)
     local: int = field(4, "I: own question groups trained on per round")

@@ -41,7 +41,7 @@ from lmrl.models import count_parameters
 from lmrl.models.loading import is_builtin
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
-from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.types import RolloutBatch
 from lmrl.swarm.batch import TokenizedGroup, concat_batches, groups_to_batch, tokenize_groups, with_sampler_logp
 from lmrl.swarm.config import SwarmConfig
@@ -170,8 +170,9 @@ class SwarmNode:
         self.model, self.tokenizer = model, tokenizer
         self.rl = rl_config(config, spec.samples_per_prompt, spec.seed)
         self.dtype = setup.dtype
-        self.engine = HFEngine(model, tokenizer, autocast_dtype=self.dtype)
         self.optimizer = common.build_optimizer(model, self.rl)
+        self.engine = make_engine(config, model, tokenizer, self.dtype, self.optimizer,
+                                  sampling=online.sampling_params(self.rl))
         self.scheduler = common.build_scheduler(self.optimizer, self.rl, config.max_steps * self.rl.updates_per_step)
         self.parts = online.Parts(model, tokenizer, None, None, self.engine, self.reward_set, self.optimizer,
                                   self.scheduler)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from lmrl.algorithms import PREFERENCE_LOSSES
 from lmrl.algorithms.registry import check_options, keyword_options
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.rollout.engine_section import EngineSection
 
 REFERENCE_FREE = ("simpo", "orpo")  # losses whose formula has no π_ref: no reference log-probs needed
 ONLINE_LOSSES_EXCLUDED = ("kto",)  # unpaired: online sampling yields pairs
@@ -20,7 +21,7 @@ JUDGE_OPTIONS = ("swap", "max_new_tokens", "batch_size", "prompt", "chat")
 
 
 @dataclasses.dataclass
-class DPOConfig(SamplingSection, RewardSection, TrainConfig):
+class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
     loss: str = field("dpo", "dpo, cdpo, robust, ipo, hinge, simpo, orpo, dpo_nll, odpo, bco, cal_dpo or kto")
     beta: float = field(0.1, "β for every loss that takes it (KL strength); also scales the logged implicit rewards")
     loss_args: dict = field({}, "other loss options: label_smoothing (cdpo, robust), tau (ipo), gamma (simpo), "

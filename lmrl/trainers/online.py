@@ -46,6 +46,7 @@ from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
 from lmrl.rewards import RewardError, RewardSet
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.rollout.tool_config import build_env_factory
@@ -61,13 +62,17 @@ def repeat_columns(rows: list[dict[str, Any]], group_size: int) -> dict[str, lis
     return {k: [row[k] for row in rows for _ in range(group_size)] for k in keys}
 
 
-def rollout(engine: HFEngine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
+def sampling_params(config: RLConfig) -> SamplingParams:
+    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                          top_k=config.top_k)
+
+
+def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
     if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
         return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                            top_p=config.top_p, top_k=config.top_k)
+    params = sampling_params(config)
     generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step)  # resume-exact
     # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
     # gradient checkpointing turns off)
@@ -207,7 +212,7 @@ class Parts:
     tokenizer: Any
     ref_model: Any
     value_model: ValueModel | None
-    engine: HFEngine
+    engine: HFEngine  # or VLLMEngine: lmrl.rollout.engines.make_engine
     reward_set: RewardSet
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -233,6 +238,8 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
                     "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
                     "train/reused_sampling_forward": float(batch.linear_outputs is not None),
                     **agentic.episode_metrics(batch)})
+    if hasattr(parts.engine, "last_sync_s"):  # engine=vllm: the weight push that preceded this rollout
+        metrics["time/weight_sync_s"] = parts.engine.last_sync_s
     if step % config.sample_every == 0 or step == 1:
         tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": agentic.sample_text(batch, i),
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
@@ -275,6 +282,12 @@ def evaluate(model, tokenizer, eval_rows, config: RLConfig, dtype, env_factory=N
     return {"eval/accuracy": metrics["accuracy"]}, samples
 
 
+def longest_prompt(tokenizer, rows: list[dict]) -> int:
+    """Tokens of the longest rendered prompt (the engine=vllm context check at start-up)."""
+    return max(len(tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"])
+               for row in rows)
+
+
 def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
     """Training prompts and, for built-in tasks, held-out prompts; a dataset without a prompt column fails here."""
     rows = load_rows(config.dataset, split="train", limit=config.train_rows, **config.task_args)
@@ -298,7 +311,9 @@ class OnlineRL:
         params = [*self.model.parameters(), *(value_model.parameters() if value_model is not None else [])]
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
-        engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
+        longest = longest_prompt(self.tokenizer, self.rows) if config.engine == "vllm" else 1
+        engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
+                             sampling=sampling_params(config), longest_prompt=longest)
         env_factory = build_env_factory(config, self.tokenizer)
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
                            self.scheduler, env_factory)

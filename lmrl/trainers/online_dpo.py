@@ -43,6 +43,7 @@ from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import common, loop
@@ -86,18 +87,22 @@ class Parts:
     model: Any
     tokenizer: Any
     ref_model: Any  # frozen π_ref, None for reference-free losses
-    engine: HFEngine
+    engine: HFEngine  # or VLLMEngine: lmrl.rollout.engines.make_engine
     reward_set: RewardSet | None
     judge: PairwiseJudge | None
     optimizer: torch.optim.Optimizer
     scheduler: Any
 
 
+def sampling_params(config: DPOConfig) -> SamplingParams:
+    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                          top_k=config.top_k)
+
+
 def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tuple[RolloutBatch, list[list[int]]]:
     """K completions per prompt from the current policy (prompt-major), and the prompts' token ids."""
     ids = [encode_prompt(parts.tokenizer, r["prompt"], config.chat) for r in rows]  # as offline DPO tokenizes
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                            top_p=config.top_p, top_k=config.top_k)
+    params = sampling_params(config)
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # resume-exact sampling
     return parts.engine.generate(ids, params, n=config.samples_per_prompt, generator=generator), ids
 
@@ -240,7 +245,8 @@ class OnlineDPO:
             judge = PairwiseJudge(judge_model, judge_tokenizer, autocast_dtype=setup.dtype, **config.judge_args)
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
-        engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
+        engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
+                             sampling=sampling_params(config))
         self.parts = Parts(self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer,
                            self.scheduler)
         self.state: dict[str, Any] = {"bco": (0.0, 0)}  # BCO's running (sum, count) of implicit rewards

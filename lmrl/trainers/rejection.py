@@ -44,6 +44,8 @@ from lmrl.eval.generation import task_accuracy
 from lmrl.models.setup import ModelSetup
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rewards import RewardSet
+from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import sft
@@ -51,7 +53,7 @@ from lmrl.tracking import Tracker
 
 
 @dataclasses.dataclass
-class RejectionConfig(RewardSection, TrainConfig):
+class RejectionConfig(EngineSection, RewardSection, TrainConfig):
     dataset: str = field("task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a "
                                             "prompt column")
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 1)")
@@ -138,9 +140,13 @@ class Pool:
 
 
 def sample_and_score(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, n: int,
-                     seed: int, dtype) -> Pool:
-    """N completions per row from `model` (batched, seeded) scored by `rewards`."""
-    engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
+                     seed: int, dtype, engine=None) -> Pool:
+    """N completions per row from `model` (batched, seeded) scored by `rewards`. engine: a long-lived engine
+    (engine=vllm: one for the whole run, re-pointed at each round's policy); None: an HF engine on `model`."""
+    if engine is None:
+        engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
+    elif engine.model is not model:
+        engine.set_model(model)
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for start in range(0, len(rows), config.generation_batch):
@@ -242,13 +248,13 @@ def write_selection(path: Path, pool: Pool, chosen: torch.Tensor) -> list[dict]:
 
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, dtype,
-             reference=None) -> dict[str, float]:
+             reference=None, engine=None) -> dict[str, float]:
     """Held-out reward of sampled completions, greedy task accuracy, gold score and KL to the start."""
     if not rows:
         return {}
     was_training = model.training
     model.eval()
-    pool = sample_and_score(model, tokenizer, rows, rewards, config, config.eval_samples, config.seed + 7, dtype)
+    pool = sample_and_score(model, tokenizer, rows, rewards, config, config.eval_samples, config.seed + 7, dtype, engine)
     metrics = {"eval/reward": pool.rewards.mean().item(),
                **{f"eval/{k}": v for k, v in pool.metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
     if config.eval_gold:
@@ -330,13 +336,18 @@ def train(config: RejectionConfig) -> dict[str, float]:
     if done:
         reference = setup.frozen(config.model, tokenizer) if config.eval_kl else None
         model, tokenizer = setup.policy(policy)
-    initial = {f"initial/{k}": v for k, v in evaluate(model, tokenizer, eval_rows, rewards, config, dtype).items()}
+    engine = None  # engine=hf: a fresh HF engine per call; engine=vllm: one engine, synced to each round's policy
+    if config.engine == "vllm":
+        longest = max(len(encode_prompt(tokenizer, r["prompt"], config.chat)) for r in rows + eval_rows)
+        engine = make_engine(config, model, tokenizer, dtype, sampling=config.sampling, longest_prompt=longest)
+    initial = {f"initial/{k}": v for k, v in evaluate(model, tokenizer, eval_rows, rewards, config, dtype,
+                                                      engine=engine).items()}
     if not done:
         tracker.log(0, {k.removeprefix("initial/"): v for k, v in initial.items()})
     final = dict(initial)
     for r in range(done + 1, config.rounds + 1):
         pool = sample_and_score(model, tokenizer, rows, rewards, config, config.samples_per_prompt,
-                                config.seed * 1_000_003 + r, dtype)
+                                config.seed * 1_000_003 + r, dtype, engine)
         chosen = select(pool, config, tracker)
         if chosen.numel() == 0:
             raise ValueError(f"round {r}: no completion was eligible for selection (all truncated, or below "
@@ -351,7 +362,7 @@ def train(config: RejectionConfig) -> dict[str, float]:
         tracker.progress.start()
         policy = str(run_dir / f"round-{r}" / "sft" / "final")
         model, tokenizer = setup.policy(policy)
-        final = evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference)
+        final = evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference, engine)
         tracker.log(r, final)
     model.save_pretrained(run_dir / "final")
     tokenizer.save_pretrained(run_dir / "final")

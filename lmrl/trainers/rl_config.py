@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.rollout.tool_config import ToolSection
+from lmrl.rollout.engine_section import EngineSection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ GROUP_BASELINES = ("rloo", "grpo", "dr_grpo")
 
 
 @dataclasses.dataclass
-class RLConfig(ToolSection, SamplingSection, RewardSection, TrainConfig):
+class RLConfig(ToolSection, SamplingSection, EngineSection, RewardSection, TrainConfig):
     algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
     dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
     task_args: dict = field({}, "arguments of a built-in task")
@@ -58,7 +59,7 @@ class RLConfig(ToolSection, SamplingSection, RewardSection, TrainConfig):
     dynamic_sampling: Literal["off", "drop", "count"] | None = field(None, "zero-variance groups: drop (DAPO) or only count")
     kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
-    tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off)")
+    tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off); keep it on with engine=vllm, whose numerics differ from the learner's")
     share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
     reuse_sampling_forward: bool = field(True, "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)")
     skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")

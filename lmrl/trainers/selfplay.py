@@ -56,6 +56,7 @@ from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
+from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import common, loop
@@ -85,7 +86,7 @@ class Parts:
     model: Any
     tokenizer: Any
     ref_model: Any
-    engine: HFEngine
+    engine: HFEngine  # or VLLMEngine: lmrl.rollout.engines.make_engine
     reward_set: RewardSet
     judge_set: RewardSet | None
     check: Callable[[str], Query | None]
@@ -275,8 +276,11 @@ class SelfPlay:
                                max_new_tokens=config.judge_max_new_tokens)
             judge_set = RewardSet([judge], on_reward_error=config.on_reward_error)
         cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
-        self.parts = Parts(self.model, tokenizer, ref_model, HFEngine(self.model, tokenizer, autocast_dtype=dtype),
-                           self.reward_set, judge_set,
+        longest = SamplingParams(max(config.challenger_max_new_tokens, config.solver_max_new_tokens),
+                                 temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+        engine = make_engine(config, self.model, tokenizer, dtype, self.optimizer, sampling=longest,
+                             longest_prompt=len(cp_ids))
+        self.parts = Parts(self.model, tokenizer, ref_model, engine, self.reward_set, judge_set,
                            lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args), cp_ids,
                            self.optimizer, self.scheduler)
 

@@ -12,11 +12,12 @@ import re
 from typing import Literal
 
 from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, field
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.trainers.selfplay_env import QUERY_CHECKERS
 
 
 @dataclasses.dataclass
-class SelfPlayConfig(DecodingSection, RewardSection, TrainConfig):
+class SelfPlayConfig(DecodingSection, EngineSection, RewardSection, TrainConfig):
     variant: Literal["lsp_zero", "lsp"] = field("lsp", "lsp_zero: zero-sum game on R; lsp: both roles also get the reference model's quality score R_Q")
     task: str = field("", "challenger prompt parameter {task} (empty: None, general instruction following)")
     template: str = field("", "challenger prompt parameter {template}: the form of a query, {} marks a slot (empty: None)")

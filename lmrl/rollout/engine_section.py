@@ -1,0 +1,34 @@
+"""`EngineSection`: the config keys that pick and set up the rollout engine (`lmrl.rollout.engines.make_engine`).
+
+Composed into every sampling trainer's config (`RLConfig(SamplingSection, EngineSection, ...)`), like the shared
+sections of `lmrl.config`; kept here, beside the engines, so that `lmrl.config` stays one screenful of sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from lmrl.config import ConfigError, Section, _check, field
+
+
+@dataclasses.dataclass
+class EngineSection(Section):
+    """Which rollout engine samples (`lmrl.rollout.engines.make_engine`); the vllm_* keys apply to engine=vllm."""
+
+    title = "rollout engine"
+    engine: Literal["hf", "vllm"] = field("hf", "hf: KV-cache sampling from the training model; vllm: vLLM in this "
+                                                "process, weights synced in place after every optimizer step")
+    vllm_gpu_memory_utilization: float = field(0.3, "GPU: share of GPU memory vLLM may take (weights + KV cache)")
+    vllm_max_model_len: int | None = field(None, "longest prompt + completion in tokens (null: the model's "
+                                                 "max_position_embeddings, at most 4096)")
+    vllm_sleep: bool = field(False, "GPU: free vLLM's memory between rollouts (sleep/wake), so training gets it")
+    vllm_kv_cache_gb: float = field(1.0, "CPU: KV-cache budget in GiB (vLLM's automatic one reserves most RAM)")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
+        if self.vllm_max_model_len is not None:
+            _check(self, ("vllm_max_model_len",), 1)
+        _check(self, ("vllm_kv_cache_gb",), 0, inclusive=False)
+        super().__post_init__()

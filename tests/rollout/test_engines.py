@@ -1,0 +1,146 @@
+"""The engine factory and engine=vllm's start-up checks, which need no vLLM; and the vLLM engine's stop-string replay
+and LoRA weight naming, checked against the HF engine and peft names."""
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config
+
+from lmrl.config import ConfigError, load_config
+from lmrl.rollout.engine_section import EngineSection
+from lmrl.generate import GenerateConfig
+from lmrl.rollout import HFEngine, SamplingParams
+from lmrl.rollout import engines
+from lmrl.rollout.vllm_engine import apply_stop_strings, check_exact_logprobs
+from lmrl.rollout.vllm_weights import checkpoint_name, hf_weights
+from lmrl.swarm.config import SwarmConfig
+from lmrl.trainers.dpo_config import DPOConfig
+from lmrl.trainers.rejection import RejectionConfig
+from lmrl.trainers.rl_config import RLConfig
+from lmrl.trainers.selfplay_config import SelfPlayConfig
+
+HEADS = (32, 64, 128)
+
+
+def char_tokenizer():
+    from lmrl.data.tokenizers import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+def tiny_llama(vocab: int):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=128, max_position_embeddings=128)).eval()
+
+
+@pytest.mark.parametrize("cls", [RLConfig, DPOConfig, RejectionConfig, SelfPlayConfig, SwarmConfig, GenerateConfig])
+def test_every_sampling_trainer_has_the_engine_keys(cls):
+    extra = ["verifier=arithmetic", "rewards=[task]"] if cls is SelfPlayConfig else []
+    config = load_config(cls, None, ["engine=vllm", "vllm_max_model_len=512", *extra])
+    assert isinstance(config, EngineSection) and config.engine == "vllm" and config.vllm_max_model_len == 512
+    with pytest.raises(ConfigError, match="engine"):
+        load_config(cls, None, ["engine=sglang"])
+
+
+def test_engine_hf_is_the_hf_engine():
+    tok = char_tokenizer()
+    config = load_config(RLConfig, None, [])
+    engine = engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams())
+    assert isinstance(engine, HFEngine)
+
+
+def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    tok = char_tokenizer()
+    config = load_config(RLConfig, None, ["engine=vllm"])
+    with pytest.raises(ConfigError, match=r"pip install 'lmrl\[vllm\]'.*engine=hf"):
+        engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams())
+
+
+def test_an_unsupported_architecture_suggests_engine_hf():
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=4, architectures=["MyNewForCausalLM"])
+    with pytest.raises(ConfigError, match="does not support the architecture MyNewForCausalLM.*engine=hf"):
+        engines.check_architecture(cfg, {"LlamaForCausalLM"}, "cpu", HEADS)
+
+
+def test_a_head_size_the_cpu_backend_lacks_suggests_engine_hf():
+    cfg = Qwen2Config(hidden_size=384, num_attention_heads=8, architectures=["Qwen2ForCausalLM"])  # head size 48
+    with pytest.raises(ConfigError, match="head sizes.*48.*engine=hf"):
+        engines.check_architecture(cfg, {"Qwen2ForCausalLM"}, "cpu", HEADS)
+    engines.check_architecture(cfg, {"Qwen2ForCausalLM"}, "cuda", HEADS)  # GPU kernels take other sizes
+    engines.check_architecture(Qwen2Config(hidden_size=384, num_attention_heads=6, architectures=["Qwen2ForCausalLM"]),
+                               {"Qwen2ForCausalLM"}, "cpu", HEADS)
+
+
+def test_a_too_short_max_model_len_fails_with_the_length_needed():
+    with pytest.raises(ConfigError, match="vllm_max_model_len=64 is shorter.*40 tokens.*max_new_tokens=32.*>=72"):
+        engines.check_max_model_len(64, 1024, 40, 32)
+    with pytest.raises(ConfigError, match="exceeds the model's max_position_embeddings=1024"):
+        engines.check_max_model_len(2048, 1024, 1, 32)
+    engines.check_max_model_len(72, 1024, 40, 32)
+
+
+def test_bad_engine_options_fail_at_start_up():
+    with pytest.raises(ConfigError, match="vllm_gpu_memory_utilization"):
+        load_config(RLConfig, None, ["vllm_gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match="vllm_max_model_len"):
+        load_config(RLConfig, None, ["vllm_max_model_len=0"])
+
+
+def test_only_sampling_whose_log_probs_vllm_returns_exactly_is_accepted():
+    check_exact_logprobs(SamplingParams(temperature=0.7))
+    check_exact_logprobs(SamplingParams(greedy=True, temperature=0))
+    for bad in (SamplingParams(top_k=5), SamplingParams(top_p=0.9), SamplingParams(greedy=True, temperature=0.5)):
+        with pytest.raises(ValueError, match="engine=hf"):
+            check_exact_logprobs(bad)
+
+
+def test_stop_strings_replayed_after_generation_equal_the_hf_engines():
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok))
+    engine = HFEngine(model, tok)
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["hello world", "2+2=", "abc", "The cat"]]
+    free = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, temperature=0, stop_token_ids=()))
+    stops = (free.completions[0][4:6], free.completions[2][9:10])
+    want = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, temperature=0, stop_token_ids=(),
+                                                   stop_strings=stops))
+    assert "stop" in want.finish_reason
+    lengths, stopped = apply_stop_strings(engine._matcher(stops), free.completion_ids, free.completion_lengths,
+                                          ~free.truncated)
+    assert lengths.tolist() == want.completion_lengths.tolist()
+    assert stopped.tolist() == (~want.truncated).tolist()
+
+
+def test_lora_weights_are_pushed_under_the_base_models_names():
+    assert checkpoint_name("model.layers.0.mlp.up_proj.weight", peft=False) == "model.layers.0.mlp.up_proj.weight"
+    names = {
+        "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight": "model.layers.0.self_attn.q_proj.weight",
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": None,
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight": None,
+        "base_model.model.lm_head.modules_to_save.default.weight": "lm_head.weight",
+        "base_model.model.lm_head.original_module.weight": None,
+        "base_model.model.model.norm.weight": "model.norm.weight",
+    }
+    for name, want in names.items():
+        assert checkpoint_name(name, peft=True) == want, name
+
+
+def test_merged_lora_weights_equal_the_merged_model():
+    peft = pytest.importorskip("peft")
+    tok = char_tokenizer()
+    model = peft.get_peft_model(tiny_llama(len(tok)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                                      init_lora_weights=False))
+    from lmrl.rollout.vllm_weights import merged_adapters
+
+    with torch.no_grad(), merged_adapters(model):
+        pushed = {name: t.clone() for name, t in hf_weights(model)}
+    assert not any("lora" in n for n in pushed)
+    merged = model.merge_and_unload()  # the reference: W + BA written into a plain model
+    assert set(pushed) == {n for n, _ in merged.named_parameters()}
+    for name, param in merged.named_parameters():
+        assert torch.allclose(pushed[name], param, atol=1e-6), name

@@ -1,0 +1,67 @@
+"""`lmrl rl engine=vllm` (vLLM's CPU build, `make test-vllm`): GRPO learns the dense task as engine=hf does, with the
+weights synced after every step (the sampler/learner log-prob gap stays at fp32 rounding)."""
+
+import os
+
+import pytest
+
+if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a failure, not a skip
+    import vllm  # noqa: F401
+else:
+    pytest.importorskip("vllm")
+
+from lmrl.config import ConfigError, load_config  # noqa: E402
+from lmrl.rewards import REWARDS, register_reward  # noqa: E402
+from lmrl.tracking import read_jsonl  # noqa: E402
+from lmrl.trainers import online  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+# head size 32: vLLM's CPU attention runs 32, 64, 80, ... (not the 16 of test_online.py's model)
+MODEL = ["model_args.hidden_size=64", "model_args.num_hidden_layers=2", "model_args.intermediate_size=128",
+         "model_args.num_attention_heads=2"]
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    """Dense task: the share of completion characters that are digits."""
+    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
+
+
+if "test_vllm_digit_fraction" not in REWARDS:
+    register_reward("test_vllm_digit_fraction")(lambda **_: digit_fraction)
+
+
+def grpo(tmp_path, engine, *overrides):
+    config = load_config(online.RLConfig, None, [
+        "algorithm=grpo", f"engine={engine}", f"output_dir={tmp_path / engine}", "precision=fp32", *MODEL,
+        "task_args.digits=1", "train_rows=64", "eval_rows=8", "prompts_per_step=4", "samples_per_prompt=4",
+        "max_new_tokens=6", "rewards=[test_vllm_digit_fraction]", "eval_every=0", "save_every=0", "log_every=1",
+        "lr=1e-2", "sample_every=100", "vllm_kv_cache_gb=0.0625", "vllm_max_model_len=128", *overrides])
+    online.train(config)
+    return [r for r in read_jsonl(tmp_path / engine / "metrics.jsonl") if "reward/mean" in r]
+
+
+def test_grpo_with_engine_vllm_learns_the_dense_task_as_engine_hf_does(tmp_path):
+    runs = {engine: grpo(tmp_path, engine, "max_steps=20") for engine in ("hf", "vllm")}
+    gains = {}
+    for engine, rows in runs.items():
+        rewards = [r["reward/mean"] for r in rows]
+        gains[engine] = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+        assert gains[engine] > 0.1, f"engine={engine}: reward gain {gains[engine]:.3f}"
+    assert gains["vllm"] > 0.5 * gains["hf"], gains
+    vllm_rows = runs["vllm"]
+    assert len(vllm_rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in vllm_rows)  # a sync before every rollout
+    # logged on every step that trains (a step whose groups all have zero advantage runs no learner forward)
+    gaps = [r["sampler_logp_gap"] for r in vllm_rows if "sampler_logp_gap" in r]
+    assert len(gaps) >= 10 and max(gaps) < 1e-4, gaps  # the synced engine samples the learner's policy
+    assert all("tis/weight_mean" in r for r in vllm_rows if "sampler_logp_gap" in r)  # TIS on by default
+
+
+def test_engine_vllm_refuses_what_it_cannot_do_at_start_up(tmp_path):
+    with pytest.raises(ConfigError, match="vllm_max_model_len=8 is shorter"):
+        grpo(tmp_path, "vllm", "vllm_max_model_len=8", "max_steps=1")
+    with pytest.raises(ConfigError, match="top_k=0 and top_p=1.*engine=hf"):
+        grpo(tmp_path, "vllm", "top_k=5", "max_steps=1")
+    with pytest.raises(ConfigError, match="head sizes.*engine=hf"):
+        grpo(tmp_path, "vllm", "model_args.num_attention_heads=4", "max_steps=1")  # head size 16
+    with pytest.raises(ConfigError, match="vllm_sleep=true needs a GPU"):
+        grpo(tmp_path, "vllm", "vllm_sleep=true", "max_steps=1")
