@@ -21,6 +21,8 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
+from lmrl.config_base import ConfigError, Section, check_at_least, field  # noqa: F401 - re-exported
+
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
@@ -40,10 +42,6 @@ _Loader.add_implicit_resolver(
 
 def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-class ConfigError(ValueError):
-    """A config problem found at start-up, with a message that says how to fix it."""
 
 
 def suggest(name: str, choices: typing.Iterable[str]) -> str:
@@ -294,34 +292,6 @@ def describe(cls: type) -> str:
     return "\n\n".join(parts)
 
 
-def field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
-    """A dataclass field with a one-line help string (shown by ``--help-config``)."""
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
-
-
-class Section:
-    """A group of config keys declared once and shared by every config that composes it.
-
-    Configs are flat (every key is a top-level YAML key and override) and composed by inheritance:
-    ``class RLConfig(SamplingSection, RewardSection, TrainConfig)``. ``title`` names the group in
-    ``--help-config``; each section's ``__post_init__`` checks its own keys and calls the next one's.
-    """
-
-    title = ""
-
-    def __post_init__(self) -> None:
-        pass
-
-
-def _check(config: Any, names: typing.Iterable[str], minimum: float, inclusive: bool = True) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if value < minimum or (not inclusive and value == minimum):
-            raise ConfigError(f"'{name}' must be {'>=' if inclusive else '>'} {minimum:g}, got {value}.")
-
-
 @dataclasses.dataclass
 class ModelSection(Section):
     title = "model"
@@ -344,8 +314,8 @@ class ModelSection(Section):
     def __post_init__(self) -> None:
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(f"'device' must be auto, cpu, cuda or cuda:N, got {self.device!r}.")
-        _check(self, ("lora_r",), 0)
-        _check(self, ("logprob_chunk_mb",), 0, inclusive=False)
+        check_at_least(self, ("lora_r",), 0)
+        check_at_least(self, ("logprob_chunk_mb",), 0, inclusive=False)
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"'lora_dropout' must be in [0, 1), got {self.lora_dropout}.")
         if not self.lora_target_modules:
@@ -373,8 +343,8 @@ class OptimSection(Section):
     grad_accum: int = field(1, "micro-batches per optimizer step; the batch is split evenly")
 
     def __post_init__(self) -> None:
-        _check(self, ("lr", "max_steps", "grad_accum"), 0, inclusive=False)
-        _check(self, ("warmup_steps",), 0)
+        check_at_least(self, ("lr", "max_steps", "grad_accum"), 0, inclusive=False)
+        check_at_least(self, ("warmup_steps",), 0)
         if len(self.adam_betas) != 2:
             raise ConfigError(f"'adam_betas' must be two numbers, got {self.adam_betas}.")
         super().__post_init__()
@@ -397,8 +367,8 @@ class RunSection(Section):
     report_to: list[str] = field([], "extra trackers: tensorboard, wandb, trackio (when installed)")
 
     def __post_init__(self) -> None:
-        _check(self, ("log_every", "keep_checkpoints"), 0, inclusive=False)
-        _check(self, ("eval_every", "save_every", "num_samples"), 0)
+        check_at_least(self, ("log_every", "keep_checkpoints"), 0, inclusive=False)
+        check_at_least(self, ("eval_every", "save_every", "num_samples"), 0)
         for name in self.report_to:
             if name not in TRACKERS:
                 raise ConfigError(f"'report_to' entry '{name}' is unknown.{suggest(name, TRACKERS)} Known: {list(TRACKERS)}.")
@@ -419,10 +389,10 @@ class DecodingSection(Section):
     top_k: int = field(0, "top-k sampling (0: off)")
 
     def __post_init__(self) -> None:
-        _check(self, ("temperature",), 0, inclusive=False)
+        check_at_least(self, ("temperature",), 0, inclusive=False)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"'top_p' must be in (0, 1], got {self.top_p}.")
-        _check(self, ("top_k",), 0)
+        check_at_least(self, ("top_k",), 0)
         super().__post_init__()
 
 
@@ -435,7 +405,7 @@ class SamplingSection(DecodingSection):
     max_new_tokens: int = field(32, "completion length cap in tokens")
 
     def __post_init__(self) -> None:
-        _check(self, ("samples_per_prompt", "max_new_tokens"), 1)
+        check_at_least(self, ("samples_per_prompt", "max_new_tokens"), 1)
         super().__post_init__()
 
 

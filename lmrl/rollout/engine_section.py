@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config import ConfigError, Section, _check, field
+from lmrl.config_base import ConfigError, Section, check_at_least, field
 
 
 @dataclasses.dataclass
@@ -29,6 +29,6 @@ class EngineSection(Section):
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
         if self.vllm_max_model_len is not None:
-            _check(self, ("vllm_max_model_len",), 1)
-        _check(self, ("vllm_kv_cache_gb",), 0, inclusive=False)
+            check_at_least(self, ("vllm_max_model_len",), 1)
+        check_at_least(self, ("vllm_kv_cache_gb",), 0, inclusive=False)
         super().__post_init__()
