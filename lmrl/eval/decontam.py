@@ -20,7 +20,11 @@ from typing import Any
 _TOKEN = re.compile(r"[^\W_]+|[^\w\s]|_", re.UNICODE)
 
 TEXT_COLUMNS = ("prompt", "question", "completion", "messages", "chosen", "rejected", "text", "choices", "context")
-"""Columns whose strings are compared (nested message lists included); answers and metadata are not."""
+"""Training-row columns whose strings are compared (nested message lists included); answers and metadata are not."""
+
+EVAL_COLUMNS = ("prompt", "question", "messages", "text", "context")
+"""Evaluation-row columns compared: what the model is asked (short gold answers such as "46" would match any
+training row with the same answer)."""
 
 
 def tokens(text: str) -> list[str]:
@@ -83,7 +87,8 @@ class OverlapReport:
 
 def overlap(train: Iterable[Any], evals: Sequence[Any], n: int = 8, threshold: float = 0.5) -> OverlapReport:
     """Which ``evals`` rows share at least ``threshold`` of their n-grams with the ``train`` rows (rows: dicts
-    with text columns, or strings)."""
+    with text columns, or strings). Training rows contribute every `TEXT_COLUMNS` string, eval rows their
+    `EVAL_COLUMNS` (the question, not the gold answer)."""
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}.")
     seen: set[tuple[str, ...]] = set()
@@ -92,7 +97,7 @@ def overlap(train: Iterable[Any], evals: Sequence[Any], n: int = 8, threshold: f
             seen |= ngrams(text, n)
     report = OverlapReport(n, threshold, len(evals))
     for i, row in enumerate(evals):
-        grams = set().union(*(ngrams(t, n) for t in row_texts(row)))
+        grams = set().union(*(ngrams(t, n) for t in row_texts(row, EVAL_COLUMNS)))
         share = len(grams & seen) / len(grams) if grams else 0.0
         report.shares.append(share)
         if grams and share >= threshold:
