@@ -48,6 +48,10 @@ class EvalConfig(ModelSection):
     baseline: str | None = field(None, "metric win_rate: the model the evaluated one is compared with")
     judge_max_new_tokens: int = field(256, "tokens of each judgement")
     train_dataset: str | None = field(None, "training data to check for 8-gram overlap with the eval rows (warning)")
+    harness_tasks: list[str] = field([], "also run these lm-evaluation-harness tasks on the model (a local HF model "
+                                         "dir; needs the eval extra)")
+    harness_include: str | None = field(None, "directory of local harness task YAMLs")
+    harness_limit: int | None = field(None, "first N documents per harness task (null: all)")
     num_samples: int = field(4, "sample rows shown and saved")
     output_file: str | None = field(None, "JSON results; default <run>/evals/<dataset>.json for a run's model, "
                                           "else evals/<dataset>.json")
@@ -57,7 +61,8 @@ class EvalConfig(ModelSection):
         from lmrl.eval.spec import parse_metrics
 
         try:
-            parse_metrics(self.metrics)
+            if self.metrics or not self.harness_tasks:
+                parse_metrics(self.metrics)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if self.max_new_tokens < 1 or self.batch_size < 1 or self.samples < 0:
@@ -76,7 +81,7 @@ def default_output(config: EvalConfig) -> Path:
     run_dir = None
     if model.name == "final" or model.parent.name == "checkpoints":
         run_dir = model.parent if model.name == "final" else model.parent.parent
-    suffix = "" if model.name == "final" else f"-{model.name}"
+    suffix = f"-{model.name}" if model.parent.name == "checkpoints" else ""  # evals of step-N checkpoints side by side
     return (run_dir / "evals" if run_dir and run_dir.is_dir() else Path("evals")) / f"{slug}{suffix}.json"
 
 
@@ -97,8 +102,12 @@ def run(config: EvalConfig) -> dict[str, float]:
     """Evaluate, print a table, write the JSON file; returns the metrics."""
     from lmrl.models.setup import ModelSetup
 
+    if config.harness_tasks:
+        from lmrl.eval.harness import check_model_dir
+
+        check_model_dir(config.model)
     rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)
-    evaluator = Evaluator(config.metrics, rows, config.options(), config.dataset)  # every input error here
+    evaluator = Evaluator(config.metrics, rows, config.options(), config.dataset) if config.metrics else None
     contamination = None
     if config.train_dataset:
         contamination = warn_contamination(config.train_dataset, rows, config.dataset, **config.task_args)
@@ -114,7 +123,12 @@ def run(config: EvalConfig) -> dict[str, float]:
                 tasks[stage] = bars.add_task(stage, total=total)
             bars.update(tasks[stage], completed=done)
 
-        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress)
+        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress) if evaluator else ({"rows": 0.0}, [])
+    if config.harness_tasks:
+        from lmrl.eval.harness import flat_metrics, run_harness
+
+        metrics.update(flat_metrics(run_harness(config.model, config.harness_tasks, config.harness_include,
+                                                config.harness_limit)))
     metrics["time_s"] = round(time.perf_counter() - start, 3)
     show(config, metrics, samples)
     path = Path(config.output_file) if config.output_file else default_output(config)
