@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmrl-installed
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install demo test test-all bench clean chromium
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -28,10 +28,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/lmrl demo
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium with Playwright (which never downloads a browser here).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium is not installed and could not be (apt-get install -y chromium as root): browser tests skip"
+
+test: $(STAMP) chromium
 	$(PY) -m pytest
 
-test-all: $(STAMP)
+test-all: $(STAMP) chromium
 	$(PY) -m pytest -m "slow or not slow"
 
 bench: $(STAMP)
