@@ -384,8 +384,7 @@ class EvalSection(Section):
     title = "evaluation metrics (lmrl eval's, inside training)"
     eval_metrics: list[str] = field([], "metrics of `lmrl eval` computed at every evaluation and logged as evals/<name>: "
                                         "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
-    eval_metrics_dataset: str | None = field(None, "their rows; default: the test split of a built-in task dataset, "
-                                                   "else eval_dataset")
+    eval_metrics_dataset: str | None = field(None, "their rows (default: the task dataset's test split, or eval_dataset)")
     eval_metrics_rows: int = field(100, "rows evaluated by eval_metrics")
     eval_metrics_args: dict = field({}, "options as in `lmrl eval`: samples, temperature, max_new_tokens, verifier, "
                                         "reward_model, judge, baseline, ...")
@@ -393,13 +392,12 @@ class EvalSection(Section):
 
     def __post_init__(self) -> None:
         _check(self, ("eval_metrics_rows",), 1)
-        if self.eval_metrics:
-            from lmrl.eval.spec import parse_metrics  # pure, imports nothing of lmrl
+        from lmrl.eval.spec import parse_metrics  # pure, imports nothing of lmrl
 
-            try:
-                parse_metrics(self.eval_metrics, "eval_metrics")
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
+        try:
+            _ = self.eval_metrics and parse_metrics(self.eval_metrics, "eval_metrics")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         super().__post_init__()
 
 

@@ -65,8 +65,9 @@ def choice_logprobs(model, tokenizer, context: list[int], choices: Sequence[str]
 
 def evaluate_choices(model, tokenizer, rows: Sequence[dict[str, Any]], chat: bool = True,
                      dtype: torch.dtype | None = None, progress=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """``loglik/acc`` (summed log-prob picks the gold choice) and ``loglik/acc_norm`` (per-token mean picks it),
-    with per-row records (the two picks and the sums)."""
+    """``loglik/acc`` (summed log-prob picks the gold choice), ``loglik/acc_norm`` (per-token mean picks it) and
+    ``tokens/loglik`` (tokens run through the model: context once per choice, plus the choices), with per-row
+    records (the two picks and the sums)."""
     was_training = model.training
     model.eval()
     records = []
@@ -76,11 +77,12 @@ def evaluate_choices(model, tokenizer, rows: Sequence[dict[str, Any]], chat: boo
             sums, counts = choice_logprobs(model, tokenizer, context, row["choices"], dtype)
             gold = gold_index(row)
             records.append({"gold": gold, "pick": choose(sums, counts, False), "pick_norm": choose(sums, counts, True),
-                            "logps": sums, "tokens": counts})
+                            "logps": sums, "tokens": counts, "forward_tokens": len(context) * len(counts) + sum(counts)})
             if progress:
                 progress(i + 1)
     finally:
         model.train(was_training)
     n = max(1, len(records))
     return {"loglik/acc": sum(r["pick"] == r["gold"] for r in records) / n,
-            "loglik/acc_norm": sum(r["pick_norm"] == r["gold"] for r in records) / n}, records
+            "loglik/acc_norm": sum(r["pick_norm"] == r["gold"] for r in records) / n,
+            "tokens/loglik": float(sum(r["forward_tokens"] for r in records))}, records
