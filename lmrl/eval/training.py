@@ -49,6 +49,14 @@ def build_evaluator(config: Any) -> Evaluator | None:
     return Evaluator(config.eval_metrics, rows, EvalOptions(**args), source, key="eval_metrics")
 
 
+def evals_metrics(evaluator: Evaluator | None, model, tokenizer, dtype=None) -> dict[str, float]:
+    """``evals/<name>`` of ``evaluator`` on ``model`` (empty without an evaluator)."""
+    if evaluator is None:
+        return {}
+    metrics, _ = evaluator(model, tokenizer, dtype)
+    return {f"evals/{k}": v for k, v in metrics.items() if k != "rows"}
+
+
 def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[tuple[str, OverlapReport]]:
     """8-gram overlap of the training rows (``dataset``) with each evaluation set the run uses (``eval_dataset``,
     the eval_metrics rows); only the sets with contaminated rows are returned. Sources that are not row data

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from lmrl.config import TrainConfig
+from lmrl.eval.training import evals_metrics
 from lmrl.trainers import common
 
 
@@ -102,11 +103,8 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
 def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any."""
     metrics, samples = method.evaluate(step)
-    if run.evaluator is not None:
-        setup = getattr(method, "setup", None)
-        extra, _ = run.evaluator(method.model, method.tokenizer, getattr(setup, "dtype", None))
-        metrics = {**metrics, **{f"evals/{k}": v for k, v in extra.items() if k != "rows"}}
-    return metrics, samples
+    dtype = getattr(getattr(method, "setup", None), "dtype", None)
+    return {**metrics, **evals_metrics(run.evaluator, method.model, method.tokenizer, dtype)}, samples
 
 
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:
