@@ -46,25 +46,45 @@ def gold_index(row: dict[str, Any], source: str = "row", i: int = 0) -> int:
 def choice_logprobs(model, tokenizer, context: list[int], choices: Sequence[str],
                     dtype: torch.dtype | None = None) -> tuple[list[float], list[int]]:
     """Summed log p(choice tokens | context) and the token count of each choice, in one batched forward."""
-    choice_ids = [list(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in choices]
-    if any(not ids for ids in choice_ids):
-        raise ValueError(f"a choice tokenizes to no tokens: {choices!r}.")
+    sums, counts = batch_logprobs(model, tokenizer, [(context, list(choices))], dtype)
+    return sums[0], counts[0]
+
+
+@torch.no_grad()
+def batch_logprobs(model, tokenizer, items: Sequence[tuple[list[int], list[str]]],
+                   dtype: torch.dtype | None = None) -> tuple[list[list[float]], list[list[int]]]:
+    """For each (context ids, choice texts): the summed log-prob and token count of every choice, all choices of
+    all items in one forward (contexts left-padded to a common length, choices right-padded)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    width = max(len(ids) for ids in choice_ids)  # T
-    n, p = len(choice_ids), len(context)
-    input_ids = torch.full((n, p + width), pad, dtype=torch.long)  # (N, P+T): shared context, right-padded choices
-    mask = torch.zeros((n, p + width), dtype=torch.long)
-    for row, ids in enumerate(choice_ids):
-        input_ids[row, :p] = torch.tensor(context)
+    seqs = []  # (context, choice ids) per sequence
+    for context, choices in items:
+        for c in choices:
+            ids = list(tokenizer(c, add_special_tokens=False)["input_ids"])
+            if not ids:
+                raise ValueError(f"a choice tokenizes to no tokens: {c!r}.")
+            seqs.append((context, ids))
+    p = max(len(ctx) for ctx, _ in seqs)  # P
+    width = max(len(ids) for _, ids in seqs)  # T
+    input_ids = torch.full((len(seqs), p + width), pad, dtype=torch.long)  # (N, P+T)
+    mask = torch.zeros((len(seqs), p + width), dtype=torch.long)
+    for row, (ctx, ids) in enumerate(seqs):
+        input_ids[row, p - len(ctx) : p] = torch.tensor(ctx)
         input_ids[row, p : p + len(ids)] = torch.tensor(ids)
-        mask[row, : p + len(ids)] = 1
+        mask[row, p - len(ctx) : p + len(ids)] = 1
     device = next(model.parameters()).device
     logp = completion_logprobs(model, input_ids.to(device), mask.to(device), p, autocast_dtype=dtype)  # (N, T)
-    return logp.sum(-1).tolist(), [len(ids) for ids in choice_ids]
+    flat_sums, flat_counts = logp.sum(-1).tolist(), [len(ids) for _, ids in seqs]
+    sums, counts, i = [], [], 0
+    for _, choices in items:
+        sums.append(flat_sums[i : i + len(choices)])
+        counts.append(flat_counts[i : i + len(choices)])
+        i += len(choices)
+    return sums, counts
 
 
 def evaluate_choices(model, tokenizer, rows: Sequence[dict[str, Any]], chat: bool = True,
-                     dtype: torch.dtype | None = None, progress=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+                     dtype: torch.dtype | None = None, progress=None,
+                     batch_size: int = 64) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``loglik/acc`` (summed log-prob picks the gold choice), ``loglik/acc_norm`` (per-token mean picks it) and
     ``tokens/loglik`` (tokens run through the model: context once per choice, plus the choices), with per-row
     records (the two picks and the sums)."""
@@ -72,14 +92,17 @@ def evaluate_choices(model, tokenizer, rows: Sequence[dict[str, Any]], chat: boo
     model.eval()
     records = []
     try:
-        for i, row in enumerate(rows):
-            context = encode_prompt(tokenizer, row["prompt"], chat)
-            sums, counts = choice_logprobs(model, tokenizer, context, row["choices"], dtype)
-            gold = gold_index(row)
-            records.append({"gold": gold, "pick": choose(sums, counts, False), "pick_norm": choose(sums, counts, True),
-                            "logps": sums, "tokens": counts, "forward_tokens": len(context) * len(counts) + sum(counts)})
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            contexts = [encode_prompt(tokenizer, row["prompt"], chat) for row in chunk]
+            all_sums, all_counts = batch_logprobs(model, tokenizer, [(c, list(r["choices"])) for c, r in
+                                                                      zip(contexts, chunk)], dtype)
+            for row, context, sums, counts in zip(chunk, contexts, all_sums, all_counts):
+                records.append({"gold": gold_index(row), "pick": choose(sums, counts, False),
+                                "pick_norm": choose(sums, counts, True), "logps": sums, "tokens": counts,
+                                "forward_tokens": len(context) * len(counts) + sum(counts)})
             if progress:
-                progress(i + 1)
+                progress(start + len(chunk))
     finally:
         model.train(was_training)
     n = max(1, len(records))

@@ -121,7 +121,7 @@ class Evaluator:
             self._sampled(engine, ids, out, progress)
         if spec.loglik:
             done = (lambda i: progress("loglik", i, len(rows))) if progress else None
-            scores, records = evaluate_choices(model, tokenizer, rows, opts.chat, dtype, done)
+            scores, records = evaluate_choices(model, tokenizer, rows, opts.chat, dtype, done, opts.batch_size)
             out.update(scores)
             for rec, r in zip(samples, records):
                 rec.update(choice=r["pick"], choice_norm=r["pick_norm"], gold=r["gold"])
