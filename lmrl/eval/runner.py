@@ -59,6 +59,9 @@ class Evaluator:
             bad = next(i for i, r in enumerate(rows) if "prompt" not in r)
             raise ValueError(f"{source}: row {bad} has no 'prompt' column (columns: {sorted(rows[bad])}).")
         self.n = max(opts.samples, self.spec.max_k)
+        if self.spec.sampled and not (opts.temperature > 0 and 0 < opts.top_p <= 1):
+            raise ValueError(f"sampled metrics need temperature > 0 and top_p in (0, 1]; got temperature="
+                             f"{opts.temperature}, top_p={opts.top_p}.")
         if opts.samples and opts.samples < self.spec.max_k:
             raise ValueError(f"samples={opts.samples} is fewer than the largest k ({self.spec.max_k}) of {key}.")
         if self.spec.needs_answers:
