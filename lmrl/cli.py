@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ class Verb:
     module: str  # module with a ``Config`` dataclass path and a run function
     config: str
     run: str
+    positional: str | None = None  # config key that takes the bare arguments (`lmrl report RUN1 RUN2`)
 
 
 VERBS: dict[str, Verb] = {
@@ -35,6 +37,14 @@ VERBS: dict[str, Verb] = {
     "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),
     "selfplay": Verb("Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)", "lmrl.trainers.selfplay", "SelfPlayConfig", "train"),
     "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
+    "eval": Verb("evaluate a model: accuracy, pass@k, maj@k, avg@k, pass^k, reward, judge win rate, loglik; table + JSON",
+                 "lmrl.eval.cli", "EvalConfig", "run"),
+    "decontaminate": Verb("n-gram overlap (default 8) between training data and an evaluation set", "lmrl.eval.cli",
+                          "DecontamConfig", "decontaminate"),
+    "report": Verb("self-contained HTML report of one run or a comparison: lmrl report RUN [RUN...]",
+                   "lmrl.report.html", "ReportConfig", "run", positional="runs"),
+    "dashboard": Verb("local web dashboard of every run under a directory, live: lmrl dashboard RUNS_DIR",
+                      "lmrl.report.dashboard", "DashboardConfig", "run", positional="runs_dir"),
 }
 
 USER_ERRORS = (ConfigError, ValueError, FileNotFoundError, FileExistsError, KeyError)
@@ -78,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if args.verb == "swarm" and overrides and overrides[0] in ("sim", "join"):
         overrides[0] = f"mode={overrides[0]}"  # `lmrl swarm sim ...` reads as `mode=sim`
+    positional = VERBS[args.verb].positional
+    if positional:  # `lmrl report runs/a runs/b key=value` reads as `runs=[runs/a, runs/b]`
+        bare = [o for o in overrides if "=" not in o]
+        overrides = [o for o in overrides if "=" in o]
+        if bare:
+            overrides.append(f"{positional}={json.dumps(bare if len(bare) > 1 or positional == 'runs' else bare[0])}")
     try:
         config = load_config(config_cls, args.config, overrides)
         run(config)

@@ -376,7 +376,29 @@ class RunSection(Section):
 
 
 @dataclasses.dataclass
-class TrainConfig(RunSection, OptimSection, ModelSection):
+class EvalSection(Section):
+    title = "evaluation metrics (lmrl eval's, inside training)"
+    eval_metrics: list[str] = field([], "metrics of `lmrl eval` computed at every evaluation and logged as evals/<name>: "
+                                        "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
+    eval_metrics_dataset: str | None = field(None, "their rows (default: the task dataset's test split, or eval_dataset)")
+    eval_metrics_rows: int = field(100, "rows evaluated by eval_metrics")
+    eval_metrics_args: dict = field({}, "options as in `lmrl eval`: samples, temperature, max_new_tokens, verifier, "
+                                        "reward_model, judge, baseline, ...")
+    check_contamination: bool = field(True, "at start-up, warn when eval rows share 8-grams with the training data")
+
+    def __post_init__(self) -> None:
+        _check(self, ("eval_metrics_rows",), 1)
+        from lmrl.eval.spec import parse_metrics  # pure, imports nothing of lmrl
+
+        try:
+            _ = self.eval_metrics and parse_metrics(self.eval_metrics, "eval_metrics")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        super().__post_init__()
+
+
+@dataclasses.dataclass
+class TrainConfig(EvalSection, RunSection, OptimSection, ModelSection):
     """Fields every training verb shares: model, optimizer and schedule, run directory. Method configs
     subclass it, compose the sections they use (sampling, rewards) and add their own keys."""
 

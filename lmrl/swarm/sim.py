@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from lmrl.config import ConfigError
 from lmrl.data.tasks import get_task, make_rows
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.memory import FileHub, MemoryHub, MemoryTransport
@@ -162,6 +163,9 @@ def plot_sim(run_dir: Path, nodes: list[SwarmNode]) -> Path | None:
 def check_output_dir(config: SwarmConfig) -> None:
     """Fail before any warm start if `output_dir` holds a run that neither resume nor overwrite allows
     (the same rule `common.start_run` applies, checked minutes earlier)."""
+    if config.eval_metrics:
+        raise ConfigError("eval_metrics is not run by `lmrl swarm sim` (its nodes step in lockstep outside the shared "
+                          "loop); evaluate a node afterwards: lmrl eval model=<output_dir>/nodes/node-0/final.")
     run_dir = Path(config.output_dir)
     has_run = (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
     if has_run and not config.resume and not config.overwrite:

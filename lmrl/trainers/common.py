@@ -20,7 +20,10 @@ import numpy as np
 import torch
 import yaml
 
+from rich.markup import escape
+
 from lmrl.config import TrainConfig, to_dict
+from lmrl.eval.training import build_evaluator, contamination, warning_text
 from lmrl.models.loading import save_model
 from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
 from lmrl.models.memory import keep_freed_memory
@@ -44,6 +47,7 @@ class Run:
     tracker: Tracker
     start_step: int
     checkpoint: Path | None  # the checkpoint to resume from, if any
+    evaluator: Any = None  # `lmrl.eval.runner.Evaluator` of config.eval_metrics, or None
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -51,7 +55,12 @@ class Run:
 
 
 def start_run(config: TrainConfig, description: str) -> Run:
-    """Prepare ``output_dir`` (fresh, overwritten or resumed), write config.yaml, seed, open the tracker."""
+    """Prepare ``output_dir`` (fresh, overwritten or resumed), write config.yaml, seed, open the tracker.
+
+    Before touching the directory: the ``eval_metrics`` evaluator is built (its input errors stop the run here)
+    and the training data is checked for 8-gram overlap with the evaluation sets (a warning)."""
+    evaluator = build_evaluator(config)
+    contaminated = contamination(config, evaluator)
     run_dir = Path(config.output_dir)
     checkpoint = latest_checkpoint(run_dir) if config.resume else None
     has_run = (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
@@ -75,7 +84,9 @@ def start_run(config: TrainConfig, description: str) -> Run:
     tracker = Tracker(run_dir, config.max_steps, to_dict(config), config.report_to, description, start_step)
     if checkpoint:
         tracker.print(f"Resuming from {checkpoint} (step {start_step}).")
-    return Run(run_dir, tracker, start_step, checkpoint)
+    for source, report in contaminated:
+        tracker.print(f"[bold yellow]{escape(warning_text(config.dataset, source, report))}")
+    return Run(run_dir, tracker, start_step, checkpoint, evaluator)
 
 
 # --------------------------------------------------------------------------- seeding and RNG

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from lmrl.config import TrainConfig
+from lmrl.eval.training import evals_metrics
 from lmrl.trainers import common
 
 
@@ -63,7 +64,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         initial = state.get("initial", {})
         method.load_state_dict(state)
     else:
-        metrics, samples = method.evaluate(0)
+        metrics, samples = evaluate(method, 0, run)
         initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
         tracker.log(0, {**metrics, **extra})
         tracker.log_samples(0, samples, title)
@@ -76,7 +77,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
             else:
                 tracker.advance(step)
             if common.is_due(step, config.eval_every, config.max_steps):
-                metrics, samples = method.evaluate(step)
+                metrics, samples = evaluate(method, step, run)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, title)
                 reason = method.stop(metrics) if hasattr(method, "stop") else None
@@ -86,7 +87,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
                     break
             if common.is_due(step, config.save_every, config.max_steps):
                 save(run, step, method, initial, config)
-        final, samples = method.evaluate(last_step)
+        final, samples = evaluate(method, last_step, run)
     except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
         tracker.close()
         raise
@@ -97,6 +98,13 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     plots = tracker.close()
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}
+
+
+def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any."""
+    metrics, samples = method.evaluate(step)
+    dtype = getattr(getattr(method, "setup", None), "dtype", None)
+    return {**metrics, **evals_metrics(run.evaluator, method.model, method.tokenizer, dtype)}, samples
 
 
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:

@@ -41,6 +41,7 @@ from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import load_rows
 from lmrl.eval.generation import task_accuracy
+from lmrl.eval.training import build_evaluator, evals_metrics
 from lmrl.models.setup import ModelSetup
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rewards import RewardSet
@@ -297,7 +298,7 @@ def sft_config(config: RejectionConfig, dataset: Path, model: str, out: Path, fi
     """The SFT phase of a round: the shared training fields of `config`, on the selection file."""
     shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)}
     shared.update(model=model, model_args=config.model_args if first else {}, output_dir=str(out),
-                  overwrite=True, eval_every=0)
+                  overwrite=True, eval_every=0, eval_metrics=[], check_contamination=False)  # evaluated per round
     return sft.SFTConfig(**shared, dataset=str(dataset), train_rows=None, eval_dataset=None, chat=config.chat,
                          max_length=config.max_length, batch_size=config.batch_size)
 
@@ -328,6 +329,7 @@ def train(config: RejectionConfig) -> dict[str, float]:
     rows, eval_rows = load_prompts(config)
     rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
     model, tokenizer = setup.policy()
+    evaluator = build_evaluator(config)  # eval_metrics, logged as evals/<name> after every round
     run_dir, done = prepare_run_dir(config)
     dtype = setup.dtype
     reference = model if config.eval_kl else None  # π_start: `model` is rebound to each round's trained policy
@@ -340,8 +342,9 @@ def train(config: RejectionConfig) -> dict[str, float]:
     if config.engine == "vllm":
         longest = max(len(encode_prompt(tokenizer, r["prompt"], config.chat)) for r in rows + eval_rows)
         engine = make_engine(config, model, tokenizer, dtype, sampling=config.sampling, longest_prompt=longest)
-    initial = {f"initial/{k}": v for k, v in evaluate(model, tokenizer, eval_rows, rewards, config, dtype,
-                                                      engine=engine).items()}
+    initial = {f"initial/{k}": v for k, v in {**evaluate(model, tokenizer, eval_rows, rewards, config, dtype,
+                                                         engine=engine),
+                                               **evals_metrics(evaluator, model, tokenizer, dtype)}.items()}
     if not done:
         tracker.log(0, {k.removeprefix("initial/"): v for k, v in initial.items()})
     final = dict(initial)
@@ -362,7 +365,8 @@ def train(config: RejectionConfig) -> dict[str, float]:
         tracker.progress.start()
         policy = str(run_dir / f"round-{r}" / "sft" / "final")
         model, tokenizer = setup.policy(policy)
-        final = evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference, engine)
+        final = {**evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference, engine),
+                 **evals_metrics(evaluator, model, tokenizer, dtype)}
         tracker.log(r, final)
     model.save_pretrained(run_dir / "final")
     tokenizer.save_pretrained(run_dir / "final")

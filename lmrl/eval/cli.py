@@ -1,0 +1,209 @@
+"""``lmrl eval``: score a model or checkpoint on a dataset; a table on the terminal and a JSON file.
+
+    lmrl eval model=runs/sft/final dataset=task:arithmetic metrics=[accuracy,pass@8,maj@8,avg@8]
+    lmrl eval model=runs/dpo/final dataset=prompts.jsonl metrics=[win_rate,reward] \\
+        judge=Qwen/Qwen2.5-7B-Instruct baseline=runs/sft/final reward_model=runs/reward/final
+    lmrl eval model=runs/sft/final dataset=mc.jsonl metrics=[loglik]      # rows: prompt, choices, answer
+    lmrl decontaminate train=data/train.jsonl eval=data/test.jsonl        # 8-gram overlap report
+
+Metric names and formulas: `lmrl.eval.spec`, `lmrl.eval.metrics`; docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lmrl.config import ConfigError, ModelSection, field
+from lmrl.data.loading import load_rows
+from lmrl.eval.decontam import overlap
+from lmrl.eval.runner import EvalOptions, Evaluator
+from lmrl.tracking import console
+
+
+@dataclasses.dataclass
+class EvalConfig(ModelSection):
+    dataset: str = field("task:arithmetic", "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
+    split: str = field("test", "dataset split")
+    rows: int | None = field(200, "rows to evaluate (null: all)")
+    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
+    metrics: list[str] = field(["accuracy"], "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
+    samples: int = field(0, "samples per prompt for pass@K/maj@K/avg@K/pass^K (0: the largest K)")
+    temperature: float = field(1.0, "sampling temperature of the sampled metrics (accuracy is greedy)")
+    top_p: float = field(1.0, "nucleus sampling of the sampled metrics")
+    max_new_tokens: int = field(32, "tokens generated per completion")
+    batch_size: int = field(64, "prompts per generate call (divided by the samples per prompt)")
+    chat: bool = field(True, "render prompts with the chat template (false: raw text)")
+    verifier: str = field("auto", "auto (a row's task, else exact match) | exact | math | task")
+    answer_column: str = field("answer", "column with the gold answers of accuracy metrics")
+    reward_model: str | None = field(None, "metric reward: the reward model (a run's final/ of `lmrl reward`)")
+    judge: str | None = field(None, "metric win_rate: the judge model (any causal LM)")
+    baseline: str | None = field(None, "metric win_rate: the model the evaluated one is compared with")
+    judge_max_new_tokens: int = field(256, "tokens of each judgement")
+    train_dataset: str | None = field(None, "training data to check for 8-gram overlap with the eval rows (warning)")
+    harness_tasks: list[str] = field([], "also run these lm-evaluation-harness tasks on the model (a local HF model "
+                                         "dir; needs the eval extra)")
+    harness_include: str | None = field(None, "directory of local harness task YAMLs")
+    harness_limit: int | None = field(None, "first N documents per harness task (null: all)")
+    num_samples: int = field(4, "sample rows shown and saved")
+    output_file: str | None = field(None, "JSON results; default <run>/evals/<dataset>.json for a run's model, "
+                                          "else evals/<dataset>.json")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from lmrl.eval.spec import parse_metrics
+
+        try:
+            if self.metrics or not self.harness_tasks:
+                parse_metrics(self.metrics)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if self.max_new_tokens < 1 or self.batch_size < 1 or self.samples < 0:
+            raise ConfigError("'max_new_tokens' and 'batch_size' must be >= 1 and 'samples' >= 0.")
+        if not self.temperature > 0:
+            raise ConfigError(f"'temperature' must be > 0 (accuracy is already greedy), got {self.temperature}.")
+
+    def options(self) -> EvalOptions:
+        names = {f.name for f in dataclasses.fields(EvalOptions)}
+        return EvalOptions(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+
+def default_output(config: EvalConfig) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", config.dataset).strip("_") or "eval"
+    model = Path(config.model)
+    run_dir = None
+    if model.name == "final" or model.parent.name == "checkpoints":
+        run_dir = model.parent if model.name == "final" else model.parent.parent
+    suffix = f"-{model.name}" if model.parent.name == "checkpoints" else ""  # evals of step-N checkpoints side by side
+    return (run_dir / "evals" if run_dir and run_dir.is_dir() else Path("evals")) / f"{slug}{suffix}.json"
+
+
+def warn_contamination(train_source: str, eval_rows: list[dict], eval_source: str, n: int = 8,
+                       **task_args: Any) -> dict | None:
+    """Print a warning when eval rows share n-grams with the training data; returns the report's dict."""
+    train_rows = load_rows(train_source, split="train", **(task_args if train_source.startswith("task:") else {}))
+    report = overlap(train_rows, eval_rows, n=n)
+    if report.contaminated:
+        console.print(f"[bold yellow]warning:[/] {len(report.contaminated)} of {report.eval_rows} eval rows of "
+                      f"{eval_source} share >= {report.threshold:.0%} of their {n}-grams with {train_source} "
+                      f"(rows {report.contaminated[:10]}{' ...' if len(report.contaminated) > 10 else ''}): "
+                      "scores on them may measure memorisation. `lmrl decontaminate` lists them.")
+    return report.to_dict()
+
+
+def run(config: EvalConfig) -> dict[str, float]:
+    """Evaluate, print a table, write the JSON file; returns the metrics."""
+    from lmrl.models.setup import ModelSetup
+
+    if config.harness_tasks:
+        from lmrl.eval.harness import check_model_dir
+
+        check_model_dir(config.model)
+    rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)
+    evaluator = Evaluator(config.metrics, rows, config.options(), config.dataset) if config.metrics else None
+    contamination = None
+    if config.train_dataset:
+        contamination = warn_contamination(config.train_dataset, rows, config.dataset, **config.task_args)
+    setup = ModelSetup.from_config(config)
+    model, tokenizer = setup.policy()
+    start = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bars:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=total)
+            bars.update(tasks[stage], completed=done)
+
+        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress) if evaluator else ({"rows": 0.0}, [])
+    if config.harness_tasks:
+        from lmrl.eval.harness import flat_metrics, run_harness
+
+        metrics.update(flat_metrics(run_harness(config.model, config.harness_tasks, config.harness_include,
+                                                config.harness_limit)))
+    metrics["time_s"] = round(time.perf_counter() - start, 3)
+    show(config, metrics, samples)
+    path = Path(config.output_file) if config.output_file else default_output(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"model": config.model, "dataset": config.dataset, "split": config.split,
+                                "metrics": _json_safe(metrics), "samples": _json_safe(samples),
+                                "contamination": contamination, "config": dataclasses.asdict(config)}, indent=1))
+    console.print(f"wrote {path}")
+    return metrics
+
+
+def show(config: EvalConfig, metrics: dict[str, float], samples: list[dict]) -> None:
+    table = Table(title=f"{config.model} on {config.dataset} ({config.split}, {int(metrics['rows'])} rows)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        if key.endswith("/std") or key == "rows":
+            continue
+        std = metrics.get(f"{key}/std")
+        text = f"{value:.4f}" if isinstance(value, float) and not value.is_integer() else f"{value:g}"
+        table.add_row(key, text + (f" ± {std:.4f}" if std is not None else ""))
+    console.print(table)
+    if samples:
+        sample_table = Table(title="samples", show_lines=True)
+        columns = list(dict.fromkeys(k for s in samples for k in s))
+        for column in columns:
+            sample_table.add_column(column, overflow="fold", max_width=50)
+        for s in samples:
+            sample_table.add_row(*(str(s.get(c, "")).replace("\n", "\\n") for c in columns))
+        console.print(sample_table)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+@dataclasses.dataclass
+class DecontamConfig:
+    train: str = field("task:arithmetic", "training data: task:<name>, a file or an HF dataset id")
+    eval: str = field("task:arithmetic", "evaluation data, same forms")
+    train_split: str = field("train", "split of the training data")
+    eval_split: str = field("test", "split of the evaluation data")
+    train_rows: int | None = field(None, "first N training rows (null: all; built-in tasks: 1000)")
+    eval_rows: int | None = field(None, "first N eval rows (null: all)")
+    n: int = field(8, "n-gram size (Tulu 3: 8)")
+    threshold: float = field(0.5, "an eval row is contaminated when this share of its n-grams is in the training data")
+    output_file: str | None = field(None, "also write the report (and the contaminated rows) as JSON")
+
+
+def decontaminate(config: DecontamConfig) -> dict[str, Any]:
+    """``lmrl decontaminate``: the eval rows whose n-grams appear in the training data."""
+    train = load_rows(config.train, split=config.train_split, limit=config.train_rows)
+    evals = load_rows(config.eval, split=config.eval_split, limit=config.eval_rows)
+    try:
+        report = overlap(train, evals, n=config.n, threshold=config.threshold)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    table = Table(title=f"{config.n}-gram overlap: {config.eval} vs {config.train}")
+    for column in ("eval row", "overlap", "prompt"):
+        table.add_column(column, overflow="fold", max_width=70)
+    for i in report.contaminated[:20]:
+        table.add_row(str(i), f"{report.shares[i]:.0%}", str(evals[i].get("prompt", evals[i]))[:200])
+    console.print(table)
+    console.print(f"{len(report.contaminated)} of {report.eval_rows} eval rows ({report.fraction:.1%}) share >= "
+                  f"{config.threshold:.0%} of their {config.n}-grams with {len(train)} training rows.")
+    out = report.to_dict()
+    if config.output_file:
+        Path(config.output_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.output_file).write_text(json.dumps({**out, "rows": [evals[i] for i in report.contaminated]},
+                                                       indent=1, default=str))
+        console.print(f"wrote {config.output_file}")
+    return out

@@ -1,0 +1,99 @@
+"""`lmrl eval`'s metrics inside any trainer (``eval_metrics=[...]``) and the start-up contamination warning.
+
+The shared loop (`lmrl.trainers.loop`) adds ``evals/<name>`` for every metric to each evaluation it logs, so they
+land in metrics.jsonl next to the method's own. The rows come from ``eval_metrics_dataset``, else the test split
+of a built-in task dataset (``dataset=task:...``), else ``eval_dataset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from lmrl.config import ConfigError
+from lmrl.data.loading import load_rows
+from lmrl.eval.decontam import OverlapReport, overlap
+from lmrl.eval.runner import EvalOptions, Evaluator
+
+
+def eval_source(config: Any) -> tuple[str | None, str, dict]:
+    """(source, split, task_args) of the rows of ``eval_metrics``."""
+    task_args = dict(getattr(config, "task_args", {}) or {})
+    if config.eval_metrics_dataset:
+        source = config.eval_metrics_dataset
+        return source, "test" if source.startswith("task:") else "train", task_args if source.startswith("task:") else {}
+    dataset = getattr(config, "dataset", None)
+    if isinstance(dataset, str) and dataset.startswith("task:"):
+        return dataset, "test", task_args
+    eval_dataset = getattr(config, "eval_dataset", None)
+    if eval_dataset:
+        return eval_dataset, getattr(config, "eval_split", "test"), task_args if eval_dataset.startswith("task:") else {}
+    return None, "test", {}
+
+
+def build_evaluator(config: Any) -> Evaluator | None:
+    """The trainer's evaluator for ``eval_metrics`` (None when empty); every input error raised here, at start-up."""
+    if not config.eval_metrics:
+        return None
+    source, split, task_args = eval_source(config)
+    if source is None:
+        raise ConfigError("eval_metrics needs evaluation rows: set eval_metrics_dataset=task:<name> or a file with "
+                          "prompt and answer columns.")
+    names = {f.name for f in dataclasses.fields(EvalOptions)}
+    unknown = sorted(set(config.eval_metrics_args) - names)
+    if unknown:
+        raise ConfigError(f"eval_metrics_args: unknown option(s) {unknown}; known: {sorted(names)}.")
+    args = {"seed": config.seed, "num_samples": 0, **config.eval_metrics_args}
+    rows = load_rows(source, split=split, limit=config.eval_metrics_rows, **task_args)
+    return Evaluator(config.eval_metrics, rows, EvalOptions(**args), source, key="eval_metrics")
+
+
+def evals_metrics(evaluator: Evaluator | None, model, tokenizer, dtype=None) -> dict[str, float]:
+    """``evals/<name>`` of ``evaluator`` on ``model`` (empty without an evaluator)."""
+    if evaluator is None:
+        return {}
+    metrics, _ = evaluator(model, tokenizer, dtype)
+    return {f"evals/{k}": v for k, v in metrics.items() if k != "rows"}
+
+
+def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[tuple[str, OverlapReport]]:
+    """8-gram overlap of the training rows (``dataset``) with each evaluation set the run uses (``eval_dataset``,
+    the eval_metrics rows); only the sets with contaminated rows are returned. Sources that are not row data
+    (built-in preference sources, corpora) are skipped."""
+    dataset = getattr(config, "dataset", None)
+    if not config.check_contamination or not _local_rows(dataset):
+        return []
+    task_args = dict(getattr(config, "task_args", {}) or {})
+    evals: dict[str, list[dict]] = {}
+    eval_dataset = getattr(config, "eval_dataset", None)
+    try:
+        train = load_rows(dataset, split=getattr(config, "split", "train"), limit=getattr(config, "train_rows", None),
+                          **(task_args if dataset.startswith("task:") else {}))
+        if _local_rows(eval_dataset):
+            evals[eval_dataset] = load_rows(eval_dataset, split=getattr(config, "eval_split", "test"),
+                                            limit=getattr(config, "eval_rows", None),
+                                            **(task_args if eval_dataset.startswith("task:") else {}))
+    except (ValueError, FileNotFoundError, TypeError):
+        return []  # not row data: the trainer's own loading reports real problems
+    if evaluator is not None:
+        evals[evaluator.source] = evaluator.rows
+    found = []
+    for source, rows in evals.items():
+        report = overlap(train, rows, n=n)
+        if report.contaminated:
+            found.append((source, report))
+    return found
+
+
+def _local_rows(source: Any) -> bool:
+    """A built-in task or a local file/directory (hub ids are not fetched again just for this check)."""
+    return isinstance(source, str) and (source.startswith("task:") or os.path.exists(os.path.expanduser(source)))
+
+
+def warning_text(train_source: str, source: str, report: OverlapReport) -> str:
+    shown = report.contaminated[:10]
+    return (f"warning: {len(report.contaminated)} of {report.eval_rows} eval rows of {source} share >= "
+            f"{report.threshold:.0%} of their {report.n}-grams with the training data {train_source} (rows {shown}"
+            f"{' ...' if len(report.contaminated) > 10 else ''}): their scores may measure memorisation. "
+            f"`lmrl decontaminate train={train_source} eval={source}` lists them; check_contamination=false hides this.")

@@ -1,0 +1,114 @@
+"""Interactive plotly figures of one or more runs: metric groups over steps, reward versus KL, swarm nodes.
+
+Figures are plotly objects; `lmrl.report.html` writes them into one page with plotly.js inlined, the dashboard
+sends their JSON to the browser. Metric groups follow `lmrl.tracking.PLOT_GROUPS` (the PNG plots of a run);
+keys in no group are grouped by their first path part (``time/...``, ``evals/...``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import plotly.graph_objects as go
+
+from lmrl.report.runs import RunData, numeric_keys
+from lmrl.tracking import PLOT_GROUPS
+
+MAX_LINES = 10
+"""Keys per figure; a larger leftover group is split."""
+
+EVAL_VS_KL = re.compile(r"^(eval|evals)/(accuracy|reward|gold_score|pass@\d+|maj@\d+|avg@\d+|win_rate|lc_win_rate)$")
+"""Held-out numbers drawn against KL next to the training reward (RLHF book §14: the over-optimization picture)."""
+
+
+def metric_groups(keys: list[str]) -> dict[str, list[str]]:
+    """Group name -> present keys: `PLOT_GROUPS` first, the rest by their first path part."""
+    groups: dict[str, list[str]] = {}
+    used: set[str] = set()
+    for name, members in PLOT_GROUPS.items():
+        present = [k for k in members if k in keys]
+        if present:
+            groups[name] = present
+            used.update(present)
+    rest: dict[str, list[str]] = {}
+    for key in keys:
+        if key not in used and not key.startswith("node/"):
+            rest.setdefault(key.split("/")[0] if "/" in key else "other", []).append(key)
+    for name, members in rest.items():
+        for i in range(0, len(members), MAX_LINES):
+            label = name if i == 0 else f"{name} ({i // MAX_LINES + 1})"
+            groups[label if label not in groups else f"{label} "] = members[i : i + MAX_LINES]
+    return groups
+
+
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in records
+              if "step" in r and isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _layout(fig: go.Figure, title: str, x: str = "step", y: str = "") -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=340, margin=dict(l=50, r=20, t=50, b=40),
+                      template="plotly_white", legend=dict(font=dict(size=10)))
+    return fig
+
+
+def metric_figures(runs: list[RunData]) -> dict[str, go.Figure]:
+    """One figure per metric group present in any run; each run's key is a line (``run: key`` when comparing)."""
+    keys = list(dict.fromkeys(k for run in runs for k in numeric_keys(run.metrics)))
+    figures = {}
+    for group, members in metric_groups(keys).items():
+        fig = go.Figure()
+        for run in runs:
+            for key in members:
+                steps, values = series(run.metrics, key)
+                if steps:
+                    name = key if len(runs) == 1 else f"{run.name}: {key}"
+                    fig.add_trace(go.Scatter(x=steps, y=values, name=name, mode="lines+markers" if len(steps) < 40
+                                             else "lines", marker=dict(size=5)))
+        if fig.data:
+            figures[group] = _layout(fig, group)
+    return figures
+
+
+def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Records merged per step (a step's training and evaluation lines are separate records)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if "step" in r:
+            merged.setdefault(r["step"], {}).update(r)
+    return merged
+
+
+def reward_vs_kl(runs: list[RunData]) -> go.Figure | None:
+    """Training reward and held-out scores against KL(π‖π_ref) of the same step, for the runs that log ``kl``."""
+    fig = go.Figure()
+    for run in runs:
+        steps = by_step(run.metrics)
+        points = sorted((s, r) for s, r in steps.items() if isinstance(r.get("kl"), (int, float)))
+        prefix = "" if len(runs) == 1 else f"{run.name}: "
+        keys = ["reward/mean"] + sorted({k for _, r in points for k in r if EVAL_VS_KL.match(k)})
+        for key in keys:
+            xs = [(r["kl"], r[key], s) for s, r in points if isinstance(r.get(key), (int, float))]
+            if xs:
+                fig.add_trace(go.Scatter(x=[p[0] for p in xs], y=[p[1] for p in xs], text=[f"step {p[2]}" for p in xs],
+                                         name=prefix + key, mode="lines+markers", marker=dict(size=6)))
+    if not fig.data:
+        return None
+    return _layout(fig, "reward and held-out scores vs KL(π‖π_ref)", x="kl", y="score")
+
+
+def swarm_figures(run: RunData) -> dict[str, go.Figure]:
+    """Per node over rounds: own reward, cumulative reward, peers' payloads accepted and rejected."""
+    figures = {}
+    for key, title in (("reward/mean", "node reward (own rollouts)"), ("cumulative_reward", "node cumulative reward"),
+                       ("swarm/accepted", "peers' payloads accepted"), ("swarm/skipped", "peers' payloads rejected")):
+        fig = go.Figure()
+        for name, records in run.nodes.items():
+            steps, values = series(records, key)
+            if steps:
+                fig.add_trace(go.Scatter(x=steps, y=values, name=name, mode="lines+markers", marker=dict(size=5)))
+        if fig.data:
+            figures[f"swarm {key}"] = _layout(fig, title, x="round")
+    return figures

@@ -1,0 +1,109 @@
+"""The report and the dashboard in a real browser: headless Chromium (Debian's `chromium`) driven by Playwright.
+
+Pages load without console errors, plots and tables show the run's numbers, the dashboard shows a metrics line
+appended after the page loaded, and a screenshot of each page is kept in ``artifacts/browser/`` (or
+``$LMRL_ARTIFACTS``). Chromium is the system package (`make test` installs it); Playwright never downloads a
+browser here. Outside CI a machine without chromium or playwright skips these tests; in CI (CI set) they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import EVAL_ACC, KLS, REWARDS
+
+from lmrl.report.dashboard import DashboardConfig, serve
+from lmrl.report.html import ReportConfig, run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(os.environ.get("LMRL_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts" / "browser"))
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - the browser-test extra is not installed
+    sync_playwright = None
+
+missing = "playwright (pip install -e '.[browser-test]')" if sync_playwright is None else \
+    "chromium (apt-get install -y chromium)" if CHROMIUM is None else None
+if missing and os.environ.get("CI"):
+    raise RuntimeError(f"browser tests need {missing}; `make test` installs both")
+pytestmark = pytest.mark.skipif(missing is not None, reason=f"needs {missing}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.errors = []
+    page.on("console", lambda m: page.errors.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    yield page
+    page.close()
+
+
+def plot_data(page, div_id: str) -> list[dict]:
+    return page.evaluate(f"document.getElementById('{div_id}').data.map(t => ({{name: t.name, x: Array.from(t.x), "
+                         f"y: Array.from(t.y)}}))")
+
+
+def test_report_in_browser(rl_run, page):
+    html = run(ReportConfig(runs=[str(rl_run)]))
+    page.goto(html.as_uri())
+    page.wait_for_selector("#plot-reward .main-svg")
+    traces = {t["name"]: t for t in plot_data(page, "plot-reward")}
+    assert traces["reward/mean"]["y"] == REWARDS[1:]
+    kl = {t["name"]: t for t in plot_data(page, "plot-reward-vs-kl")}
+    assert kl["reward/mean"]["x"] == KLS[1:] and kl["eval/accuracy"]["y"] == [EVAL_ACC[4]]
+    eval_table = page.inner_text("#eval-table")
+    assert "eval/accuracy" in eval_table and str(EVAL_ACC[0]) in eval_table and str(EVAL_ACC[4]) in eval_table
+    assert "46" in page.inner_text(".samples-table")  # a sample completion with its reward columns
+    assert "rewards/task" in page.inner_text(".samples-table")
+    assert "1 corrupt line(s)" in page.inner_text("body")
+    assert page.errors == []
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    assert (ARTIFACTS / "report.png").stat().st_size > 10_000
+
+
+def test_dashboard_in_browser_updates_live(runs_dir, page):
+    server = serve(DashboardConfig(runs_dir=str(runs_dir), port=0, poll_ms=300))
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.wait_for_selector("#runs-body tr[data-name='grpo-a']")
+        assert "swarm-sim (swarm)" in page.inner_text("#runs-body")
+        page.click("#runs-body tr[data-name='grpo-a']")
+        page.wait_for_selector("#plot-loss .main-svg")
+        loss = {t["name"]: t for t in plot_data(page, "plot-loss")}["loss"]
+        assert loss["y"] == [1.0, 1 / 2, 1 / 3, 1 / 4] and loss["x"] == [1, 2, 3, 4]
+        # a line appended after the page loaded shows up in the plot and the table
+        with (runs_dir / "grpo-a" / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 5, "loss": 0.123456, "reward/mean": 0.7, "kl": 0.3}) + "\n")
+        page.wait_for_function("document.getElementById('plot-loss').data[0].y.includes(0.123456)", timeout=15_000)
+        assert "0.1235" in page.inner_text("#runs-body tr[data-name='grpo-a']")
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        # the swarm view: nodes, rounds, accepted and rejected payloads
+        page.click("#runs-body tr[data-name='swarm-sim']")
+        page.wait_for_selector("#nodes-table td")
+        nodes = page.inner_text("#nodes-table")
+        assert "node-0" in nodes and "node-1" in nodes and "21" in nodes and "9" in nodes  # 7*3 accepted, 3*3 rejected
+        page.wait_for_selector("#plot-swarm-swarm-accepted .main-svg")
+        accepted = {t["name"]: t["y"] for t in plot_data(page, "plot-swarm-swarm-accepted")}
+        assert accepted == {"node-0": [7, 14, 21], "node-1": [5, 10, 15]}
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-swarm.png"), full_page=True)
+        assert page.errors == []
+    finally:
+        server.shutdown()
