@@ -74,6 +74,22 @@ class StopStringMatcher:
         return (text[: min(cuts)], True) if cuts else (text, False)
 
 
+def pad_token_id(tokenizer) -> int:
+    """The tokenizer's pad id, else its eos id, else 0 (padding is always masked, so any id works)."""
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+def stop_token_ids(tokenizer, params: SamplingParams) -> tuple[int, ...]:
+    """params.stop_token_ids, or the tokenizer's eos id when it is None (every engine stops the same way)."""
+    if params.stop_token_ids is not None:
+        return params.stop_token_ids
+    eos = tokenizer.eos_token_id
+    return () if eos is None else (int(eos),)
+
+
 class HFEngine:
     """Batched KV-cache sampling from an HF causal LM; returns a `RolloutBatch`.
 
@@ -107,18 +123,10 @@ class HFEngine:
 
     @property
     def pad_token_id(self) -> int:
-        """The tokenizer's pad id, else its eos id, else 0 (padding is always masked, so any id works)."""
-        for tid in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
-            if tid is not None:
-                return int(tid)
-        return 0
+        return pad_token_id(self.tokenizer)
 
     def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        """params.stop_token_ids, or the tokenizer's eos id when it is None."""
-        if params.stop_token_ids is not None:
-            return params.stop_token_ids
-        eos = self.tokenizer.eos_token_id
-        return () if eos is None else (int(eos),)
+        return stop_token_ids(self.tokenizer, params)
 
     def generate_text(
         self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None

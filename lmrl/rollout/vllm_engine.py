@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from lmrl.rollout.hf import StopStringMatcher, _left_pad
+from lmrl.rollout.hf import StopStringMatcher, _left_pad, pad_token_id, stop_token_ids
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 from lmrl.rollout.vllm_weights import hf_weights, is_peft_model, merged_adapters, repack_tied_head
 
@@ -111,18 +111,10 @@ class VLLMEngine:
 
     @property
     def pad_token_id(self) -> int:
-        """The tokenizer's pad id, else its eos id, else 0 (as `HFEngine`)."""
-        for tid in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
-            if tid is not None:
-                return int(tid)
-        return 0
+        return pad_token_id(self.tokenizer)
 
     def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        """params.stop_token_ids, or the tokenizer's eos id when it is None (as `HFEngine`)."""
-        if params.stop_token_ids is not None:
-            return params.stop_token_ids
-        eos = self.tokenizer.eos_token_id
-        return () if eos is None else (int(eos),)
+        return stop_token_ids(self.tokenizer, params)
 
     def generate_text(self, prompts: list[str], params: SamplingParams, n: int = 1,
                       generator: torch.Generator | None = None) -> RolloutBatch:
