@@ -387,7 +387,7 @@ class EvalSection(Section):
     check_contamination: bool = field(True, "at start-up, warn when eval rows share 8-grams with the training data")
 
     def __post_init__(self) -> None:
-        _check(self, ("eval_metrics_rows",), 1)
+        check_at_least(self, ("eval_metrics_rows",), 1)
         from lmrl.eval.spec import parse_metrics  # pure, imports nothing of lmrl
 
         try:

@@ -106,6 +106,8 @@ def run(config: GenerateConfig) -> list[list[str]]:
     if config.multi_turn:  # tools or an environment: the tool loop (lmrl.generate_tools)
         from lmrl.generate_tools import run_tool_episodes
 
+        engine = make_engine(config, model, tokenizer, autocast_dtype(config.precision), sampling=params,
+                             longest_prompt=1)
         return run_tool_episodes(config, engine, tokenizer, params, prompts)
     texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
