@@ -92,6 +92,9 @@ def test_dashboard_in_browser_updates_live(runs_dir, page):
         with (runs_dir / "grpo-a" / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"step": 5, "loss": 0.123456, "reward/mean": 0.7, "kl": 0.3}) + "\n")
         page.wait_for_function("document.getElementById('plot-loss').data[0].y.includes(0.123456)", timeout=15_000)
+        # the table refreshes on its own poll, which may come after the plot's
+        page.wait_for_function("document.querySelector(\"#runs-body tr[data-name='grpo-a']\").innerText"
+                               ".includes('0.1235')", timeout=15_000)
         assert "0.1235" in page.inner_text("#runs-body tr[data-name='grpo-a']")
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         # the swarm view: nodes, rounds, accepted and rejected payloads

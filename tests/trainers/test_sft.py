@@ -158,8 +158,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real = sft.token_cross_entropy
     calls = {"n": 0}
 
-    def poisoned(model, batch, dtype):
-        loss, n = real(model, batch, dtype)
+    def poisoned(model, batch, dtype, *args):
+        loss, n = real(model, batch, dtype, *args)
         calls["n"] += model.training  # count training steps only (evaluation runs in eval mode)
         return (loss * float("nan") if calls["n"] > 5 else loss), n  # step 6 diverges
 
