@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_MB = 256
 
-__all__ = ["DEFAULT_CHUNK_MB", "chunk_tokens", "decoder_and_head", "head_logprobs"]
+__all__ = ["DEFAULT_CHUNK_MB", "chunk_tokens", "chunked_head", "decoder_and_head", "head_logprobs"]
 
 
 def chunk_tokens(vocab: int, chunk_mb: float) -> int:
@@ -39,6 +39,15 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     if getattr(config, "final_logit_softcapping", None) or hasattr(lm, "logit_scale"):
         return None
     return decoder, head
+
+
+def chunked_head(model, positions: int, chunk_mb: float) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, lm_head) when ``positions`` rows of fp32 logits would exceed ``chunk_mb`` and the model can run its
+    head apart (`decoder_and_head`); None when one ordinary forward is the way (everything fits in one chunk)."""
+    parts = decoder_and_head(model)
+    if parts is None or positions <= chunk_tokens(parts[1].weight.shape[0], chunk_mb):
+        return None
+    return parts
 
 
 def _chunk_logprobs(hidden: torch.Tensor, weight_module: torch.nn.Module, targets: torch.Tensor,

@@ -179,12 +179,13 @@ def four_bit_config():
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed: int = 0, model_args: dict | None = None):
+def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed: int = 0, model_args: dict | None = None,
+                             load_in_4bit: bool = False):
     """The model and its tokenizer (built-in models get ``builtin:char`` unless told otherwise)."""
     if not is_builtin(name):
         check_model_path(name)
     tokenizer = load_tokenizer(tokenizer_name or default_tokenizer_name(name))
-    model = load_model(name, tokenizer, seed=seed, model_args=model_args)
+    model = load_model(name, tokenizer, seed=seed, model_args=model_args, load_in_4bit=load_in_4bit)
     check_vocab(model, tokenizer, name)
     return model, tokenizer
 

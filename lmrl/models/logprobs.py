@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, decoder_and_head, head_logprobs
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
 from lmrl.models.memory import is_checkpointing
 from lmrl.models.replay import replaying
 
@@ -138,8 +138,8 @@ def completion_logprobs(
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
-    parts = decoder_and_head(model)
-    if parts is not None and targets.numel() > chunk_tokens(parts[1].weight.shape[0], chunk_mb):
+    parts = chunked_head(model, targets.numel(), chunk_mb)
+    if parts is not None:
         with ctx, adapters_off(model):
             hidden = completion_hidden(parts[0], input_ids, attention_mask, position_ids, completion_start, groups)
             out = head_logprobs(hidden, parts[1], targets, temperature=temperature, chunk_mb=chunk_mb,

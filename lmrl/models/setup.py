@@ -20,15 +20,7 @@ from typing import Any
 
 import torch
 
-from lmrl.data.tokenizers import load_tokenizer
-from lmrl.models.loading import (
-    check_model_path,
-    check_vocab,
-    default_tokenizer_name,
-    is_builtin,
-    load_model,
-    load_model_and_tokenizer,
-)
+from lmrl.models.loading import is_builtin, load_model, load_model_and_tokenizer
 from lmrl.models.lora import BaseModelView, apply_lora, unwrap
 from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.placement import resolve_device
@@ -84,11 +76,8 @@ class ModelSetup:
         ``model.train()``."""
         own = name in (None, self.model)
         name = name or self.model
-        if not is_builtin(name):
-            check_model_path(name)
-        tokenizer = load_tokenizer(self.tokenizer or default_tokenizer_name(name))
-        model = load_model(name, tokenizer, self.seed, self.model_args if own else None, self.load_in_4bit)
-        check_vocab(model, tokenizer, name)
+        model, tokenizer = load_model_and_tokenizer(name, self.tokenizer, self.seed, self.model_args if own else None,
+                                                    self.load_in_4bit)
         model = self.prepare(model, base=name)
         self.trained = model
         return model, tokenizer

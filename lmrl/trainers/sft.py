@@ -24,7 +24,7 @@ from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, decoder_and_head, head_logprobs
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
 from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.setup import ModelSetup
@@ -72,9 +72,9 @@ def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtyp
     batch = to_device(batch, device)
     targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
     labelled = targets != -100
-    parts = decoder_and_head(model)
+    parts = chunked_head(model, targets.numel(), chunk_mb)
     with autocast(device.type, dtype):
-        if parts is not None and targets.numel() > chunk_tokens(parts[1].weight.shape[0], chunk_mb):
+        if parts is not None:
             hidden = parts[0](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
             logp = head_logprobs(hidden[:, :-1], parts[1], targets.clamp(min=0), chunk_mb=chunk_mb)  # (B, L-1)
             return -(logp * labelled).sum(), int(labelled.sum())
