@@ -55,6 +55,10 @@ def test_sampling_frequencies_match_probabilities():
     tok, _ = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(1))
     freq = torch.bincount(tok, minlength=4).float() / rows
     assert freq[:2].sum() == 0 and torch.allclose(freq[2:], torch.tensor([3 / 7, 4 / 7]), atol=0.015)
+    # ... and when the filtered tokens are the last ones of the vocabulary (the inverse transform's upper edge)
+    tok, _ = sample_next_token(logits.flip(-1), top_k=2, generator=torch.Generator().manual_seed(1))
+    freq = torch.bincount(tok, minlength=4).float() / rows
+    assert freq[2:].sum() == 0 and torch.allclose(freq[:2], torch.tensor([4 / 7, 3 / 7]), atol=0.015)
     # temperature 0.5 squares the probabilities: (1, 4, 9, 16) / 30
     tok, _ = sample_next_token(logits, temperature=0.5, generator=torch.Generator().manual_seed(2))
     freq = torch.bincount(tok, minlength=4).float() / rows
