@@ -2,9 +2,12 @@
 
 Full logits cost rows x tokens x vocab: with Qwen2.5's 151,936-token vocabulary, 128 completions x 1,024 tokens
 are 80 GB in fp32. Here the LM head, log-softmax, gather and entropy run on chunks of at most `chunk_mb` of fp32
-logits; in training each chunk is recomputed in the backward (activation checkpointing of the head) instead of
-kept, so the peak is one chunk's logits, whatever the batch. When everything fits in one chunk (small vocabularies,
-the built-in models) the head runs once, as an ordinary forward: same values, same speed.
+logits; in training each chunk is recomputed in the backward instead of kept, so the peak is a chunk's logits (two,
+while the entropy is computed), whatever the batch. A plain bias-free ``nn.Linear`` head (every HF causal LM's)
+takes a fused path (`FusedHeadLogprobs`: the gradient of log-softmax written out, dz = (onehot(y) - p) / T, so a
+chunk costs 5 passes over its logits forward and 3 backward instead of autograd's ~20); other heads checkpoint each
+chunk. When everything fits in one chunk (small vocabularies, the built-in models) the head runs once, as an
+ordinary forward: same values, same speed.
 
     hidden = decoder(...).last_hidden_state          # (N, T, H)
     logp, entropy = head_logprobs(hidden, lm_head, targets, chunk_mb=256)   # (N, T) each
@@ -17,7 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_MB = 256
 
-__all__ = ["DEFAULT_CHUNK_MB", "chunk_tokens", "chunked_head", "decoder_and_head", "head_logprobs"]
+__all__ = ["DEFAULT_CHUNK_MB", "FusedHeadLogprobs", "chunk_tokens", "chunked_head", "decoder_and_head", "fusable",
+           "head_logprobs"]
 
 
 def chunk_tokens(vocab: int, chunk_mb: float) -> int:
@@ -63,6 +67,75 @@ def _chunk_logprobs(hidden: torch.Tensor, weight_module: torch.nn.Module, target
     return logp, entropy
 
 
+def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
+    """The head's matmul dtype: autocast's where it is on (as ``nn.Linear`` would run), else the weight's."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else weight.dtype
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z = h W^T / T in fp32 (m, V); hidden and weight already in the compute dtype."""
+    z = (hidden @ weight.T).float()
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+class FusedHeadLogprobs(torch.autograd.Function):
+    """logp_i = z_i[y_i] - logsumexp(z_i) and (no gradient) H_i = logsumexp(z_i) - sum_v p_iv z_iv, z_i = h_i W^T / T,
+    over row chunks of ``rows``; the backward recomputes each chunk's z and applies d logp_i / d z_i = (onehot(y_i)
+    - p_i) / T, then dh = dz W and dW = sum over chunks of dz^T h (fp32). Only h, W, y and logsumexp are saved."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, with_entropy: bool):
+        dtype = _compute_dtype(hidden.device, weight)
+        h_all, w = hidden.to(dtype), weight.to(dtype)
+        n = hidden.shape[0]
+        logp, lse = torch.empty(n, device=hidden.device), torch.empty(n, device=hidden.device)  # (M,) fp32
+        entropy = torch.zeros(n, device=hidden.device)  # (M,)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, n, rows):
+                at = slice(start, start + rows)
+                z = _logits(h_all[at], w, temperature)  # (m, V)
+                if with_entropy:
+                    top = z.amax(dim=-1, keepdim=True)  # (m, 1)
+                    e = torch.sub(z, top).exp_()  # (m, V) = exp(z - max)
+                    total = e.sum(dim=-1)  # (m,)
+                    lse[at] = top.squeeze(-1) + total.log()
+                    entropy[at] = lse[at] - e.mul_(z).sum(dim=-1) / total  # sum_v p_v z_v = sum_v e_v z_v / total
+                    del e
+                else:
+                    lse[at] = torch.logsumexp(z, dim=-1)
+                logp[at] = z.gather(-1, targets[at, None]).squeeze(-1) - lse[at]
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.rows, ctx.dtype = temperature, rows, dtype
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        h_all, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        scale = grad_logp.float() / ctx.temperature  # (M,)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], ctx.rows):
+                at = slice(start, start + ctx.rows)
+                dz = _logits(h_all[at], w, ctx.temperature).sub_(lse[at, None]).exp_()  # (m, V) = p
+                dz.mul_(-scale[at, None]).scatter_add_(-1, targets[at, None], scale[at, None])  # (onehot - p) g / T
+                dz = dz.to(ctx.dtype)
+                if want_h:
+                    grad_h[at] = (dz @ w).to(hidden.dtype)
+                if want_w:
+                    grad_w.add_(dz.T @ h_all[at])
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+
+
+def fusable(lm_head: torch.nn.Module) -> bool:
+    """A head `FusedHeadLogprobs` computes exactly: a plain, bias-free ``nn.Linear`` (adapters or hooks on it: no)."""
+    return (type(lm_head) is torch.nn.Linear and lm_head.bias is None and not lm_head._forward_hooks
+            and not lm_head._forward_pre_hooks)
+
+
 def head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
                   temperature: float = 1.0, chunk_mb: float = DEFAULT_CHUNK_MB,
                   return_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +148,9 @@ def head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch
                          "without its last dimension.")
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # (M, H), (M,)
     step = chunk_tokens(lm_head.weight.shape[0], chunk_mb)
-    if flat_h.shape[0] <= step:  # one chunk: an ordinary forward (nothing to gain from recomputing)
+    if flat_h.shape[0] > step and fusable(lm_head):
+        logp, entropy = FusedHeadLogprobs.apply(flat_h, lm_head.weight, flat_t, temperature, step, return_entropy)
+    elif flat_h.shape[0] <= step:  # one chunk: an ordinary forward (nothing to gain from recomputing)
         logp, entropy = _chunk_logprobs(flat_h, lm_head, flat_t, temperature, return_entropy)
     else:
         recompute = torch.is_grad_enabled() and (flat_h.requires_grad or lm_head.weight.requires_grad)

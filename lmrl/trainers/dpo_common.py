@@ -79,14 +79,16 @@ def sequence_logps(model, seqs: list[prefs.Tokenized], pad_id: int, dtype,
 
 
 @torch.no_grad()
-def reference_logps(model, examples: list[Example], pad_id: int, dtype, batch_size: int = 64) -> torch.Tensor:
+def reference_logps(model, examples: list[Example], pad_id: int, dtype, batch_size: int = 64,
+                    chunk_mb: float = DEFAULT_CHUNK_MB) -> torch.Tensor:
     """(N, 2) summed reference log-probs of both sequences of every example."""
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        logps, _ = sequence_logps(model, [e.seqs[0] for e in chunk] + [e.seqs[1] for e in chunk], pad_id, dtype)
+        logps, _ = sequence_logps(model, [e.seqs[0] for e in chunk] + [e.seqs[1] for e in chunk], pad_id, dtype,
+                                  chunk_mb)
         out.append(logps.view(2, -1).T)  # (b, 2)
     model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, 2)
@@ -99,11 +101,12 @@ class Reference:
     train: torch.Tensor | None = None  # (N, 2) of the training examples
     eval: torch.Tensor | None = None  # (M, 2) of the held-out examples
     model: Any = None  # frozen π_ref (precompute_ref=false, online DPO)
+    chunk_mb: float = DEFAULT_CHUNK_MB  # the model's LM-head chunk (`logprob_chunk_mb`)
 
     def logps(self, split: str, indices: Sequence[int], examples: list[Example], pad_id: int, dtype):
         """(b, 2) for `examples` (= rows `indices` of `split`), or None for reference-free losses."""
         if self.model is not None:
-            return reference_logps(self.model, examples, pad_id, dtype)
+            return reference_logps(self.model, examples, pad_id, dtype, chunk_mb=self.chunk_mb)
         cached = self.train if split == "train" else self.eval
         return None if cached is None else cached[list(indices)]
 
@@ -117,9 +120,9 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
     b = len(examples)
     ref = torch.zeros(b, 2) if ref is None else ref
     if config.loss == "kto":
-        logp, _ = sequence_logps(model, [e.seqs[0] for e in examples], pad_id, dtype)  # (b,)
+        logp, _ = sequence_logps(model, [e.seqs[0] for e in examples], pad_id, dtype, config.logprob_chunk_mb)  # (b,)
         with torch.no_grad():
-            mismatched, _ = sequence_logps(model, [e.seqs[1] for e in examples], pad_id, dtype)
+            mismatched, _ = sequence_logps(model, [e.seqs[1] for e in examples], pad_id, dtype, config.logprob_chunk_mb)
         label = torch.tensor([float(e.label) for e in examples])
         kl_ref = kto_reference_kl(mismatched, ref[:, 1])
         fields = {"logp": logp, "ref_logp": ref[:, 0], "label": label, "kl_ref": kl_ref}
@@ -130,7 +133,8 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
             if sel.any():
                 stats[f"rewards/{name}"], stats[f"logps/{name}"] = reward[sel].mean().item(), logp[sel].mean().item()
         return losses, stats, fields
-    logps, lengths = sequence_logps(model, [e.seqs[0] for e in examples] + [e.seqs[1] for e in examples], pad_id, dtype)
+    logps, lengths = sequence_logps(model, [e.seqs[0] for e in examples] + [e.seqs[1] for e in examples], pad_id, dtype,
+                                    config.logprob_chunk_mb)
     fields = {"chosen": logps[:b], "rejected": logps[b:], "ref_chosen": ref[:, 0], "ref_rejected": ref[:, 1],
               "chosen_len": lengths[:b], "rejected_len": lengths[b:]}
     if config.loss == "odpo":

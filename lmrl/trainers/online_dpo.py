@@ -176,7 +176,8 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
         return metrics
     examples = to_examples(batch, prompt_ids, pairs, scores, config.samples_per_prompt)
     pad_id = parts.tokenizer.pad_token_id
-    ref = reference_logps(parts.ref_model, examples, pad_id, dtype) if parts.ref_model is not None else None
+    ref = (reference_logps(parts.ref_model, examples, pad_id, dtype, chunk_mb=config.logprob_chunk_mb)
+           if parts.ref_model is not None else None)
     stats = train_step(parts.model, examples, ref, config, pad_id, dtype, step, state)
     grad_norm = common.optimizer_step(parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
     metrics.update({**stats, "grad_norm": grad_norm, "time/train_s": time.perf_counter() - t2,
@@ -209,7 +210,7 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
 def evaluate_online(parts: Parts, data, config: DPOConfig, dtype, state) -> tuple[dict[str, float], list[dict]]:
     """Held-out implicit-reward stats and gold score (`dpo_common.evaluate`), plus greedy task accuracy."""
     _, eval_examples, gold_rows, task_rows = data
-    ref = Reference(model=parts.ref_model)
+    ref = Reference(model=parts.ref_model, chunk_mb=config.logprob_chunk_mb)
     metrics, samples = evaluate(parts.model, parts.tokenizer, eval_examples, ref, gold_rows, config, dtype, state)
     if task_rows:
         acc, task_samples = task_accuracy(parts.model, parts.tokenizer, task_rows, config.max_new_tokens, dtype,

@@ -82,7 +82,7 @@ def setup_reference(config: DPOConfig, run_dir: Path, ref_model, tokenizer, exam
     if not config.uses_reference:
         return Reference()
     if not config.precompute_ref:
-        return Reference(model=ref_model)
+        return Reference(model=ref_model, chunk_mb=config.logprob_chunk_mb)
     key, path = fingerprint(ref_model, config.precision, examples, eval_examples), run_dir / REF_CACHE
     if path.exists():
         cache = torch.load(path)
@@ -90,8 +90,8 @@ def setup_reference(config: DPOConfig, run_dir: Path, ref_model, tokenizer, exam
             tracker.print(f"Reference log-probs: loaded from {path}")
             return Reference(cache["train"], cache["eval"])
     t0 = time.perf_counter()
-    train_ref = reference_logps(ref_model, examples, tokenizer.pad_token_id, dtype)
-    eval_ref = reference_logps(ref_model, eval_examples, tokenizer.pad_token_id, dtype)
+    train_ref = reference_logps(ref_model, examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
+    eval_ref = reference_logps(ref_model, eval_examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
     torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, path)
     tracker.print(f"Reference log-probs: {len(examples) + len(eval_examples)} examples in "
                   f"{time.perf_counter() - t0:.1f}s, cached in {path}")

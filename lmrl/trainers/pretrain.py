@@ -45,6 +45,7 @@ from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models.placement import model_device
 from lmrl.models import autocast, describe_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
 from lmrl.models.loading import default_tokenizer_name
 from lmrl.models.setup import ModelSetup
 from lmrl.rollout.hf import HFEngine, SamplingParams
@@ -153,29 +154,52 @@ def avatarl_objective(logits, targets, critic_logits, options) -> tuple[torch.Te
 OBJECTIVES = {"ce": ce_objective, "avatarl": avatarl_objective}
 
 
+def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: float,
+               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Per-token -log π(y_t|s_t) (b, L) and, with_entropy, H[π(·|s_t)] (b, L), through the memory-bounded LM head
+    (`lmrl.models.head`: never more than ``chunk_mb`` of fp32 logits, forward and backward); None when the logits
+    fit in one chunk (then the ordinary forward is the way)."""
+    parts = chunked_head(model, targets.numel(), chunk_mb)
+    if parts is None:
+        return None
+    hidden = parts[0](input_ids=inputs).last_hidden_state  # (b, L, H)
+    if not with_entropy:
+        return -head_logprobs(hidden, parts[1], targets, chunk_mb=chunk_mb), None
+    logp, entropy = head_logprobs(hidden, parts[1], targets, chunk_mb=chunk_mb, return_entropy=True)
+    return -logp, entropy
+
+
 def train_step(model, critic, windows: torch.Tensor, objective: str, options: AvatarlOptions, grad_accum: int,
-               dtype, step: int) -> dict[str, float]:
+               dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
     """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches.
 
     Every window has L targets and both objectives average over positions, so the mean of
     the micro-batch losses is the batch loss: accumulation is exact. Stats are micro-batch
-    means (``avatarl/reward_max``: the max); ``train/ce`` is the CE of the same logits.
+    means (``avatarl/reward_max``: the max); ``train/ce`` is the CE of the same logits. The CE objective never
+    builds more than ``chunk_mb`` of fp32 logits (`chunked_ce`); avatarl takes the full (b, L, V) logits of
+    student and critic (its active set needs both distributions at once).
     """
     totals: dict[str, float] = {}
     device = model_device(model)
     for micro in windows.to(device).chunk(grad_accum):
         inputs, targets = micro[:, :-1], micro[:, 1:]  # (b, L) each
         with autocast(device.type, dtype):
-            logits = model(input_ids=inputs).logits  # (b, L, V)
-            critic_logits = None
-            if critic is not None:
-                with torch.no_grad():
-                    critic_logits = critic(input_ids=inputs).logits  # (b, L, V)
-        loss, stats = OBJECTIVES[objective](logits, targets, critic_logits, options)
+            nll = chunked_ce(model, inputs, targets, chunk_mb) if objective == "ce" else None
+            if nll is None:
+                logits = model(input_ids=inputs).logits  # (b, L, V)
+                critic_logits = None
+                if critic is not None:
+                    with torch.no_grad():
+                        critic_logits = critic(input_ids=inputs).logits  # (b, L, V)
+        if nll is not None:
+            loss, stats = nll[0].mean(), {}
+            ce = loss.detach()
+        else:
+            loss, stats = OBJECTIVES[objective](logits, targets, critic_logits, options)
+            with torch.no_grad():
+                ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
         common.check_finite(loss, step)
         (loss / grad_accum).backward()
-        with torch.no_grad():
-            ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
         for key, value in {"loss": loss.item(), "train/ce": ce.item(), **stats}.items():
             if key == "avatarl/reward_max":
                 totals[key] = max(totals.get(key, value), value)
@@ -188,7 +212,8 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
 
 
 @torch.no_grad()
-def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype) -> dict[str, float]:
+def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype,
+                     chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
     """Over every target of ``windows`` (n, L+1), in nats/token: ``val/ce`` = mean -log π(y_t|s_t) (full
     vocabulary) and ``val/entropy`` = mean H[π(·|s_t)]; entropy > CE means over-dispersed predictions."""
     was_training = model.training
@@ -196,12 +221,14 @@ def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype) -> di
     ce, entropy, count = 0.0, 0.0, 0
     device = model_device(model)
     for batch in windows.to(device).split(batch_size):
+        inputs, targets = batch[:, :-1], batch[:, 1:]  # (b, L) each
         with autocast(device.type, dtype):
-            logits = model(input_ids=batch[:, :-1]).logits  # (b, L, V)
-        log_p = logits.float().log_softmax(-1)  # (b, L, V)
-        targets = batch[:, 1:]  # (b, L)
-        ce -= log_p.gather(-1, targets.unsqueeze(-1)).sum().item()
-        entropy -= (log_p.exp() * log_p).sum().item()
+            nll = chunked_ce(model, inputs, targets, chunk_mb, with_entropy=True)
+            if nll is None:
+                log_p = model(input_ids=inputs).logits.float().log_softmax(-1)  # (b, L, V)
+                nll = (-log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1))
+        ce += nll[0].sum().item()
+        entropy += nll[1].sum().item()
         count += targets.numel()
     model.train(was_training)
     return {"val/ce": ce / count, "val/entropy": entropy / count}
@@ -223,7 +250,7 @@ def sample_continuations(model, tokenizer, windows: torch.Tensor, config: Pretra
 
 def evaluate(model, tokenizer, val: torch.Tensor, config: PretrainConfig, dtype, step: int):
     """val/ce, val/entropy and val/ppl = exp(val/ce) on the first eval_batches·batch_size windows, and samples."""
-    metrics = validation_stats(model, val, config.batch_size, dtype)
+    metrics = validation_stats(model, val, config.batch_size, dtype, config.logprob_chunk_mb)
     samples = sample_continuations(model, tokenizer, val, config, dtype, step)
     return {**metrics, "val/ppl": math.exp(metrics["val/ce"])}, samples
 
@@ -256,7 +283,7 @@ class Pretrain:
         config, t0 = self.config, time.perf_counter()
         rows = common.epoch_batch_indices(len(self.train_windows), config.batch_size, step, config.seed)
         stats = train_step(self.model, self.critic, self.train_windows[rows], config.objective, self.options,
-                           config.grad_accum, self.setup.dtype, step=step)
+                           config.grad_accum, self.setup.dtype, step=step, chunk_mb=config.logprob_chunk_mb)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
@@ -270,7 +297,8 @@ class Pretrain:
         if step > 0:
             metrics["tokens"] = step * self.tokens_per_step
         elif self.critic is not None:
-            metrics["critic/val_ce"] = validation_stats(self.critic, self.val, config.batch_size, dtype)["val/ce"]
+            metrics["critic/val_ce"] = validation_stats(self.critic, self.val, config.batch_size, dtype,
+                                                          config.logprob_chunk_mb)["val/ce"]
         return metrics, samples
 
     def state_dict(self) -> dict[str, Any]:

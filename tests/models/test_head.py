@@ -2,13 +2,14 @@
 151,936-token vocabulary trains a step within a memory bound set by the chunk size."""
 
 import resource
+from unittest import mock
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from lmrl.data.sft import collate_sft
-from lmrl.models.head import chunk_tokens, decoder_and_head, head_logprobs
+from lmrl.models.head import chunk_tokens, decoder_and_head, fusable, head_logprobs
 from lmrl.models.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
 from lmrl.trainers.sft import token_cross_entropy
 
@@ -34,9 +35,11 @@ def test_chunk_tokens_is_sized_by_memory():
     assert chunk_tokens(100, 1) == 2621 and chunk_tokens(10**9, 1) == 1
 
 
-def test_head_logprobs_equal_a_direct_log_softmax_in_values_and_gradients():
+@pytest.mark.parametrize("bias", [False, True])  # False: the fused path; True: checkpointed chunks
+def test_head_logprobs_equal_a_direct_log_softmax_in_values_and_gradients(bias):
     torch.manual_seed(0)
-    head = torch.nn.Linear(16, 50, bias=False)
+    head = torch.nn.Linear(16, 50, bias=bias)
+    assert fusable(head) is not bias
     hidden = torch.randn(3, 7, 16, requires_grad=True)
     targets = torch.randint(0, 50, (3, 7))
     direct = torch.log_softmax(head(hidden) / 0.7, -1).gather(-1, targets[..., None])[..., 0]
@@ -48,9 +51,30 @@ def test_head_logprobs_equal_a_direct_log_softmax_in_values_and_gradients():
     chunked.sum().backward()
     torch.testing.assert_close(chunked, direct)
     torch.testing.assert_close((hidden.grad, head.weight.grad), g_direct)
-    p = torch.softmax(head(hidden) / 0.7, -1)
+    with torch.no_grad():
+        p = torch.softmax(head(hidden) / 0.7, -1)
     torch.testing.assert_close(entropy, -(p * p.log()).sum(-1))
     assert not entropy.requires_grad
+
+
+def test_fused_head_under_bf16_autocast_matches_the_checkpointed_chunks():
+    # both run the head's matmul in bf16 (as nn.Linear does under autocast) and the log-softmax in fp32
+    torch.manual_seed(1)
+    head = torch.nn.Linear(32, 300, bias=False)
+    hidden = torch.randn(5, 9, 32)
+    targets = torch.randint(0, 300, (5, 9))
+    runs = []
+    for fused in (True, False):
+        h = hidden.clone().requires_grad_(True)
+        head.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16), \
+                mock.patch("lmrl.models.head.fusable", lambda _head, fused=fused: fused):
+            logp, entropy = head_logprobs(h, head, targets, chunk_mb=8 * 300 * 4 / 2**20, return_entropy=True)
+        (logp * torch.linspace(-1, 1, 45).view(5, 9)).sum().backward()
+        runs.append((logp, entropy, h.grad, head.weight.grad.clone()))
+    for fused_value, checkpointed_value in zip(*runs):
+        torch.testing.assert_close(fused_value, checkpointed_value, rtol=1e-2, atol=1e-2)
+    assert runs[0][0].dtype == torch.float32 and runs[0][2].dtype == torch.float32
 
 
 @pytest.mark.parametrize("share_prompts", [False, True])
@@ -92,6 +116,37 @@ def test_sft_cross_entropy_chunked_equals_unchunked():
     assert na == nb == sum(len(labels) - 3 for _, labels in rows)  # the 3 prompt positions are unlabelled
     torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-4)
     assert_same_grads(ga, gb)
+
+
+def test_pretrain_cross_entropy_and_validation_chunked_equal_unchunked():
+    from lmrl.algorithms import AvatarlOptions
+    from lmrl.trainers.pretrain import train_step, validation_stats
+
+    model = qwen()
+    windows = torch.randint(0, 3000, (4, 9), generator=torch.Generator().manual_seed(1))  # (B, L+1)
+    out = {}
+    for chunk_mb in (1000.0, 0.05):  # one chunk / 4 positions of 3000 fp32 logits per chunk
+        model.zero_grad()
+        stats = train_step(model, None, windows, "ce", AvatarlOptions(), 2, None, step=1, chunk_mb=chunk_mb)
+        out[chunk_mb] = (stats, grads(model), validation_stats(model, windows, 3, None, chunk_mb))
+    (sa, ga, va), (sb, gb, vb) = out.values()
+    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-5) and sa["train/ce"] == pytest.approx(sa["loss"])
+    assert_same_grads(ga, gb)
+    assert va == pytest.approx(vb, rel=1e-5) and va["val/ce"] == pytest.approx(sa["loss"], rel=1e-5)
+
+
+def test_dpo_sequence_log_probs_take_the_configured_chunk(monkeypatch):
+    import lmrl.models.logprobs as logprobs
+    from lmrl.trainers import dpo_common
+
+    seen = []
+    monkeypatch.setattr(logprobs, "head_logprobs", lambda *a, **kw: seen.append(kw["chunk_mb"]) or
+                        torch.zeros(a[2].shape))
+    model = qwen()
+    seq = dpo_common.prefs.Tokenized(prompt_ids=[5, 6, 7], completion_ids=[8, 9, 10, 11], learn=[1, 1, 1, 1])
+    ref = dpo_common.Reference(model=model, chunk_mb=0.05)
+    ref.logps("train", [0], [dpo_common.Example(seqs=(seq, seq))], pad_id=0, dtype=None)
+    assert seen == [0.05]
 
 
 def test_models_that_post_process_logits_use_full_logits():
