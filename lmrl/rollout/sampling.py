@@ -57,13 +57,15 @@ def sample_next_token(
     logits: (N, V), any float dtype; computed in fp32.
     """
     t = temperature if temperature > 0 else 1.0
-    z = logits.float() / t  # (N, V)
+    z = logits.float() if t == 1.0 else logits.float() / t  # (N, V)
+    lse = torch.logsumexp(z, dim=-1)  # (N,)
     if greedy:
         tokens = logits.argmax(dim=-1)  # (N,)
     else:
         filtered = top_p_filter(top_k_filter(z, top_k), top_p)  # (N, V), -inf outside the kept set
-        cdf = filtered.softmax(dim=-1).cumsum_(dim=-1)  # (N, V), non-decreasing
+        probs = torch.sub(z, lse[:, None]).exp_() if filtered is z else filtered.softmax(dim=-1)  # (N, V)
+        cdf = probs.cumsum_(dim=-1)  # (N, V), non-decreasing
         u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]  # (N, 1) in [0, cdf_V)
         tokens = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[-1] - 1)  # (N,)
-    logp = z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (N,)
+    logp = z.gather(-1, tokens[:, None]).squeeze(-1) - lse  # (N,)
     return tokens, logp
