@@ -86,7 +86,7 @@ def main() -> None:
         for label, (seconds, tokens) in results.items():
             rate = tokens / seconds
             print(f"  {name:4s} {label:12s} {seconds:7.2f} s  {tokens:6d} tokens  {rate:8.0f} tok/s  x{rate / base:.2f}")
-        del vl
+        vl = None  # release the engine before the next dtype starts its own
 
 
 if __name__ == "__main__":

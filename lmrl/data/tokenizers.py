@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any, Iterable
+from typing import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models.loading import is_builtin, load_model, load_model_and_tokenizer
 from lmrl.models.lora import BaseModelView, apply_lora, unwrap
 from lmrl.models.memory import enable_gradient_checkpointing
@@ -110,6 +112,24 @@ class ModelSetup:
         args = self.model_args if name == self.model else None
         model = load_model(name, tokenizer, seed=self.seed if seed is None else seed, model_args=args)
         return model.to(self.device).eval().requires_grad_(False)
+
+    def frozen_partner(self, path: str, student: torch.nn.Module, tokenizer, role: str, why: str) -> torch.nn.Module:
+        """A frozen model (`frozen`) that compares token ids with the student's (avatarl's critic, a distillation
+        teacher), checked at start-up to have the same vocabulary size and, when ``path`` holds a tokenizer, the
+        same token/id pairs. ``role`` names the config key; ``why`` says why ids must match."""
+        model = self.frozen(path, tokenizer)
+        theirs, ours = model.config.vocab_size, student.config.vocab_size
+        if theirs != ours:
+            raise ValueError(f"{role} {path!r} has a vocabulary of {theirs} tokens but the student has {ours}. "
+                             f"{why}, so the {role} must use the student's tokenizer and vocabulary size.")
+        if any((Path(path) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+            their_tokens, our_tokens = load_tokenizer(path).get_vocab(), tokenizer.get_vocab()
+            if their_tokens != our_tokens:
+                differ = sorted(set(their_tokens.items()) ^ set(our_tokens.items()))[:3]
+                raise ValueError(f"{role} {path!r} was trained with another tokenizer than the student's (e.g. "
+                                 f"token/id pairs {differ} are in only one of them). {why}; use the {role}'s "
+                                 f"tokenizer for the student (tokenizer=...) or retrain the {role}.")
+        return model
 
     def judge(self, name: str, seed: int | None = None) -> tuple[torch.nn.Module, Any]:
         """A frozen causal LM with its own tokenizer: an LLM judge or a self-reward model."""

@@ -386,8 +386,8 @@ def make_judge_reward(model: str, reference: str = "chosen", prompt: str = PAIRW
 
     def judge(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
         refs = get_column(columns, reference, len(completions), "judge",
-                          f"It holds the reference answer each completion is compared with (reward_kwargs.judge."
-                          f"reference names the column).")
+                          "It holds the reference answer each completion is compared with (reward_kwargs.judge."
+                          "reference names the column).")
         verdicts = pairwise.judge(prompts, completions, [str(r) for r in refs])
         judge.last_stats = dict(pairwise.last_stats)
         return [fallback if v is None else VERDICT_REWARD[v] for v in verdicts]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,21 +84,9 @@ def load_critic(path: str, student, tokenizer, setup: ModelSetup):
     if is_builtin(path):
         raise ValueError(f"critic={path!r} is a randomly initialised built-in model, not a trained critic. Train one "
                          "with `lmrl pretrain objective=ce` and pass its final/ directory.")
-    critic = setup.frozen(path, tokenizer)
-    critic_vocab, student_vocab = critic.config.vocab_size, student.config.vocab_size
-    if critic_vocab != student_vocab:
-        raise ValueError(f"critic {path!r} has a vocabulary of {critic_vocab} tokens but the student has "
-                         f"{student_vocab}. The avatarl reward compares token ids, so the critic must use the "
-                         "student's tokenizer and vocabulary size: train the critic with `lmrl pretrain objective=ce` "
-                         "and the same tokenizer/model vocabulary.")
-    if any((Path(path) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
-        critic_tokens, student_tokens = load_tokenizer(path).get_vocab(), tokenizer.get_vocab()
-        if critic_tokens != student_tokens:
-            differ = sorted(set(critic_tokens.items()) ^ set(student_tokens.items()))[:3]
-            raise ValueError(f"critic {path!r} was trained with another tokenizer than the student's (e.g. "
-                             f"token/id pairs {differ} are in only one of them). The reward compares token ids; "
-                             "use the critic's tokenizer for the student (tokenizer=...) or retrain the critic.")
-    return critic
+    return setup.frozen_partner(path, student, tokenizer, "critic",
+                                "The avatarl reward compares token ids (train the critic with `lmrl pretrain "
+                                "objective=ce` and the student's tokenizer)")
 
 
 def check_models(config: PretrainConfig, student, critic) -> None:

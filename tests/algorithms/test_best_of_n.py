@@ -1,6 +1,5 @@
 """Best-of-N / rejection-sampling selection and the KL of best-of-N, against hand computations."""
 
-import math
 from itertools import combinations
 
 import pytest

@@ -1,7 +1,6 @@
 """Built-in tokenizers and load_tokenizer."""
 
 import random
-import string
 
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers

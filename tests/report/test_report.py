@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from conftest import EVAL_ACC, KLS, REWARDS, write_rl_run
 
 from lmrl.cli import main

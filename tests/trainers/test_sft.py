@@ -1,6 +1,5 @@
 """SFT: it learns, every parameter moves, accumulation is exact, resume is exact, bad input is caught early."""
 
-import json
 import os
 import signal
 import subprocess
