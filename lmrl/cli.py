@@ -32,6 +32,7 @@ VERBS: dict[str, Verb] = {
     "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.online", "RLConfig", "train"),
     "reward": Verb("reward models: Bradley-Terry, K-wise, Plackett-Luce, ORM, PRM; mode=score scores a file", "lmrl.trainers.reward", "RewardConfig", "train"),
     "dpo": Verb("direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...; online=true samples and labels pairs each step", "lmrl.trainers.preference", "DPOConfig", "train"),
+    "distill": Verb("distillation from a frozen teacher: offline KD (forward KL) and on-policy (reverse KL on the student's samples)", "lmrl.trainers.distill", "DistillConfig", "train"),
     "rejection-sampling": Verb("rejection sampling: N samples per prompt, scored, best per prompt or global top-K, then SFT", "lmrl.trainers.rejection", "RejectionConfig", "train"),
     "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run"),
     "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),

@@ -143,6 +143,13 @@ def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtyp
     return metrics, samples
 
 
+def accuracy_reached(target: float | None, metrics: dict[str, float]) -> str | None:
+    """The reason to stop early (``stop_at_accuracy``) once held-out accuracy reaches ``target``, else None."""
+    if target is not None and metrics.get("eval/accuracy", 0.0) >= target:
+        return f"Held-out accuracy {metrics['eval/accuracy']:.1%} >= stop_at_accuracy {target:.1%}"
+    return None
+
+
 class SFT:
     """The SFT method for `loop.run`: one step is one optimizer step on ``batch_size`` examples."""
 
@@ -179,10 +186,7 @@ class SFT:
                         self.env_factory)
 
     def stop(self, metrics: dict[str, float]) -> str | None:
-        target = self.config.stop_at_accuracy
-        if target is not None and metrics.get("eval/accuracy", 0.0) >= target:
-            return f"Held-out accuracy {metrics['eval/accuracy']:.1%} >= stop_at_accuracy {target:.1%}"
-        return None
+        return accuracy_reached(self.config.stop_at_accuracy, metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {}

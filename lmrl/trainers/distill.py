@@ -1,0 +1,218 @@
+"""Distillation: a student learns a frozen teacher's next-token distributions, offline (KD) or on-policy.
+
+Each optimizer step takes ``batch_size`` rows of the dataset. A fraction ``on_policy_frac`` (lambda, GKD's mixing
+coefficient) of them is completed by the student itself (sampled with ``temperature``/``top_p``/``top_k``, at most
+``max_new_tokens``); the others keep the dataset's completion. Both models then score every completion token, and
+the loss is the mean over all completion tokens of the batch of a per-token divergence (`lmrl.algorithms.distill`):
+
+    dataset rows   forward KL(p_T || p_S) with kd_temperature tau (times tau^2)   knowledge distillation, book eq. 146
+    student rows   reverse KL(p_S || p_T) at tau = 1                                on-policy distillation (GKD)
+
+(``divergence=auto``; ``forward`` or ``reverse`` use one divergence for every row.) ``on_policy_frac=0`` is offline
+KD, 1 is purely on-policy distillation. The teacher must share the student's tokenizer (checked at start-up).
+
+Launch::
+
+    lmrl sft --config sft/demo_arithmetic output_dir=runs/teacher             # a teacher (any trained model)
+    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final  # on-policy, reverse KL
+    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final on_policy_frac=0   # offline KD
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Literal
+
+import torch
+
+from lmrl.algorithms.distill import token_kl
+from lmrl.config import ConfigError, DecodingSection, field
+from lmrl.data.sft import SFTExample, collate_sft
+from lmrl.eval.generation import task_accuracy
+from lmrl.models import autocast, describe_parameters
+from lmrl.models.placement import model_device, to_device
+from lmrl.models.setup import ModelSetup
+from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.types import SamplingParams
+from lmrl.trainers import common, loop, sft
+
+IGNORE = -100
+
+
+@dataclasses.dataclass
+class DistillConfig(DecodingSection, sft.SFTConfig):
+    teacher: str = field("", "the frozen teacher: a trained model directory (or hub id) sharing the student's tokenizer")
+    on_policy_frac: float = field(1.0, "lambda: fraction of each batch the student completes itself (1: on-policy distillation, 0: offline KD on the dataset's completions)")
+    divergence: Literal["auto", "forward", "reverse"] = field("auto", "auto: forward KL on dataset completions, reverse KL on the student's own")
+    kd_temperature: float = field(1.0, "tau of the forward KL: both distributions softened by it, the loss scaled by tau^2")
+    max_new_tokens: int = field(32, "length cap of the student's on-policy completions")
+    output_dir: str = field("runs/distill", "run directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.teacher:
+            raise ConfigError("distill needs a teacher: teacher=<trained model dir or hub id>, e.g. the final/ "
+                              "directory of an `lmrl sft` or `lmrl rl` run that used the student's tokenizer.")
+        if not 0 <= self.on_policy_frac <= 1:
+            raise ConfigError(f"'on_policy_frac' must be in [0, 1], got {self.on_policy_frac}.")
+        if not self.kd_temperature > 0:
+            raise ConfigError(f"'kd_temperature' must be > 0, got {self.kd_temperature}.")
+        if self.multi_turn:
+            raise ConfigError("distill does not run tool episodes: remove tools/env (distil tool trajectories "
+                              "offline with `lmrl sft` data instead).")
+
+
+def prompt_length(example: SFTExample) -> int:
+    """Tokens before the first learned one (the prompt and its generation prompt)."""
+    return next((i for i, y in enumerate(example.labels) if y != IGNORE), len(example.labels))
+
+
+def paired_logits(student, teacher, examples: list[SFTExample], pad_id: int, dtype):
+    """Student logits (with gradient), teacher logits (without) and the learned-token mask, each at the positions
+    that predict tokens 1..L-1 of the right-padded batch: (B, L-1, V), (B, L-1, V), (B, L-1) bool."""
+    device = model_device(student)
+    batch = to_device(collate_sft(examples, pad_id), device)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with autocast(device.type, dtype):
+        logits = student(**inputs).logits[:, :-1]
+        with torch.no_grad():
+            teacher_logits = teacher(**inputs).logits[:, :-1]
+    return logits, teacher_logits, batch["labels"][:, 1:] != IGNORE
+
+
+def kl_loss(student, teacher, examples: list[SFTExample], directions: list[str], pad_id: int, dtype,
+            temperature: float) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
+    """Summed per-token divergence over the learned tokens of ``examples`` (row i with ``directions[i]``), and per
+    direction (sum of KL, token count) for logging. tau applies to forward rows; reverse rows use tau = 1."""
+    logits, teacher_logits, learned = paired_logits(student, teacher, examples, pad_id, dtype)
+    total, stats = logits.new_zeros((), dtype=torch.float32), {}
+    for direction in sorted(set(directions)):
+        rows = torch.tensor([d == direction for d in directions], device=logits.device)  # (B,)
+        tau = temperature if direction == "forward" else 1.0
+        summed = (token_kl(logits[rows], teacher_logits[rows], direction, tau) * learned[rows]).sum()
+        total = total + summed
+        stats[direction] = (summed.item(), int(learned[rows].sum()))
+    return total, stats
+
+
+@torch.no_grad()
+def eval_divergences(student, teacher, examples: list[SFTExample], pad_id: int, dtype, batch_size: int = 64) -> dict:
+    """Mean per-token forward and reverse KL (tau = 1) between teacher and student on held-out completions."""
+    sums, count = {"forward": 0.0, "reverse": 0.0}, 0
+    for start in range(0, len(examples), batch_size):
+        logits, teacher_logits, learned = paired_logits(student, teacher, examples[start : start + batch_size],
+                                                        pad_id, dtype)
+        for direction in sums:
+            sums[direction] += (token_kl(logits, teacher_logits, direction) * learned).sum().item()
+        count += int(learned.sum())
+    return {f"eval/kl_{d}": s / max(1, count) for d, s in sums.items()}
+
+
+class Distill:
+    """The distillation method for `loop.run`: one step is one optimizer step on ``batch_size`` rows."""
+
+    samples_title = "held-out samples (student)"
+
+    def __init__(self, config: DistillConfig, setup: ModelSetup):
+        self.config, self.setup = config, setup
+        self.model, self.tokenizer = setup.policy()
+        self.teacher = setup.frozen_partner(config.teacher, self.model, self.tokenizer, "teacher",
+                                            "Distillation compares the two models' distributions token by token")
+        self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft.load_data(config, self.tokenizer)
+        self.engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
+        self.params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                     top_p=config.top_p, top_k=config.top_k)
+        self.model.train()
+        self.optimizer = common.build_optimizer(self.model, config)
+        self.scheduler = common.build_scheduler(self.optimizer, config)
+        self.initial_metrics = self.teacher_metrics()
+
+    def teacher_metrics(self) -> dict[str, float]:
+        """The teacher's held-out accuracy: the level the student is distilled towards."""
+        if not (self.eval_rows and "task" in self.eval_rows[0]):
+            return {}
+        acc, _ = task_accuracy(self.teacher, self.tokenizer, self.eval_rows, self.config.eval_max_new_tokens,
+                               self.setup.dtype, num_samples=0)
+        return {"teacher/eval_accuracy": acc["accuracy"]}
+
+    def sample(self, examples: list[SFTExample], step: int) -> tuple[list[SFTExample], float]:
+        """The student's own completions of these examples' prompts, as examples (prompt unlearned)."""
+        if not examples:
+            return [], 0.0
+        prompts = [ex.input_ids[: prompt_length(ex)] for ex in examples]
+        generator = torch.Generator(device=model_device(self.model)).manual_seed(self.config.seed * 1_000_003 + step)
+        was_training = self.model.training
+        self.model.eval()
+        batch = self.engine.generate(prompts, self.params, n=1, generator=generator)
+        self.model.train(was_training)
+        lengths = batch.completion_lengths.tolist()
+        sampled = [SFTExample(p + c[:n], [IGNORE] * len(p) + c[:n])
+                   for p, c, n in zip(prompts, batch.completion_ids.tolist(), lengths)]
+        return sampled, sum(lengths) / len(lengths)
+
+    def direction(self, on_policy: bool) -> str:
+        if self.config.divergence != "auto":
+            return self.config.divergence
+        return "reverse" if on_policy else "forward"
+
+    def step(self, step: int) -> dict[str, float]:
+        config, t0 = self.config, time.perf_counter()
+        rows = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
+                                                                     config.seed)]
+        n_on = round(config.on_policy_frac * len(rows))  # the batch is a random draw: its first rows are too
+        sampled, mean_len = self.sample(rows[:n_on], step)
+        t_sample = time.perf_counter() - t0
+        batch = sampled + rows[n_on:]
+        directions = [self.direction(i < n_on) for i in range(len(batch))]
+        total_tokens = sum(sum(1 for y in ex.labels[1:] if y != IGNORE) for ex in batch)
+        micro = len(batch) // config.grad_accum
+        sums: dict[str, list[float]] = {}
+        for i in range(config.grad_accum):
+            part = slice(i * micro, (i + 1) * micro)
+            loss, stats = kl_loss(self.model, self.teacher, batch[part], directions[part], self.tokenizer.pad_token_id,
+                                  self.setup.dtype, config.kd_temperature)
+            common.check_finite(loss, step)
+            (loss / max(1, total_tokens)).backward()
+            for direction, (kl_sum, n) in stats.items():
+                acc = sums.setdefault(direction, [0.0, 0])
+                acc[0], acc[1] = acc[0] + kl_sum, acc[1] + n
+        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
+        elapsed = time.perf_counter() - t0
+        metrics = {"loss": sum(s for s, _ in sums.values()) / max(1, total_tokens), "grad_norm": grad_norm,
+                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": total_tokens / elapsed,
+                   "time/train_s": elapsed - t_sample, "on_policy/rows": float(n_on)}
+        metrics.update({f"train/kl_{d}": s / max(1, n) for d, (s, n) in sums.items()})
+        if n_on:
+            metrics.update({"time/rollout_s": t_sample, "on_policy/completion_len": mean_len})
+        return metrics
+
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        metrics, samples = sft.evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows,
+                                        self.setup.dtype)
+        if self.eval_examples:
+            metrics.update(eval_divergences(self.model, self.teacher, self.eval_examples, self.tokenizer.pad_token_id,
+                                            self.setup.dtype))
+        return metrics, samples
+
+    def stop(self, metrics: dict[str, float]) -> str | None:
+        return sft.accuracy_reached(self.config.stop_at_accuracy, metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def train(config: DistillConfig) -> dict[str, float]:
+    """Distil ``config.teacher`` into ``config.model``; returns the final evaluation metrics (plus ``initial/...``)."""
+    setup = ModelSetup.from_config(config)
+    method = Distill(config, setup)
+    run = common.start_run(config, "distill")
+    run.tracker.print(
+        f"Distill: student {describe_parameters(method.model)}, teacher {config.teacher} "
+        f"({describe_parameters(method.teacher)}), {len(method.examples)} examples, on_policy_frac="
+        f"{config.on_policy_frac}, divergence={config.divergence}, precision={setup.precision_name}, run dir {run.dir}"
+    )
+    return loop.run(config, method, run)
