@@ -51,6 +51,7 @@ from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.rollout.tool_config import build_env_factory
 from lmrl.trainers import agentic, common, loop
+from lmrl.trainers.ptx import PretrainingMix
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 
 # ----------------------------------------------------------------------------- rollout and scoring
@@ -153,9 +154,11 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
     trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
     params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
+    updates = 0
     for _ in range(config.ppo_epochs):
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
+            updates += 1
             mb_tokens = batch.train_mask[mb].sum().clamp(min=1)
             for micro in mb.chunk(config.grad_accum):
                 if skip is not None:
@@ -189,6 +192,10 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step
                 trained_weight += float(weight) / config.updates_per_step
+            if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
+                position = (step - 1) * config.updates_per_step + updates  # one ptx batch per optimizer step
+                ce = parts.ptx.backward(model, position, dtype, config.logprob_chunk_mb)
+                totals["loss/ptx"] = totals.get("loss/ptx", 0.0) + ce / config.updates_per_step
             if all(p.grad is None for p in params):  # every row skipped: step on the exact zero gradient (momentum)
                 for p in params:
                     p.grad = torch.zeros_like(p) if p.requires_grad else None
@@ -218,6 +225,8 @@ class Parts:
     scheduler: Any
     env_factory: Any = None
     """multi-turn: makes one environment per trajectory (None: single-turn)"""
+    ptx: PretrainingMix | None = None
+    """PPO-ptx: the pretraining text of the ptx term and of eval/ptx_ce (None: no ptx_dataset)"""
 
 
 def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, tracker) -> dict[str, float]:
@@ -315,8 +324,9 @@ class OnlineRL:
         engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
                              sampling=sampling_params(config), longest_prompt=longest)
         env_factory = build_env_factory(config, self.tokenizer)
+        ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
-                           self.scheduler, env_factory)
+                           self.scheduler, env_factory, ptx)
 
     def step(self, step: int) -> dict[str, float]:
         config = self.config
@@ -324,8 +334,11 @@ class OnlineRL:
         return rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
-                        self.parts.env_factory)
+        metrics, samples = evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
+                                    self.parts.env_factory)
+        if self.parts.ptx is not None:  # forgetting of the pretraining distribution
+            metrics.update(self.parts.ptx.forgetting(self.model, self.setup.dtype, self.config.logprob_chunk_mb))
+        return metrics, samples
 
     def state_dict(self) -> dict[str, Any]:
         value_model = self.parts.value_model

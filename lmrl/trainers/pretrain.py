@@ -157,8 +157,9 @@ def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: flo
 
 
 def train_step(model, critic, windows: torch.Tensor, objective: str, options: AvatarlOptions, grad_accum: int,
-               dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
-    """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches.
+               dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB, scale: float = 1.0) -> dict[str, float]:
+    """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches; the
+    gradients accumulated are those of ``scale`` x the loss (PPO-ptx's gamma), the stats those of the loss.
 
     Every window has L targets and both objectives average over positions, so the mean of
     the micro-batch losses is the batch loss: accumulation is exact. Stats are micro-batch
@@ -186,7 +187,7 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
             with torch.no_grad():
                 ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
         common.check_finite(loss, step)
-        (loss / grad_accum).backward()
+        (loss * (scale / grad_accum)).backward()
         for key, value in {"loss": loss.item(), "train/ce": ce.item(), **stats}.items():
             if key == "avatarl/reward_max":
                 totals[key] = max(totals.get(key, value), value)

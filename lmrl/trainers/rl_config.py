@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
 from lmrl.rollout.tool_config import ToolSection
 from lmrl.rollout.engine_section import EngineSection
 
@@ -43,7 +43,24 @@ GROUP_BASELINES = ("rloo", "grpo", "dr_grpo")
 
 
 @dataclasses.dataclass
-class RLConfig(ToolSection, SamplingSection, EngineSection, RewardSection, TrainConfig):
+class PtxSection(Section):
+    title = "pretraining mix (PPO-ptx)"
+    ptx_coef: float = field(0.0, "PPO-ptx gamma (lmrl.trainers.ptx): weight of the pretraining log-likelihood term added to the RL loss (0: off)")
+    ptx_dataset: str | None = field(None, "pretraining text for the term and for eval/ptx_ce (forgetting): builtin:pydoc, a .txt file or a dataset with a text column")
+    ptx_batch_size: int = field(8, "windows of pretraining text per optimizer step")
+    ptx_block_size: int = field(64, "tokens per window")
+
+    def __post_init__(self) -> None:
+        check_at_least(self, ("ptx_coef",), 0)
+        check_at_least(self, ("ptx_batch_size", "ptx_block_size"), 1)
+        if self.ptx_coef > 0 and not self.ptx_dataset:
+            raise ConfigError(f"ptx_coef={self.ptx_coef} needs pretraining text: ptx_dataset=builtin:pydoc, a .txt "
+                              "file or a dataset with a text column.")
+        super().__post_init__()
+
+
+@dataclasses.dataclass
+class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSection, TrainConfig):
     algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
     dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
     task_args: dict = field({}, "arguments of a built-in task")
