@@ -4,33 +4,19 @@ pass@k is the chance that at least one of k trials succeeds; pass^k (τ-bench, Y
 that all k succeed, which measures reliability. From n >= k trials of which c succeed, both are estimated
 without bias (Chen et al. 2021 for pass@k):
 
-    pass@k = 1 - C(n-c, k) / C(n, k)        pass^k = C(c, k) / C(n, k)
+    pass@k = 1 - C(n-c, k) / C(n, k)        pass^k = C(c, k) / C(n, k)      (`lmrl.eval.metrics`)
 """
 
 from __future__ import annotations
 
-from math import comb
 from typing import Any
 
 import torch
 
 from lmrl.data.tasks import get_task
+from lmrl.eval.metrics import pass_at_k, pass_hat_k
 from lmrl.rollout.multiturn import MultiTurnOptions, run_episodes
 from lmrl.rollout.types import SamplingParams
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n trials with c successes (k <= n)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}.")
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float:
-    """Unbiased τ-bench pass^k (all k trials succeed) from n trials with c successes (k <= n)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_hat_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}.")
-    return comb(c, k) / comb(n, k)
 
 
 def episode_scores(batch, rows: list[dict[str, Any]]) -> list[float]:
