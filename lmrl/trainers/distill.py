@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -109,8 +109,9 @@ def eval_divergences(student, teacher, examples: list[SFTExample], pad_id: int, 
     return {f"eval/kl_{d}": s / max(1, count) for d, s in sums.items()}
 
 
-class Distill:
-    """The distillation method for `loop.run`: one step is one optimizer step on ``batch_size`` rows."""
+class Distill(sft.SFT):
+    """The distillation method for `loop.run`: one step is one optimizer step on ``batch_size`` rows. SFT's data,
+    evaluation (plus both divergences to the teacher), early stop and (empty) checkpoint state."""
 
     samples_title = "held-out samples (student)"
 
@@ -120,6 +121,7 @@ class Distill:
         self.teacher = setup.frozen_partner(config.teacher, self.model, self.tokenizer, "teacher",
                                             "Distillation compares the two models' distributions token by token")
         self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft.load_data(config, self.tokenizer)
+        self.env_factory = None  # no tool episodes (refused by the config)
         self.engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
         self.params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                      top_p=config.top_p, top_k=config.top_k)
@@ -188,21 +190,11 @@ class Distill:
         return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        metrics, samples = sft.evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows,
-                                        self.setup.dtype)
+        metrics, samples = super().evaluate(step)
         if self.eval_examples:
             metrics.update(eval_divergences(self.model, self.teacher, self.eval_examples, self.tokenizer.pad_token_id,
                                             self.setup.dtype))
         return metrics, samples
-
-    def stop(self, metrics: dict[str, float]) -> str | None:
-        return sft.accuracy_reached(self.config.stop_at_accuracy, metrics)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 def train(config: DistillConfig) -> dict[str, float]:
