@@ -40,6 +40,8 @@ VERBS: dict[str, Verb] = {
     "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
     "eval": Verb("evaluate a model: accuracy, pass@k, maj@k, avg@k, pass^k, reward, judge win rate, loglik; table + JSON",
                  "lmrl.eval.cli", "EvalConfig", "run"),
+    "filter": Verb("offline difficulty filter: N samples per prompt, keep prompts whose pass rate is in [min_pass, max_pass], write JSONL",
+                   "lmrl.eval.difficulty", "FilterConfig", "run"),
     "decontaminate": Verb("n-gram overlap (default 8) between training data and an evaluation set", "lmrl.eval.cli",
                           "DecontamConfig", "decontaminate"),
     "report": Verb("self-contained HTML report of one run or a comparison: lmrl report RUN [RUN...]",

@@ -11,11 +11,13 @@ Metric names and formulas: `lmrl.eval.spec`, `lmrl.eval.metrics`; docs/eval.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
 import time
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -98,6 +100,21 @@ def warn_contamination(train_source: str, eval_rows: list[dict], eval_source: st
     return report.to_dict()
 
 
+@contextlib.contextmanager
+def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
+    """A ``progress(stage, done, total)`` callback drawing one bar per stage on the terminal (transient)."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bars:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=total)
+            bars.update(tasks[stage], completed=done)
+
+        yield progress
+
+
 def run(config: EvalConfig) -> dict[str, float]:
     """Evaluate, print a table, write the JSON file; returns the metrics."""
     from lmrl.models.setup import ModelSetup
@@ -114,15 +131,7 @@ def run(config: EvalConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     model, tokenizer = setup.policy()
     start = time.perf_counter()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bars:
-        tasks: dict[str, Any] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bars.add_task(stage, total=total)
-            bars.update(tasks[stage], completed=done)
-
+    with progress_bars() as progress:
         metrics, samples = evaluator(model, tokenizer, setup.dtype, progress) if evaluator else ({"rows": 0.0}, [])
     if config.harness_tasks:
         from lmrl.eval.harness import flat_metrics, run_harness

@@ -157,8 +157,9 @@ class Evaluator:
         out["tokens/generated"] += generated
         return texts
 
-    def _sampled(self, engine: HFEngine, ids: list[list[int]], out: dict, progress: Progress | None) -> None:
-        """pass@k, pass^k, maj@k and avg@k (± std) from n samples per prompt."""
+    def _sample_scores(self, engine: HFEngine, ids: list[list[int]], out: dict,
+                       progress: Progress | None) -> tuple[list[list[float]], list[list[Any]]]:
+        """Scores and parsed answers of n samples per prompt: (rows, n) each."""
         n, rows = self.n, self.rows
         texts = self._policy(engine, ids, n, False, out, progress, f"{n} samples per prompt")
         scores, parsed = [], []
@@ -166,6 +167,21 @@ class Evaluator:
             results = [self.score(texts[i * n + j], row) for j in range(n)]
             parsed.append([p for p, _ in results])
             scores.append([s for _, s in results])
+        return scores, parsed
+
+    def pass_rates(self, model, tokenizer, dtype: torch.dtype | None = None,
+                   progress: Progress | None = None) -> tuple[list[float], dict[str, float]]:
+        """Each row's mean score over n sampled completions (its pass rate with a 0/1 verifier), and the tokens
+        spent; the difficulty filter's measure."""
+        out = {"tokens/prompt": 0.0, "tokens/generated": 0.0}
+        ids = [encode_prompt(tokenizer, r["prompt"], self.options.chat) for r in self.rows]
+        scores, _ = self._sample_scores(HFEngine(model, tokenizer, autocast_dtype=dtype), ids, out, progress)
+        return [sum(row) / len(row) for row in scores], out
+
+    def _sampled(self, engine: HFEngine, ids: list[list[int]], out: dict, progress: Progress | None) -> None:
+        """pass@k, pass^k, maj@k and avg@k (± std) from n samples per prompt."""
+        scores, parsed = self._sample_scores(engine, ids, out, progress)
+        n = self.n
         correct = [[s >= 1.0 for s in row] for row in scores]
         for kind, ks in self.spec.sampled.items():
             for k in ks:

@@ -1,0 +1,108 @@
+"""``lmrl filter``: the offline difficulty filter of RLVR — keep the prompts a model sometimes, but not always, solves.
+
+RLHF book §7.2.3 (practice 1): sample N completions per prompt (N = 16), score them with the verifier, and keep
+the prompts whose pass rate lies in [lo, hi] (0.2, 0.8): a prompt solved by every sample or by none gives every
+sample the same reward, so group-relative advantages are all 0 and the prompt teaches nothing.
+
+    lmrl filter model=runs/sft/final dataset=task:arithmetic rows=2000 samples=16 min_pass=0.2 max_pass=0.8 \\
+        output_file=data/arith_mid.jsonl
+    lmrl rl --config rl/tiny_arithmetic_grpo dataset=data/arith_mid.jsonl
+
+The output is JSONL: the kept rows with every column they had (a built-in task's ``task``/``answer``/``meta``,
+so its verifier still scores them) plus ``pass_rate``; the terminal shows how the pass rates spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from lmrl.config import ConfigError, ModelSection, field
+from lmrl.data.loading import load_rows
+from lmrl.eval.cli import progress_bars
+from lmrl.eval.runner import EvalOptions, Evaluator
+from lmrl.tracking import console
+
+
+@dataclasses.dataclass
+class FilterConfig(ModelSection):
+    dataset: str = field("task:arithmetic", "prompts with answers: task:<name>, a .jsonl/.json/.parquet/.csv file or an HF dataset id")
+    split: str = field("train", "dataset split")
+    rows: int | None = field(2000, "rows to measure (null: all)")
+    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
+    samples: int = field(16, "completions sampled per prompt (N)")
+    min_pass: float = field(0.2, "keep prompts whose pass rate is >= this")
+    max_pass: float = field(0.8, "... and <= this")
+    temperature: float = field(1.0, "sampling temperature (use the one RL will sample with)")
+    top_p: float = field(1.0, "nucleus sampling")
+    max_new_tokens: int = field(32, "tokens generated per completion")
+    batch_size: int = field(64, "prompts x samples per generate call")
+    chat: bool = field(True, "render prompts with the chat template (false: raw text)")
+    verifier: str = field("auto", "auto (a row's task, else exact match) | exact | math | task")
+    answer_column: str = field("answer", "column with the gold answers")
+    output_file: str | None = field(None, "JSONL of the kept rows; default filtered/<dataset>_pass<min>-<max>.jsonl")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.min_pass <= self.max_pass <= 1:
+            raise ConfigError(f"need 0 <= min_pass <= max_pass <= 1, got min_pass={self.min_pass}, "
+                              f"max_pass={self.max_pass}.")
+        if self.samples < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ConfigError("'samples', 'max_new_tokens' and 'batch_size' must be >= 1.")
+        if not self.temperature > 0:
+            raise ConfigError(f"'temperature' must be > 0 (pass rates need sampling), got {self.temperature}.")
+
+    def output_path(self) -> Path:
+        if self.output_file:
+            return Path(self.output_file)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.dataset).strip("_") or "data"
+        return Path("filtered") / f"{slug}_pass{self.min_pass:g}-{self.max_pass:g}.jsonl"
+
+
+def spread(rates: list[float], lo: float, hi: float) -> dict[str, int]:
+    """How many prompts were never solved, below ``lo``, kept in [lo, hi], above ``hi``, always solved."""
+    bins = {"0 (never)": 0, f"(0, {lo:g})": 0, f"[{lo:g}, {hi:g}] kept": 0, f"({hi:g}, 1)": 0, "1 (always)": 0}
+    names = list(bins)
+    for r in rates:
+        kept = lo <= r <= hi
+        name = names[2] if kept else names[0] if r == 0 else names[4] if r == 1 else names[1] if r < lo else names[3]
+        bins[name] += 1
+    return bins
+
+
+def run(config: FilterConfig) -> dict[str, float]:
+    """Measure every row's pass rate, write the kept rows, print the spread; returns the counts."""
+    from lmrl.models.setup import ModelSetup
+
+    rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)
+    options = EvalOptions(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                          samples=config.samples, batch_size=config.batch_size, seed=config.seed, chat=config.chat,
+                          verifier=config.verifier, answer_column=config.answer_column)
+    evaluator = Evaluator([f"avg@{config.samples}"], rows, options, config.dataset, key="samples")
+    path = config.output_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    setup = ModelSetup.from_config(config)
+    model, tokenizer = setup.policy()
+    start = time.perf_counter()
+    with progress_bars() as progress:
+        rates, tokens = evaluator.pass_rates(model, tokenizer, setup.dtype, progress)
+    kept = [{**row, "pass_rate": rate} for row, rate in zip(rows, rates)
+            if config.min_pass <= rate <= config.max_pass]
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    counts = spread(rates, config.min_pass, config.max_pass)
+    table = Table(title=f"pass rates of {config.model} on {len(rows)} rows of {config.dataset} "
+                        f"({config.samples} samples each)")
+    table.add_column("pass rate")
+    table.add_column("prompts", justify="right")
+    for name, count in counts.items():
+        table.add_row(name, f"{count} ({count / len(rows):.0%})")
+    console.print(table)
+    console.print(f"kept {len(kept)} of {len(rows)} rows -> {path} ({time.perf_counter() - start:.0f} s, "
+                  f"{tokens['tokens/generated']:.0f} tokens generated)")
+    return {"rows": float(len(rows)), "kept": float(len(kept)), "mean_pass_rate": sum(rates) / len(rates),
+            **{f"count/{name}": float(n) for name, n in counts.items()}}
