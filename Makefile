@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	fi
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,swarm,lora,tools]"
+	$(PY) -m pip install -q -e ".[test,swarm,lora,tools,rg]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -22,6 +22,11 @@ FILE_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
 Format = Literal["messages", "prompt_completion"]
 
 
+def is_generated(source: str) -> bool:
+    """A source generated here with train/test splits and ``task_args``: ``task:<name>`` or ``rg:<name>``."""
+    return source.startswith(("task:", "rg:"))
+
+
 def load_rows(source: str, split: str = "train", limit: int | None = None, **task_args: Any) -> list[dict]:
     """Rows (dicts) of a data source, at most `limit` of them.
 
@@ -30,6 +35,8 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
         parameters plus optional `seed` (default 0) and `n` (exact row count;
         default `limit` or DEFAULT_TASK_ROWS, then a test split smaller than that
         returns all its unique problems); `split` is "train" or "test" (disjoint prompts);
+      - `rg:<name>` or `rg:<a>+<b>`: reasoning-gym dataset(s), `task_args` their config
+        (`lmrl.data.tasks.reasoning_gym`), split and counted like built-in tasks;
       - a local `.jsonl`, `.json`, `.parquet` or `.csv` file (`split` is ignored);
       - a local dataset directory (`save_to_disk` output or data files) or an HF
         hub id, loaded with `datasets` (`split` as given; offline only the cache).
@@ -38,6 +45,8 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
         raise ValueError(f"limit must be >= 1 or None, got {limit}.")
     if source.startswith("task:"):
         return _task_rows(source[len("task:"):], split, limit, task_args)
+    if source.startswith("rg:"):
+        return _task_rows(source, split, limit, task_args)
     if task_args:
         raise ValueError(
             f"{source}: extra arguments {sorted(task_args)} only apply to built-in tasks (task:<name>)."
@@ -73,6 +82,10 @@ def _task_rows(name: str, split: str, limit: int | None, task_args: dict) -> lis
     # `limit` is "at most": a small test split returns all its unique problems; an explicit `n` is exact.
     allow_fewer = n is None
     n = n or limit or DEFAULT_TASK_ROWS
+    if name.startswith("rg:"):  # reasoning-gym: task_args configure its dataset(s)
+        from lmrl.data.tasks.reasoning_gym import rg_rows
+
+        return rg_rows(name, split, int(n), seed, args, allow_fewer)
     rows = make_rows(get_task(name, **args), int(n), split=split, seed=seed, allow_fewer=allow_fewer)
     return rows[:limit] if limit is not None else rows
 

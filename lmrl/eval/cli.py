@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lmrl.config import ConfigError, ModelSection, field
-from lmrl.data.loading import load_rows
+from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
 from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.tracking import console
@@ -90,7 +90,7 @@ def default_output(config: EvalConfig) -> Path:
 def warn_contamination(train_source: str, eval_rows: list[dict], eval_source: str, n: int = 8,
                        **task_args: Any) -> dict | None:
     """Print a warning when eval rows share n-grams with the training data; returns the report's dict."""
-    train_rows = load_rows(train_source, split="train", **(task_args if train_source.startswith("task:") else {}))
+    train_rows = load_rows(train_source, split="train", **(task_args if is_generated(train_source) else {}))
     report = overlap(train_rows, eval_rows, n=n)
     if report.contaminated:
         console.print(f"[bold yellow]warning:[/] {len(report.contaminated)} of {report.eval_rows} eval rows of "

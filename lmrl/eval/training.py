@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from lmrl.config import ConfigError
-from lmrl.data.loading import load_rows
+from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import OverlapReport, overlap
 from lmrl.eval.runner import EvalOptions, Evaluator
 
@@ -22,13 +22,13 @@ def eval_source(config: Any) -> tuple[str | None, str, dict]:
     task_args = dict(getattr(config, "task_args", {}) or {})
     if config.eval_metrics_dataset:
         source = config.eval_metrics_dataset
-        return source, "test" if source.startswith("task:") else "train", task_args if source.startswith("task:") else {}
+        return source, "test" if is_generated(source) else "train", task_args if is_generated(source) else {}
     dataset = getattr(config, "dataset", None)
-    if isinstance(dataset, str) and dataset.startswith("task:"):
+    if isinstance(dataset, str) and is_generated(dataset):
         return dataset, "test", task_args
     eval_dataset = getattr(config, "eval_dataset", None)
     if eval_dataset:
-        return eval_dataset, getattr(config, "eval_split", "test"), task_args if eval_dataset.startswith("task:") else {}
+        return eval_dataset, getattr(config, "eval_split", "test"), task_args if is_generated(eval_dataset) else {}
     return None, "test", {}
 
 
@@ -69,11 +69,11 @@ def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[
     eval_dataset = getattr(config, "eval_dataset", None)
     try:
         train = load_rows(dataset, split=getattr(config, "split", "train"), limit=getattr(config, "train_rows", None),
-                          **(task_args if dataset.startswith("task:") else {}))
+                          **(task_args if is_generated(dataset) else {}))
         if _local_rows(eval_dataset):
             evals[eval_dataset] = load_rows(eval_dataset, split=getattr(config, "eval_split", "test"),
                                             limit=getattr(config, "eval_rows", None),
-                                            **(task_args if eval_dataset.startswith("task:") else {}))
+                                            **(task_args if is_generated(eval_dataset) else {}))
     except (ValueError, FileNotFoundError, TypeError):
         return []  # not row data: the trainer's own loading reports real problems
     if evaluator is not None:
@@ -88,7 +88,7 @@ def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[
 
 def _local_rows(source: Any) -> bool:
     """A built-in task or a local file/directory (hub ids are not fetched again just for this check)."""
-    return isinstance(source, str) and (source.startswith("task:") or os.path.exists(os.path.expanduser(source)))
+    return isinstance(source, str) and (is_generated(source) or os.path.exists(os.path.expanduser(source)))
 
 
 def warning_text(train_source: str, source: str, report: OverlapReport) -> str:

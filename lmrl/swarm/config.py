@@ -7,6 +7,7 @@ from typing import Literal
 
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.data.tasks import TASKS
+from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX, dataset_names
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.swarm.sampling import PEER_SAMPLERS
 
@@ -99,9 +100,15 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
         if not self.tasks:
             raise ConfigError(f"'tasks' is empty; list built-in tasks from {sorted(TASKS)}.")
         for name in [*self.tasks, *self.task_args]:
-            if name not in TASKS:
+            if name.startswith(RG_PREFIX):
+                try:
+                    dataset_names(name)
+                except ValueError as err:
+                    raise ConfigError(str(err)) from None
+            elif name not in TASKS:
                 raise ConfigError(
-                    f"'tasks'/'task_args' name unknown task '{name}'. Built-in tasks: {sorted(TASKS)}."
+                    f"'tasks'/'task_args' name unknown task '{name}'. Built-in tasks: {sorted(TASKS)}, or "
+                    "rg:<name> for a reasoning-gym dataset."
                 )
         if self.peer_sampling not in PEER_SAMPLERS.names():
             raise ConfigError(

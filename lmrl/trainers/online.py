@@ -39,7 +39,7 @@ from lmrl.algorithms import (
     zero_variance_groups,
 )
 from lmrl.data.chat import render_prompt
-from lmrl.data.loading import load_rows
+from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.logprobs import completion_logprobs
@@ -303,7 +303,7 @@ def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
     if not rows or "prompt" not in rows[0]:
         raise ValueError(f"Dataset {config.dataset} needs a 'prompt' column; found {sorted(rows[0]) if rows else 'no rows'}.")
     eval_rows = load_rows(config.dataset, split="test", limit=config.eval_rows, **config.task_args) \
-        if config.dataset.startswith("task:") else []
+        if is_generated(config.dataset) else []
     return rows, eval_rows
 
 

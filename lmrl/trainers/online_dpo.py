@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from lmrl.data import preference as prefs
+from lmrl.data.loading import is_generated
 from lmrl.data.chat import encode_prompt
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
@@ -195,7 +196,7 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
         found = sorted(rows[0]) if rows else "no rows"
         raise ValueError(f"{config.dataset}: online DPO samples its own completions and needs a 'prompt' column; "
                          f"found {found}. Messages-style pair data has no prompt column: add one.")
-    builtin = config.dataset in prefs.BUILTIN_SOURCES or config.dataset.startswith("task:")
+    builtin = config.dataset in prefs.BUILTIN_SOURCES or is_generated(config.dataset)
     source = config.eval_dataset or (config.dataset if builtin else None)
     if not source:
         return rows, [], [], []

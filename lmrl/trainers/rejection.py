@@ -39,7 +39,7 @@ from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_bes
 from lmrl.config import ConfigError, RewardSection, TrainConfig, field, to_dict
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
-from lmrl.data.loading import load_rows
+from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.generation import task_accuracy
 from lmrl.eval.training import build_evaluator, evals_metrics
 from lmrl.models.setup import ModelSetup
@@ -283,10 +283,10 @@ def load_prompts(config: RejectionConfig) -> tuple[list[dict], list[dict]]:
     rows = load_rows(config.dataset, split=config.split, limit=config.train_rows, **config.task_args)
     if "prompt" not in rows[0]:
         raise ValueError(f"{config.dataset}: rejection sampling needs a `prompt` column; found {sorted(rows[0])}.")
-    source = config.eval_dataset or (config.dataset if config.dataset.startswith("task:") else None)
+    source = config.eval_dataset or (config.dataset if is_generated(config.dataset) else None)
     eval_rows = []
     if source:
-        args = config.task_args if source.startswith("task:") else {}
+        args = config.task_args if is_generated(source) else {}
         eval_rows = load_rows(source, split=config.eval_split, limit=config.eval_rows, **args)
     if config.select == "top_k" and config.top_k > len(rows) * config.samples_per_prompt:
         raise ValueError(f"top_k={config.top_k} exceeds the {len(rows) * config.samples_per_prompt} completions "

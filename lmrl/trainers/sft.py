@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from lmrl.config import ConfigError, TrainConfig, field
-from lmrl.data.loading import load_rows
+from lmrl.data.loading import is_generated, load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
 from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
@@ -114,7 +114,7 @@ def load_data(config: SFTConfig, tokenizer, tool_context=None) -> tuple[list[SFT
                                          config.chat, where=config.dataset, tool_context=tool_context)
     if not examples:
         raise ValueError(f"No usable training examples in {config.dataset} ({stats}).")
-    eval_source = config.eval_dataset or (config.dataset if config.dataset.startswith("task:") else None)
+    eval_source = config.eval_dataset or (config.dataset if is_generated(config.dataset) else None)
     eval_rows: list[dict[str, Any]] = []
     eval_examples: list[SFTExample] = []
     if eval_source:
