@@ -35,6 +35,8 @@ VERBS: dict[str, Verb] = {
     "distill": Verb("distillation from a frozen teacher: offline KD (forward KL) and on-policy (reverse KL on the student's samples)", "lmrl.trainers.distill", "DistillConfig", "train"),
     "rejection-sampling": Verb("rejection sampling: N samples per prompt, scored, best per prompt or global top-K, then SFT", "lmrl.trainers.rejection", "RejectionConfig", "train"),
     "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run"),
+    "cai": Verb("Constitutional AI data: mode=revise (critique-and-revise SFT rows) or mode=label (AI-feedback preference pairs)",
+                "lmrl.cai", "CAIConfig", "run"),
     "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),
     "selfplay": Verb("Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)", "lmrl.trainers.selfplay", "SelfPlayConfig", "train"),
     "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),

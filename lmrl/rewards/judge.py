@@ -226,7 +226,7 @@ def format_criteria(criteria: Sequence[Criterion]) -> str:
 # ----------------------------------------------------------------------------- judges
 
 
-class _Generator:
+class GreedyGenerator:
     """Greedy judgements (temperature 0) from a causal LM, `batch_size` prompts per generate call."""
 
     def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int, chat: bool,
@@ -267,24 +267,27 @@ class PairwiseJudge:
                  autocast_dtype: torch.dtype | None = None):
         _check_template(prompt, ("question", "answer_a", "answer_b"), "pairwise")
         self.prompt, self.swap = prompt, swap
-        self.generate = _Generator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
+        self.generate = GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
         self.parse_failures = 0
         self.failures = 0
         self.last_stats: dict[str, float] = {}
         self.last_judgements: list[str] = []
 
-    def judge(self, prompts: Sequence[Any], answers_a: Sequence[str], answers_b: Sequence[str]) -> list[Verdict]:
-        """Per pair "A" (a better), "B", "tie", or None (judge failure, counted)."""
+    def judge(self, prompts: Sequence[Any], answers_a: Sequence[str], answers_b: Sequence[str],
+              context: Sequence[Mapping[str, str]] | None = None) -> list[Verdict]:
+        """Per pair "A" (a better), "B", "tie", or None (judge failure, counted). ``context``: per pair, values of
+        further ``{keys}`` of the prompt template (e.g. Constitutional AI's ``{principles}``)."""
         n = len(prompts)
+        context = context if context is not None else [{}] * n
         if len(answers_a) != n or len(answers_b) != n:
             raise ValueError(f"PairwiseJudge.judge: {n} prompts, {len(answers_a)} answers_a and {len(answers_b)} "
                              "answers_b; give one answer of each per prompt.")
         questions = [question_text(p) for p in prompts]
-        texts = [fill(self.prompt, question=q, answer_a=a, answer_b=b)
-                 for q, a, b in zip(questions, answers_a, answers_b)]
+        texts = [fill(self.prompt, question=q, answer_a=a, answer_b=b, **c)
+                 for q, a, b, c in zip(questions, answers_a, answers_b, context)]
         if self.swap:
-            texts += [fill(self.prompt, question=q, answer_a=b, answer_b=a)
-                      for q, a, b in zip(questions, answers_a, answers_b)]
+            texts += [fill(self.prompt, question=q, answer_a=b, answer_b=a, **c)
+                      for q, a, b, c in zip(questions, answers_a, answers_b, context)]
         self.last_judgements = self.generate(texts) if n else []
         letters = [parse_verdict(t) for t in self.last_judgements]
         if self.swap:
@@ -322,7 +325,7 @@ class RubricJudge:
             raise ValueError(f"RubricJudge: max_score must be > 0, got {max_score!r}.")
         self.criteria = None if criteria is None else parse_rubric(criteria)
         self.prompt, self.max_score, self.fallback = prompt, float(max_score), float(fallback)
-        self.generate = _Generator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
+        self.generate = GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
         self.failures = 0
         self.last_stats: dict[str, float] = {}
         self.last_judgements: list[str] = []
