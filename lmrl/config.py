@@ -438,8 +438,10 @@ class RewardSection(Section):
     reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
     reward_kwargs: dict = field({}, "options per reward name, e.g. {overlong: {max_len: 32, cache_len: 8}}")
     on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the step or stops the run")
+    max_skipped_steps: int = field(10, "on_reward_error=skip: this many failing steps in a row stop the run (exit 1)")
 
     def __post_init__(self) -> None:
+        check_at_least(self, ("max_skipped_steps",), 1)
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards "
                               f"{self.rewards}: give one weight per reward, or none (1.0 each).")

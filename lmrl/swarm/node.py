@@ -164,7 +164,7 @@ class SwarmNode:
         setup = dataclasses.replace(ModelSetup.from_config(config), model=spec.model, tokenizer=tok_name,
                                     model_args=dict(spec.model_args))  # device, LoRA, ... from the config
         self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                                    config.on_reward_error)
+                                    config.on_reward_error, config.max_skipped_steps)
         if model is None:
             model, tokenizer = setup.policy()
         self.model, self.tokenizer = model, tokenizer
@@ -264,6 +264,7 @@ class SwarmNode:
             prompts = [g.prompt_text for g in gs for _ in range(g.size)]
             return self.reward_set.compute(prompts, [c for g in gs for c in g.completions], **cols).total
 
+        streak = self.reward_set.consecutive_errors  # peers' unscorable groups never count toward max_skipped_steps
         try:
             flat = compute(groups, sources)  # (sum L,)
             return list(flat.split([g.size for g in groups]))
@@ -276,6 +277,8 @@ class SwarmNode:
                     logger.info("swarm node %s: dropped a peer group the verifier cannot score: %s", self.name, exc)
                     out.append(None)
             return out
+        finally:
+            self.reward_set.consecutive_errors = streak
 
     def peer_training_set(self, rounds: list[int], generator: torch.Generator
                           ) -> tuple[RolloutBatch | None, list[torch.Tensor], dict[str, float]]:
