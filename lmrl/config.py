@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
-from lmrl.config_base import ConfigError, Section, check_at_least, field  # noqa: F401 - re-exported
+from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, field  # noqa: F401 - re-exported
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -367,6 +367,7 @@ class RunSection(Section):
     report_to: list[str] = field([], "extra trackers: tensorboard, wandb, trackio (when installed)")
 
     def __post_init__(self) -> None:
+        check_output_dir(self.output_dir)
         check_at_least(self, ("log_every", "keep_checkpoints"), 0, inclusive=False)
         check_at_least(self, ("eval_every", "save_every", "num_samples"), 0)
         for name in self.report_to:

@@ -117,3 +117,13 @@ def test_optimizer_step_stops_when_the_weights_blow_up():
     layer.bias.data.zero_()
     layer(torch.ones(2, 4)).sum().backward()
     common.optimizer_step(layer, sane, torch.optim.lr_scheduler.LambdaLR(sane, lambda s: 1.0), 1.0, 1)
+
+
+def test_a_cut_last_line_of_metrics_jsonl_is_dropped_with_a_warning_on_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sft_main(run, "max_steps=2") == 0
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2, "loss": 1.2')  # a power loss mid-write
+    assert sft_main(run, "max_steps=3", "resume=true") == 0
+    assert "dropped 1 unreadable line" in capsys.readouterr().out
+    assert max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) == 3
