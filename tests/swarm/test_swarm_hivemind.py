@@ -29,7 +29,6 @@ from lmrl.swarm.hivemind_transport import HivemindOptions, HivemindTransport, Sw
 
 from hivemind.dht.node import DHTNode  # noqa: E402
 from hivemind.dht.validation import DHTRecord  # noqa: E402
-from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
 from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
 from hivemind.utils.serializer import MSGPackSerializer  # noqa: E402
 from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
