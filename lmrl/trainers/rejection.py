@@ -93,9 +93,6 @@ class RejectionConfig(EngineSection, RewardSection, TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.samples_per_prompt < 1:
-            raise ConfigError(f"'samples_per_prompt' (N) must be >= 1, got {self.samples_per_prompt}; "
-                              "rejection sampling draws N completions per prompt and keeps the best.")
         for name in ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
