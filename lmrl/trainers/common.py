@@ -98,10 +98,10 @@ def start_run(config: TrainConfig, description: str) -> Run:
     return Run(run_dir, tracker, start_step, checkpoint, evaluator)
 
 
-def write_run_config(run: Run, config: TrainConfig, dtype: torch.dtype | None | str = "unknown") -> None:
-    """``config.yaml`` and, given the autocast ``dtype``, the resolved precision (``run.json``); called after a
-    resumed checkpoint has loaded, so a refused resume leaves the run's config.yaml as it was."""
-    rundir.write_config(run.dir, to_dict(config), None if dtype == "unknown" else precision_of(dtype))
+def write_run_config(run: Run, config: TrainConfig, setup: Any = None) -> None:
+    """``config.yaml`` and, given the run's `ModelSetup`, the precision it resolved to (``run.json``); called
+    after a resumed checkpoint has loaded, so a refused resume leaves the run's config.yaml as it was."""
+    rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None)
 
 
 # --------------------------------------------------------------------------- seeding and RNG

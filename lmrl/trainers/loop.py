@@ -68,7 +68,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
             raise
         initial = state.get("initial", {})
         method.load_state_dict(state)
-    common.write_run_config(run, config, *([setup.dtype] if setup is not None else []))
+    common.write_run_config(run, config, setup)
     if not run.checkpoint:
         metrics, samples = evaluate(method, 0, run)
         initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
