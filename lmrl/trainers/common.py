@@ -86,7 +86,11 @@ def start_run(config: TrainConfig, description: str) -> Run:
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     if config.resume and checkpoint is None:
         console.print(f"[yellow]resume=true but '{run_dir}' has no checkpoint yet: starting from step 0.")
-    start_step = read_state(checkpoint)["step"] if checkpoint else 0
+    start_step = 0
+    if checkpoint:
+        state = read_state(checkpoint)
+        start_step = state["step"]
+        rundir.resume_changes(rundir.saved_config(checkpoint, state["trainer"]), to_dict(config))  # refuse early
     set_seed(config.seed)
     if config.keep_freed_memory:
         keep_freed_memory()

@@ -47,12 +47,13 @@ def test_resume_applies_a_changed_lr_and_records_it(tmp_path, capsys):
 
 def test_resume_refuses_a_changed_seed_and_keeps_config_yaml(tmp_path, capsys):
     run = tmp_path / "run"
-    assert sft_main(run, "max_steps=2") == 0
-    before = (run / "config.yaml").read_text()
+    assert sft_main(run, "max_steps=2", "save_every=1") == 0
+    (run / "checkpoints" / "step-2").rename(run / "checkpoints" / "kept-aside")  # as if killed before step 2's save
+    before = {name: (run / name).read_text() for name in ("config.yaml", "metrics.jsonl", "samples.jsonl")}
     assert sft_main(run, "max_steps=4", "seed=7", "resume=true") == 2
     out = capsys.readouterr().out
     assert "seed: 0 -> 7" in out and "Traceback" not in out
-    assert (run / "config.yaml").read_text() == before
+    assert {name: (run / name).read_text() for name in before} == before  # a refused resume changes nothing
 
 
 def test_resume_with_another_architecture_is_a_clear_error(tmp_path, capsys):
