@@ -45,3 +45,19 @@ def test_bad_task_args_are_a_clear_error_not_a_traceback(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "task_args.digits" in out and "must be an integer" in out
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+TEMPERATURE_VERBS = [verb for verb, v in cli.VERBS.items() if verb != "generate"  # generate: 0 means greedy
+                     and "temperature" in {f.name for f in dataclasses.fields(config_class(verb))}]
+
+
+@pytest.mark.parametrize("verb", TEMPERATURE_VERBS)
+def test_non_positive_temperature_fails_in_the_config(verb):
+    for value in (0, -1.0):
+        with pytest.raises(ConfigError, match="'temperature' must be > 0"):
+            from_dict(config_class(verb), {"temperature": value})
+
+
+def test_grpo_with_one_sample_per_prompt_fails_in_the_config():
+    with pytest.raises(ConfigError, match="samples_per_prompt >= 2"):
+        from_dict(config_class("rl"), {"algorithm": "grpo", "samples_per_prompt": 1})
