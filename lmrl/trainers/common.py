@@ -79,8 +79,9 @@ def start_run(config: TrainConfig, description: str) -> Run:
             f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, overwrite=true "
             f"to replace it, or choose another output_dir=..."
         )
-    if not config.resume and (rundir.has_run(run_dir) or rundir.own_config(run_dir)):
-        # a fresh start replaces what lmrl wrote: an overwritten run, or a start that failed before its first step
+    if checkpoint is None and (rundir.has_run(run_dir) or rundir.own_config(run_dir)):
+        # a start from step 0 replaces what lmrl wrote: an overwritten run, a start that failed before its first
+        # step, or (resume=true) a run killed before its first checkpoint
         for name in ("checkpoints", "plots", "final", "metrics.jsonl", "samples.jsonl", RUN_FILE):
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
