@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.markup import escape
 
     from lmrl.tracking import console
-    from lmrl.trainers.common import TrainingDiverged
+    from lmrl.trainers.common import TrainingStopped
 
     overrides = list(args.overrides)
     if args.verb == "swarm" and overrides and overrides[0] in ("sim", "join"):
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(config_cls, args.config, overrides)
         run(config)
-    except TrainingDiverged as exc:
+    except TrainingStopped as exc:
         console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
         return 1
     except USER_ERRORS as exc:

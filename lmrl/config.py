@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
-from lmrl.config_base import ConfigError, Section, check_at_least, field  # noqa: F401 - re-exported
+from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, field  # noqa: F401 - re-exported
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -367,6 +367,7 @@ class RunSection(Section):
     report_to: list[str] = field([], "extra trackers: tensorboard, wandb, trackio (when installed)")
 
     def __post_init__(self) -> None:
+        check_output_dir(self.output_dir)
         check_at_least(self, ("log_every", "keep_checkpoints"), 0, inclusive=False)
         check_at_least(self, ("eval_every", "save_every", "num_samples"), 0)
         for name in self.report_to:
@@ -438,8 +439,10 @@ class RewardSection(Section):
     reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
     reward_kwargs: dict = field({}, "options per reward name, e.g. {overlong: {max_len: 32, cache_len: 8}}")
     on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the step or stops the run")
+    max_skipped_steps: int = field(10, "on_reward_error=skip: this many failing steps in a row stop the run (exit 1)")
 
     def __post_init__(self) -> None:
+        check_at_least(self, ("max_skipped_steps",), 1)
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards "
                               f"{self.rewards}: give one weight per reward, or none (1.0 each).")

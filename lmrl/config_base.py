@@ -7,7 +7,9 @@ only need the blocks import them from here.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
+from pathlib import Path
 from typing import Any
 
 
@@ -33,7 +35,19 @@ class Section:
     title = ""
 
     def __post_init__(self) -> None:
-        pass
+        check_counts(self)
+
+
+COUNT_SUFFIXES = ("batch_size", "_per_step", "_per_prompt")
+"""Integer keys ending in these are counts of examples, prompts or samples: 0 would fail only after the model
+loaded (an empty batch), so `Section` refuses it at start-up for every config."""
+
+
+def check_counts(config: Any) -> None:
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name.endswith(COUNT_SUFFIXES) and isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"'{f.name}' must be >= 1, got {value}.")
 
 
 def check_at_least(config: Any, names: typing.Iterable[str], minimum: float, inclusive: bool = True) -> None:
@@ -41,3 +55,17 @@ def check_at_least(config: Any, names: typing.Iterable[str], minimum: float, inc
         value = getattr(config, name)
         if value < minimum or (not inclusive and value == minimum):
             raise ConfigError(f"'{name}' must be {'>=' if inclusive else '>'} {minimum:g}, got {value}.")
+
+
+def check_output_dir(output_dir: str) -> None:
+    """``output_dir`` must be (or be creatable as) a directory: checked before any model loads."""
+    path = Path(output_dir).expanduser()
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                what = "is a file" if existing == path else f"is under the file '{existing}'"
+                raise ConfigError(f"'output_dir' {output_dir!r} {what}. Choose a directory: output_dir=...")
+            if existing != path and not os.access(existing, os.W_OK | os.X_OK):
+                raise ConfigError(f"'output_dir' {output_dir!r} cannot be created: '{existing}' is not writable. "
+                                  f"Choose a writable output_dir=...")
+            return

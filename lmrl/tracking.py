@@ -66,10 +66,21 @@ def _fmt(value: Any) -> str:
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
-    """Drop records logged after ``max_step`` (a resumed run re-logs the steps after its checkpoint)."""
+    """Drop records logged after ``max_step`` (a resumed run re-logs the steps after its checkpoint), and lines
+    that are not JSON records (a line cut by a full disk or a power loss), with a warning."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= max_step]
+    kept, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            record = None
+            bad += 1
+        if isinstance(record, dict) and record.get("step", 0) <= max_step:
+            kept.append(line)
+    if bad:
+        console.print(f"[yellow]warning: dropped {bad} unreadable line(s) of {path} (cut by a crash or a full disk).")
     path.write_text("".join(line + "\n" for line in kept))
 
 

@@ -49,9 +49,9 @@ def ensure_chat_template(tokenizer: Any) -> Any:
     """Install `CHATML_TEMPLATE` on `tokenizer` if it has no chat template; returns it.
 
     ChatML needs `<|im_start|>` and `<|im_end|>` to be single tokens: if the
-    tokenizer does not know them they are added as special tokens (the model's
-    embeddings must then be resized to `len(tokenizer)`, which the model
-    loader does).
+    tokenizer does not know them they are added as special tokens and listed in
+    `tokenizer.lmrl_added_tokens`; `lmrl.models.loading.load_model` then resizes
+    a model without spare embedding rows to `len(tokenizer)`.
     """
     if getattr(tokenizer, "chat_template", None):
         return tokenizer
@@ -59,6 +59,7 @@ def ensure_chat_template(tokenizer: Any) -> Any:
     missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing})
+        tokenizer.lmrl_added_tokens = missing
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 

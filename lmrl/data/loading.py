@@ -59,7 +59,11 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
                 f"data file {source!r} not found (working directory {os.getcwd()}); give an "
                 "existing .jsonl/.json/.parquet/.csv file, a dataset directory, a hub id, or task:<name>."
             )
-        rows = _read_file(path, ext, limit)
+        try:
+            rows = _read_file(path, ext, limit)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data file {source!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                             f"{e.start}). Save it as UTF-8.") from None
     elif os.path.isdir(path):
         rows = _read_hf(path, split, limit, local=True)
     elif source.startswith(("/", "./", "../", "~")):
@@ -126,17 +130,21 @@ def _read_file(path: str, ext: str, limit: int | None) -> list[dict]:
         except Exception as e:  # pyarrow raises several types for corrupt files
             raise ValueError(f"{name}: cannot read Parquet ({type(e).__name__}: {e}).") from e
     with open(path, encoding="utf-8", newline="") as f:  # .csv
-        reader = csv.DictReader(f)
+        reader = csv.DictReader(f, strict=True)  # strict: an unclosed quote is an error, not a field to EOF
         rows = []
-        for row in reader:
-            if None in row:
-                raise ValueError(
-                    f"{name}: row {len(rows) + 1} (line {reader.line_num}) has more fields than "
-                    f"the header {reader.fieldnames}. Quote fields that contain commas."
-                )
-            rows.append(dict(row))
-            if limit is not None and len(rows) >= limit:
-                break
+        try:
+            for row in reader:
+                if None in row:
+                    raise ValueError(
+                        f"{name}: row {len(rows) + 1} (line {reader.line_num}) has more fields than "
+                        f"the header {reader.fieldnames}. Quote fields that contain commas."
+                    )
+                rows.append(dict(row))
+                if limit is not None and len(rows) >= limit:
+                    break
+        except csv.Error as e:
+            raise ValueError(f"{name}: not valid CSV at line {reader.line_num} ({e}); check for an unclosed "
+                             f"quote (a \" inside a field is written \"\").") from None
         return rows
 
 

@@ -167,8 +167,18 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
                 "Fix: point at a directory with config.json and weights (for example runs/sft/final)."
             ) from exc
         raise FileNotFoundError(_not_found(name, f"loading it failed ({first})")) from exc
+    fit_added_tokens(model, tokenizer)
     use_fp32_cpu_attention(model)
     return model
+
+
+def fit_added_tokens(model: PreTrainedModel, tokenizer) -> None:
+    """Resize the embeddings (and LM head) to ``len(tokenizer)`` when lmrl added ChatML tokens the model has no
+    rows for (`lmrl.data.chat.ensure_chat_template`); the new rows start at the mean of the old ones."""
+    if tokenizer is None or not getattr(tokenizer, "lmrl_added_tokens", None):
+        return
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
 
 
 def four_bit_config():

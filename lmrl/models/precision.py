@@ -12,11 +12,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import time
+from pathlib import Path
 
 import torch
 
 CPU_BF16_MIN_SPEEDUP = 1.25
+RUN_FILE = "run.json"  # in a run directory: {"precision": "bf16" | "fp32"}, what the run computed in
+
+
+def recorded_precision(run_dir: str | Path) -> str | None:
+    """The precision a run in ``run_dir`` resolved to ("bf16" or "fp32"), so ``precision=auto`` resumes exactly
+    (the probe of `cpu_bf16_speedup` may decide otherwise on another day or machine); None if not recorded."""
+    try:
+        value = json.loads((Path(run_dir) / RUN_FILE).read_text()).get("precision")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if value in ("bf16", "fp32") else None
+
+
+def precision_of(dtype) -> str:
+    """"bf16" for bf16 autocast, "fp32" for none: the name `recorded_precision` reads back."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
 
 
 def bf16_supported(device: torch.device | str = "cpu") -> bool:

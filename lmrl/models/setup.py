@@ -26,7 +26,7 @@ from lmrl.models.loading import is_builtin, load_model, load_model_and_tokenizer
 from lmrl.models.lora import BaseModelView, apply_lora, unwrap
 from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.placement import resolve_device
-from lmrl.models.precision import autocast, autocast_dtype
+from lmrl.models.precision import autocast, autocast_dtype, recorded_precision
 from lmrl.models.value import ValueModel
 
 
@@ -59,7 +59,10 @@ class ModelSetup:
         if getattr(config, "lora_r", 0) > 0:
             lora = LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, list(config.lora_target_modules),
                                 config.merge_lora)
-        return cls(config.model, config.tokenizer, dict(config.model_args), config.seed, config.precision,
+        precision = config.precision
+        if precision == "auto" and getattr(config, "resume", False):  # resume computes in the run's dtype
+            precision = recorded_precision(config.output_dir) or precision
+        return cls(config.model, config.tokenizer, dict(config.model_args), config.seed, precision,
                    getattr(config, "device", "cpu"), getattr(config, "gradient_checkpointing", False), lora,
                    getattr(config, "load_in_4bit", False))
 

@@ -60,6 +60,8 @@ class RewardSet:
         reward_kwargs: options of registered rewards by spec name, e.g.
             `{"overlong": {"max_len": 512, "cache_len": 128}}`.
         on_reward_error: "skip" (default) or "stop", see the module docstring.
+        max_skipped_steps: with "skip", this many failing calls in a row stop the run (the error turns
+            non-skippable): a reward that always raises must not "train" a model on zero updates. None: never.
 
     Functions are called as `fn(prompts=..., completions=..., **columns)` (TRL's convention).
     A reward function may expose a `last_stats: dict[str, float]` attribute, refreshed on
@@ -72,6 +74,7 @@ class RewardSet:
         reward_weights: Sequence[float] | None = None,
         reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         on_reward_error: str = "skip",
+        max_skipped_steps: int | None = 10,
     ) -> None:
         if isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence) or not rewards:
             raise ValueError(
@@ -103,7 +106,9 @@ class RewardSet:
         ]
         self.weights = _check_weights(reward_weights, self.names)
         self.on_reward_error = on_reward_error
+        self.max_skipped_steps = max_skipped_steps
         self.errors = 0  # number of compute() calls that raised RewardError
+        self.consecutive_errors = 0  # ... in a row, up to the last compute() call
 
     def compute(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> RewardResult:
         """Score a batch: each function once on the whole batch, then the weighted total and metrics."""
@@ -113,8 +118,11 @@ class RewardSet:
         for name, fn in zip(self.names, self.fns):
             try:
                 values = self._call_checked(name, fn, prompts, completions, columns)
-            except RewardError:
+            except RewardError as err:
                 self.errors += 1
+                self.consecutive_errors += 1
+                if err.skippable and self.max_skipped_steps and self.consecutive_errors >= self.max_skipped_steps:
+                    err.stop_after(self.consecutive_errors)
                 raise
             components[name] = torch.tensor(values, dtype=torch.float32)  # (N,)
             metrics[f"rewards/{name}/mean"] = components[name].mean().item()
@@ -128,6 +136,7 @@ class RewardSet:
         metrics["reward/mean"] = total.mean().item()
         metrics["reward/std"] = total.std(correction=0).item()
         metrics["reward/errors"] = float(self.errors)
+        self.consecutive_errors = 0
         return RewardResult(total, components, metrics)
 
     def _call_checked(

@@ -82,7 +82,13 @@ class RewardError(ValueError):
         self.completion = completion
         self.skippable = skippable and not config_error
         self.config_error = config_error
+        self.repeats = 0  # set by `stop_after`
         super().__init__(self._message())
+
+    def stop_after(self, repeats: int) -> None:
+        """Make this error stop the run: the reward failed ``repeats`` steps in a row under on_reward_error=skip."""
+        self.skippable, self.repeats = False, repeats
+        self.args = (self._message(),)
 
     def _message(self) -> str:
         """What and where on line 1, the sample (cut to SNIPPET_CHARS) and the fix below: at most 5 lines."""
@@ -101,6 +107,9 @@ class RewardError(ValueError):
             lines.append(f"Fix: {self.fix}")
         if self.config_error:
             lines.append("This is a configuration error, so the run stops whatever on_reward_error says.")
+        elif self.repeats:
+            lines.append(f"It failed {self.repeats} steps in a row (max_skipped_steps={self.repeats}), so the run "
+                         f"stops: fix the reward function, or raise max_skipped_steps.")
         elif self.skippable:
             lines.append("The step is skipped (on_reward_error='skip'); on_reward_error='stop' stops instead.")
         else:

@@ -9,6 +9,11 @@ plus the node's EOS, as if the node had sampled it and stopped. A completion of
 truncated (no EOS), like a sample that hit the length cap; its text becomes the
 decoded kept tokens, so the verifier scores what is trained on.
 
+Peers' text is data, never control: a group whose question or completions contain one
+of this tokenizer's special-token strings (``<|im_end|>``, ``</s>``, ...) would
+tokenize into control tokens, so `has_special_tokens` finds them and the node drops
+the group (counted as ``groups/peer_special_tokens``).
+
 Payloads carry no finish reasons, so a completion that the peer truncated at a
 shorter cap than ours still gets an EOS here. `sampler_logp` is left 0: the node
 fills in its own log-probs (`with_sampler_logp`), so the importance weight
@@ -40,6 +45,17 @@ class TokenizedGroup:
     @property
     def size(self) -> int:
         return len(self.completion_ids)
+
+
+def special_strings(tokenizer) -> tuple[str, ...]:
+    """The strings this tokenizer turns into special or added tokens (chat markers, EOS, pad, ...)."""
+    added = getattr(tokenizer, "get_added_vocab", dict)()
+    return tuple(sorted({*getattr(tokenizer, "all_special_tokens", []), *added} - {""}))
+
+
+def has_special_tokens(texts: Sequence[str], specials: Sequence[str]) -> bool:
+    """Whether any of ``texts`` contains one of ``specials`` (see the module docstring)."""
+    return any(marker in text for text in texts for marker in specials)
 
 
 def tokenize_group(tokenizer, question: str, completions: Sequence[str], max_new_tokens: int) -> TokenizedGroup:

@@ -2,7 +2,8 @@
 
 Every lmrl record carries hivemind's ``[owner:<RSA public key>]`` marker in its subkey and is signed
 with the node's libp2p identity key, so a sender's peer id is derived from the key that signed it.
-`SwarmRecordValidator` refuses unsigned records and values that are not bytes of bounded size.
+`SwarmRecordValidator` refuses unsigned records, values that are not bytes of bounded size, expirations
+further than `MAX_EXPIRATION_S` ahead, and an owner's records beyond `OWNER_BUDGET_BYTES` alive at once.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from cryptography.hazmat.primitives import serialization
 from lmrl.swarm.hivemind_import import (
     P2P,
     DHTRecord,
+    get_dht_time,
     PeerID,
     RSAPrivateKey,
     RSAPublicKey,
     RSASignatureValidator,
     crypto_pb2,
 )
-from lmrl.swarm.hivemind_options import MAX_VALUE_BYTES
+from lmrl.swarm.hivemind_options import MAX_EXPIRATION_S, MAX_PAYLOAD_BYTES, MAX_VALUE_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -75,17 +77,45 @@ def owner_peer_id(subkey: Any) -> str | None:
         return None
 
 
+OWNER_BUDGET_BYTES = 8 * MAX_PAYLOAD_BYTES
+"""Bytes of unexpired records one owner may hold in this node's DHT storage (8 maximal payloads)."""
+
+
 class SwarmRecordValidator(RSASignatureValidator):
-    """Accepts only records signed by their owner whose value is msgpack `bytes` of <= MAX_VALUE_BYTES.
+    """Accepts only records signed by their owner whose value is msgpack `bytes` of <= MAX_VALUE_BYTES, that expire
+    within `MAX_EXPIRATION_S`, and that keep their owner within `OWNER_BUDGET_BYTES` of unexpired records.
 
     hivemind applies it when storing for others and to every lookup result, so an
-    unsigned or oversized record never reaches `fetch`."""
+    unsigned, oversized, near-eternal or over-budget record never reaches `fetch` or fills this node's memory."""
+
+    def __init__(self, private_key: RSAPrivateKey | None = None, budget_bytes: int = OWNER_BUDGET_BYTES) -> None:
+        super().__init__(private_key)
+        self.budget_bytes = budget_bytes
+        self._held: dict[bytes, dict[tuple[bytes, bytes], tuple[float, int]]] = {}  # owner -> record -> (exp, size)
 
     def validate(self, record: DHTRecord) -> bool:
-        if len(RSASignatureValidator._PUBLIC_KEY_RE.findall(record.subkey)) != 1:
+        owners = RSASignatureValidator._PUBLIC_KEY_RE.findall(record.subkey)
+        if len(owners) != 1:
             return False  # unsigned (or regular, subkey-less) records have no authenticated sender
-        if not super().validate(record):
+        now = get_dht_time()
+        if record.expiration_time > now + MAX_EXPIRATION_S:
             return False
+        if not super().validate(record) or not self._value_ok(record):
+            return False
+        return self._within_budget(owners[0], record, now)
+
+    def _within_budget(self, owner: bytes, record: DHTRecord, now: float) -> bool:
+        """Count the record against its owner's budget (a re-store of the same key and subkey replaces it)."""
+        held = self._held.setdefault(owner, {})
+        for name in [n for n, (expiration, _) in held.items() if expiration < now]:
+            del held[name]
+        name, size = (record.key, record.subkey), len(record.value)
+        if sum(s for n, (_, s) in held.items() if n != name) + size > self.budget_bytes:
+            return False
+        held[name] = (max(record.expiration_time, held.get(name, (0.0, 0))[0]), size)
+        return True
+
+    def _value_ok(self, record: DHTRecord) -> bool:
         stripped = self.strip_value(record)
         if len(stripped) > MAX_VALUE_BYTES + 16:  # msgpack bin header: at most 5 bytes
             return False

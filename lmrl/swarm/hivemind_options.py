@@ -14,6 +14,8 @@ MAX_VALUE_BYTES = 256 * 1024
 """Largest DHT value any lmrl node stores or accepts (a chunk, or a manifest)."""
 MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
 """Hard cap of one payload: half of hivemind's 4 MiB RPC message limit."""
+MAX_EXPIRATION_S = 3600.0
+"""Longest lifetime a record may claim: nodes refuse records expiring later (no 10-year entries in their DHT)."""
 MIN_CHUNK_BYTES = 4096
 """Smallest chunk a manifest may announce: bounds the lookups one peer can cause to max_payload_bytes / 4 KiB."""
 
@@ -86,5 +88,8 @@ class HivemindOptions:
         for name in ("expiration_s", "fetch_timeout_s", "publish_timeout_s", "startup_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HivemindOptions.{name} must be > 0 seconds, got {getattr(self, name)}.")
+        if self.expiration_s > MAX_EXPIRATION_S:
+            raise ValueError(f"HivemindOptions.expiration_s must be <= {MAX_EXPIRATION_S:g} s (peers refuse records "
+                             f"that live longer), got {self.expiration_s}.")
         if self.max_peers < 1 or self.startup_attempts < 1:
             raise ValueError("HivemindOptions.max_peers and startup_attempts must be >= 1.")

@@ -8,8 +8,16 @@
   there is no broker process whose death takes every node down, it survives node
   restarts, and it works for processes that were not started by one parent.
 
-Both keep the last `keep_rounds` rounds: when a round r is published, rounds
-<= r - keep_rounds are dropped, and a late publish for such a round is ignored.
+Both keep the last `keep_rounds` rounds *of each node, by its own round*: when a
+node publishes round r, its own entries of rounds <= r - keep_rounds are dropped
+(and rounds left empty). A peer's round never decides what is pruned or ignored,
+so a payload for a far-future round (a hostile peer, or a node with another
+`round_seconds`) can neither wipe the hub nor silence the others; a node that
+leaves leaves at most `keep_rounds` entries behind.
+
+Fetches are bounded: at most `max_fetch_peers` entries and `max_fetch_bytes`
+bytes (a random subset when there are more), and `FileHub` opens only regular
+files, non-blocking (a FIFO or device in the folder is skipped, never waited on).
 
     hub = MemoryHub(keep_rounds=4)
     nodes = [MemoryTransport(hub, f"node-{i}") for i in range(4)]
@@ -21,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import random
+import stat
 import threading
 import uuid
 from pathlib import Path
@@ -32,6 +41,23 @@ from lmrl.swarm.transport import check_round
 logger = logging.getLogger(__name__)
 
 MAX_PEER_ID_CHARS = 128
+MAX_FETCH_PEERS = 128
+MAX_FETCH_BYTES = 64 << 20
+
+
+def bounded(sizes: dict[str, int], max_peers: int, max_bytes: int) -> list[str]:
+    """The peers of one fetch, sorted: all when they fit in ``max_peers`` entries and ``max_bytes`` bytes, else a
+    random subset that does (random, so no peer id can sort its way in first)."""
+    peers = sorted(sizes)
+    if len(peers) <= max_peers and sum(sizes.values()) <= max_bytes:
+        return peers
+    random.SystemRandom().shuffle(peers)
+    chosen, total = [], 0
+    for peer in peers:
+        if len(chosen) < max_peers and total + sizes[peer] <= max_bytes:
+            chosen.append(peer)
+            total += sizes[peer]
+    return sorted(chosen)
 
 
 class Hub(Protocol):
@@ -52,27 +78,28 @@ def _check_keep_rounds(keep_rounds: int) -> None:
 class MemoryHub:
     """In-process hub: `{round: {peer_id: bytes}}` under a lock, keeping the last `keep_rounds` rounds."""
 
-    def __init__(self, keep_rounds: int = 4) -> None:
+    def __init__(self, keep_rounds: int = 4, max_fetch_peers: int = MAX_FETCH_PEERS,
+                 max_fetch_bytes: int = MAX_FETCH_BYTES) -> None:
         _check_keep_rounds(keep_rounds)
         self.keep_rounds = keep_rounds
+        self.max_fetch_peers, self.max_fetch_bytes = max_fetch_peers, max_fetch_bytes
         self._rounds: dict[int, dict[str, bytes]] = {}
-        self._newest = -1
         self._lock = threading.Lock()
 
     def put(self, round: int, peer_id: str, data: bytes) -> None:
+        """Store ``peer_id``'s entry of its round ``round`` and drop its own entries older than its window."""
         with self._lock:
-            self._newest = max(self._newest, round)
-            oldest_kept = self._newest - self.keep_rounds + 1
-            if round < oldest_kept:
-                logger.info("swarm: ignored publish of %s for expired round %d", peer_id, round)
-                return
             self._rounds.setdefault(round, {})[peer_id] = bytes(data)
-            for old in [r for r in self._rounds if r < oldest_kept]:
-                del self._rounds[old]
+            for old in [r for r in self._rounds if r <= round - self.keep_rounds]:
+                self._rounds[old].pop(peer_id, None)
+                if not self._rounds[old]:
+                    del self._rounds[old]
 
     def entries(self, round: int) -> dict[str, bytes]:
         with self._lock:
-            return dict(self._rounds.get(round, {}))
+            held = self._rounds.get(round, {})
+            peers = bounded({p: len(d) for p, d in held.items()}, self.max_fetch_peers, self.max_fetch_bytes)
+            return {p: held[p] for p in peers}
 
     def rounds(self) -> list[int]:
         """Rounds currently held, ascending."""
@@ -89,7 +116,8 @@ class FileHub:
     _ROUND_PREFIX = "round-"
     _SUFFIX = ".msgpack"
 
-    def __init__(self, directory: str | os.PathLike, keep_rounds: int = 4, max_entry_bytes: int = 4 << 20) -> None:
+    def __init__(self, directory: str | os.PathLike, keep_rounds: int = 4, max_entry_bytes: int = 4 << 20,
+                 max_fetch_peers: int = MAX_FETCH_PEERS, max_fetch_bytes: int = MAX_FETCH_BYTES) -> None:
         _check_keep_rounds(keep_rounds)
         if max_entry_bytes < 1:
             raise ValueError(f"max_entry_bytes must be >= 1, got {max_entry_bytes}.")
@@ -97,6 +125,7 @@ class FileHub:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep_rounds = keep_rounds
         self.max_entry_bytes = max_entry_bytes
+        self.max_fetch_peers, self.max_fetch_bytes = max_fetch_peers, max_fetch_bytes
 
     def _round_dir(self, round: int) -> Path:
         return self.directory / f"{self._ROUND_PREFIX}{round:012d}"
@@ -116,24 +145,24 @@ class FileHub:
                 f"payload of {len(data)} bytes exceeds this FileHub's max_entry_bytes={self.max_entry_bytes}; "
                 "peers would read it truncated. Publish less per round or raise max_entry_bytes."
             )
-        newest = max([round, *self.rounds()])
-        oldest_kept = newest - self.keep_rounds + 1
-        if round < oldest_kept:
-            logger.info("swarm: ignored publish of %s for expired round %d", peer_id, round)
-            return
+        name = f"{peer_id.encode().hex()}{self._SUFFIX}"
         folder = self._round_dir(round)
         folder.mkdir(exist_ok=True)
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         try:
             tmp.write_bytes(data)
-            os.replace(tmp, folder / f"{peer_id.encode().hex()}{self._SUFFIX}")  # atomic: readers see old or new
-        except FileNotFoundError:  # another node pruned this round meanwhile: it expired, like above
-            logger.info("swarm: round %d expired while %s published it", round, peer_id)
+            os.replace(tmp, folder / name)  # atomic: readers see old or new
+        except FileNotFoundError:  # the round's folder was removed meanwhile (it was empty): a lost publish
+            logger.info("swarm: round %d vanished while %s published it", round, peer_id)
             tmp.unlink(missing_ok=True)
             return
         for old in self.rounds():
-            if old < oldest_kept:
-                shutil.rmtree(self._round_dir(old), ignore_errors=True)  # concurrent pruners are fine
+            if old <= round - self.keep_rounds:  # this node's own window; its own entries only
+                (self._round_dir(old) / name).unlink(missing_ok=True)
+                try:
+                    self._round_dir(old).rmdir()  # only when empty: other peers' entries stay theirs
+                except OSError:
+                    pass
 
     def entries(self, round: int) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
@@ -141,16 +170,43 @@ class FileHub:
             names = os.listdir(self._round_dir(round))
         except FileNotFoundError:
             return out
+        files: dict[str, str] = {}
         for name in names:
             if not name.endswith(self._SUFFIX):
                 continue  # temp files of writers in progress, or foreign files
             try:
-                peer_id = bytes.fromhex(name[: -len(self._SUFFIX)]).decode()
-                with open(self._round_dir(round) / name, "rb") as f:
-                    out[peer_id] = f.read(self.max_entry_bytes + 1)
-            except (ValueError, OSError):  # not a hub file name, or pruned meanwhile
+                files[bytes.fromhex(name[: -len(self._SUFFIX)]).decode()] = name
+            except ValueError:  # not a hub file name
                 continue
+        sizes = {}
+        for peer, name in files.items():  # what each read will cost (reads are capped at max_entry_bytes + 1)
+            try:
+                sizes[peer] = min(os.stat(self._round_dir(round) / name, follow_symlinks=False).st_size,
+                                  self.max_entry_bytes + 1)
+            except OSError:  # pruned meanwhile
+                continue
+        for peer in bounded(sizes, self.max_fetch_peers, self.max_fetch_bytes):
+            data = self._read(self._round_dir(round) / files[peer])
+            if data is not None:
+                out[peer] = data
         return out
+
+    def _read(self, path: Path) -> bytes | None:
+        """At most ``max_entry_bytes + 1`` bytes of a regular file; None for anything else (a FIFO, a device, a
+        symlink) or a file pruned meanwhile. Opened non-blocking, so nothing in the folder can hang a fetch."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(self.max_entry_bytes + 1)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
 
 class MemoryTransport:

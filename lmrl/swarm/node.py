@@ -43,10 +43,11 @@ from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.types import RolloutBatch
-from lmrl.swarm.batch import TokenizedGroup, concat_batches, groups_to_batch, tokenize_groups, with_sampler_logp
+from lmrl.swarm.batch import (TokenizedGroup, concat_batches, groups_to_batch, has_special_tokens, special_strings,
+                              tokenize_groups, with_sampler_logp)
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.payload import Payload, PayloadLimits, QuestionGroup, encode
-from lmrl.swarm.sampling import Candidate, informative, select_peer_groups
+from lmrl.swarm.sampling import Candidate, fair_share, informative, select_peer_groups
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid
 from lmrl.trainers import common, online
 
@@ -164,7 +165,7 @@ class SwarmNode:
         setup = dataclasses.replace(ModelSetup.from_config(config), model=spec.model, tokenizer=tok_name,
                                     model_args=dict(spec.model_args))  # device, LoRA, ... from the config
         self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                                    config.on_reward_error)
+                                    config.on_reward_error, config.max_skipped_steps)
         if model is None:
             model, tokenizer = setup.policy()
         self.model, self.tokenizer = model, tokenizer
@@ -239,14 +240,22 @@ class SwarmNode:
             return False
 
     def peer_groups(self, rounds: list[int], generator: torch.Generator) -> list[tuple[str, QuestionGroup]]:
-        """Valid peers' groups of `rounds` (each peer's newest payload), at most `max_peer_groups` of them."""
+        """Valid peers' groups of `rounds` (each peer's newest payload), at most `max_peer_groups` of them:
+        identical groups counted once, then a fair share per peer (`fair_share`), so flooders cannot crowd
+        honest peers out of the subset."""
         newest: dict[str, Payload] = {}
         for r in sorted(set(rounds), reverse=True):
             for payload in fetch_valid(self.transport, r, self.limits, self.counter):
                 newest.setdefault(payload.peer_id, payload)
-        groups = [(peer, g) for peer in sorted(newest) for g in newest[peer].groups]
+        groups, seen = [], set()
+        for peer in sorted(newest):
+            for g in newest[peer].groups:
+                key = (g.question, g.answer, g.task, tuple(g.completions))
+                if key not in seen:
+                    seen.add(key)
+                    groups.append((peer, g))
         if len(groups) > self.config.max_peer_groups:
-            keep = sorted(torch.randperm(len(groups), generator=generator)[: self.config.max_peer_groups].tolist())
+            keep = sorted(fair_share([peer for peer, _ in groups], self.config.max_peer_groups, generator))
             groups = [groups[i] for i in keep]
         return groups
 
@@ -264,6 +273,7 @@ class SwarmNode:
             prompts = [g.prompt_text for g in gs for _ in range(g.size)]
             return self.reward_set.compute(prompts, [c for g in gs for c in g.completions], **cols).total
 
+        streak = self.reward_set.consecutive_errors  # peers' unscorable groups never count toward max_skipped_steps
         try:
             flat = compute(groups, sources)  # (sum L,)
             return list(flat.split([g.size for g in groups]))
@@ -276,12 +286,17 @@ class SwarmNode:
                     logger.info("swarm node %s: dropped a peer group the verifier cannot score: %s", self.name, exc)
                     out.append(None)
             return out
+        finally:
+            self.reward_set.consecutive_errors = streak
 
     def peer_training_set(self, rounds: list[int], generator: torch.Generator
                           ) -> tuple[RolloutBatch | None, list[torch.Tensor], dict[str, float]]:
         """J peers' groups for this round's update: fetched, re-tokenized, scored locally, filtered, sampled."""
         cfg = self.config
         raw = self.peer_groups(rounds, generator)
+        specials = special_strings(self.tokenizer)
+        clean = [(p, g) for p, g in raw if not has_special_tokens([g.question, *g.completions], specials)]
+        n_special, raw = len(raw) - len(clean), clean
         tokenized, sources, owners, too_long = [], [], [], 0
         pairs = [(g.question, g.completions) for _, g in raw]
         all_tokenized = tokenize_groups(self.tokenizer, pairs, cfg.max_new_tokens)
@@ -304,7 +319,7 @@ class SwarmNode:
         chosen = select_peer_groups(cfg.peer_sampling, candidates, cfg.external, generator)
         scored = [r for r in scores if r is not None]
         metrics = {"swarm/peers": float(len(set(p for p, _ in raw))), "groups/peer_candidates": float(len(raw)),
-                   "groups/peer_too_long": float(too_long), "groups/peer_unscorable": float(scores.count(None)),
+                   "groups/peer_too_long": float(too_long), "groups/peer_special_tokens": float(n_special), "groups/peer_unscorable": float(scores.count(None)),
                    "groups/peer_informative": float(n_informative), "groups/external": float(len(chosen))}
         if scored:
             metrics["reward/peer_mean"] = torch.cat(scored).mean().item()

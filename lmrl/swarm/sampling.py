@@ -85,14 +85,22 @@ def _per_peer(candidates: list[Candidate], k: int, generator: torch.Generator) -
     """Round-robin over peers (in random order), uniform within each peer: no peer contributes more than
     ceil(k / number of peers) groups while others still have some, so one flooding peer cannot fill
     the batch (a simple form of the "trust" filtering SAPO lists as future work)."""
-    by_peer: dict[str, list[int]] = {}
-    for i, c in enumerate(candidates):
-        by_peer.setdefault(c.peer_id, []).append(i)
-    peers = [sorted(by_peer)[i] for i in torch.randperm(len(by_peer), generator=generator).tolist()]
-    queues = {p: [by_peer[p][j] for j in torch.randperm(len(by_peer[p]), generator=generator).tolist()] for p in peers}
+    return fair_share([c.peer_id for c in candidates], k, generator)
+
+
+def fair_share(owners: list[str], k: int, generator: torch.Generator) -> list[int]:
+    """Indices of at most ``k`` items, taken round-robin over their owners (in random order) and uniformly within
+    each owner: every owner gets ceil(k / owners) slots before any gets more."""
+    by_owner: dict[str, list[int]] = {}
+    for i, owner in enumerate(owners):
+        by_owner.setdefault(owner, []).append(i)
+    order = [sorted(by_owner)[i] for i in torch.randperm(len(by_owner), generator=generator).tolist()]
+    queues = {p: [by_owner[p][j] for j in torch.randperm(len(by_owner[p]), generator=generator).tolist()]
+              for p in order}
     chosen: list[int] = []
-    while len(chosen) < k:  # ends: k <= len(candidates), and each pass takes >= 1 while any queue is non-empty
-        for p in peers:
+    k = min(k, len(owners))
+    while len(chosen) < k:  # ends: k <= len(owners), and each pass takes >= 1 while any queue is non-empty
+        for p in order:
             if queues[p] and len(chosen) < k:
                 chosen.append(queues[p].pop(0))
     return chosen

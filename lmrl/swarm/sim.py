@@ -39,7 +39,7 @@ from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.memory import FileHub, MemoryHub, MemoryTransport
 from lmrl.swarm.node import NodeSpec, SwarmNode, builtin_args, fetch_rounds, heldout_rows, node_seed
 from lmrl.tracking import read_jsonl, truncate_jsonl
-from lmrl.trainers import common
+from lmrl.trainers import common, rundir
 
 NODE_KEYS = ("reward/mean", "cumulative_reward", "loss", "groups/local", "groups/external", "swarm/accepted",
              "swarm/skipped", "eval/accuracy")
@@ -167,8 +167,8 @@ def check_output_dir(config: SwarmConfig) -> None:
         raise ConfigError("eval_metrics is not run by `lmrl swarm sim` (its nodes step in lockstep outside the shared "
                           "loop); evaluate a node afterwards: lmrl eval model=<output_dir>/nodes/node-0/final.")
     run_dir = Path(config.output_dir)
-    has_run = (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
-    if has_run and not config.resume and not config.overwrite:
+    rundir.check_writable(run_dir)
+    if rundir.has_run(run_dir) and not config.resume and not config.overwrite:
         raise FileExistsError(
             f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, overwrite=true "
             f"to replace it, or choose another output_dir=..."
@@ -252,6 +252,7 @@ def run_sim(config: SwarmConfig) -> dict[str, Any]:
     elif eval_rows:
         evals["initial_eval"] = evaluate_nodes(nodes, eval_rows)
         tracker.log(0, evals["initial_eval"])
+    common.write_run_config(run, config)
     for node in nodes:
         truncate_jsonl(node.dir / "metrics.jsonl", run.start_step)
     try:

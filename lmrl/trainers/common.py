@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
-
 from rich.markup import escape
 
 from lmrl.config import TrainConfig, to_dict
@@ -27,13 +25,24 @@ from lmrl.eval.training import build_evaluator, contamination, warning_text
 from lmrl.models.loading import save_model
 from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
 from lmrl.models.memory import keep_freed_memory
+from lmrl.models.precision import RUN_FILE, precision_of
+from lmrl.trainers import rundir
 from lmrl.tracking import Tracker, console
 
 STATE_FILE = "trainer_state.pt"
 
 
-class TrainingDiverged(RuntimeError):
-    """Loss or gradient became NaN/inf; the last good checkpoint is left intact."""
+class TrainingStopped(RuntimeError):
+    """The run cannot usefully continue (the CLI exits with status 1); the last good checkpoint is left intact."""
+
+
+class TrainingDiverged(TrainingStopped):
+    """Loss or gradient became NaN/inf, or one update blew up the weights; the last good checkpoint is intact."""
+
+
+MAX_WEIGHT_GROWTH = 2.0
+"""One optimizer step that multiplies the norm of the trained weights by more than this is divergence (an lr of
+1e6 turns weights of ~1e-2 into ~1e6 with finite values); sane steps change it by well under 1%."""
 
 
 # --------------------------------------------------------------------------- run directory
@@ -55,29 +64,34 @@ class Run:
 
 
 def start_run(config: TrainConfig, description: str) -> Run:
-    """Prepare ``output_dir`` (fresh, overwritten or resumed), write config.yaml, seed, open the tracker.
+    """Prepare ``output_dir`` (fresh, overwritten or resumed), seed, open the tracker. ``config.yaml`` is written
+    by `write_run_config` once the checkpoint has loaded (`lmrl.trainers.rundir` says what lmrl owns there).
 
     Before touching the directory: the ``eval_metrics`` evaluator is built (its input errors stop the run here)
     and the training data is checked for 8-gram overlap with the evaluation sets (a warning)."""
     evaluator = build_evaluator(config)
     contaminated = contamination(config, evaluator)
     run_dir = Path(config.output_dir)
+    rundir.check_writable(run_dir)
     checkpoint = latest_checkpoint(run_dir) if config.resume else None
-    has_run = (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()
-    if has_run and not config.resume:
-        if not config.overwrite:
-            raise FileExistsError(
-                f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, overwrite=true "
-                f"to replace it, or choose another output_dir=..."
-            )
-        for name in ("checkpoints", "plots", "final", "metrics.jsonl", "samples.jsonl"):
+    if not config.resume and rundir.has_run(run_dir) and not config.overwrite:
+        raise FileExistsError(
+            f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, overwrite=true "
+            f"to replace it, or choose another output_dir=..."
+        )
+    if checkpoint is None and (rundir.has_run(run_dir) or rundir.own_config(run_dir)):
+        # a start from step 0 replaces what lmrl wrote: an overwritten run, a start that failed before its first
+        # step, or (resume=true) a run killed before its first checkpoint
+        for name in ("checkpoints", "plots", "final", "metrics.jsonl", "samples.jsonl", RUN_FILE):
             path = run_dir / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     if config.resume and checkpoint is None:
         console.print(f"[yellow]resume=true but '{run_dir}' has no checkpoint yet: starting from step 0.")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    start_step = read_state(checkpoint)["step"] if checkpoint else 0
+    start_step = 0
+    if checkpoint:
+        state = read_state(checkpoint)
+        start_step = state["step"]
+        rundir.resume_changes(rundir.saved_config(checkpoint, state["trainer"]), to_dict(config))  # refuse early
     set_seed(config.seed)
     if config.keep_freed_memory:
         keep_freed_memory()
@@ -87,6 +101,12 @@ def start_run(config: TrainConfig, description: str) -> Run:
     for source, report in contaminated:
         tracker.print(f"[bold yellow]{escape(warning_text(config.dataset, source, report))}")
     return Run(run_dir, tracker, start_step, checkpoint, evaluator)
+
+
+def write_run_config(run: Run, config: TrainConfig, setup: Any = None) -> None:
+    """``config.yaml`` and, given the run's `ModelSetup`, the precision it resolved to (``run.json``); called
+    after a resumed checkpoint has loaded, so a refused resume leaves the run's config.yaml as it was."""
+    rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None)
 
 
 # --------------------------------------------------------------------------- seeding and RNG
@@ -162,7 +182,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig,
 
 
 def optimizer_step(params, optimizer, scheduler, max_grad_norm: float | None, step: int) -> float:
-    """Clip, check for NaN/inf, step, zero grads; returns the pre-clip gradient norm of ``params`` (or a module's)."""
+    """Clip, check for NaN/inf, step, check the weights, zero grads; returns the pre-clip gradient norm of
+    ``params`` (or a module's). Raises `TrainingDiverged` when the step multiplied the norm of the trained weights
+    by more than `MAX_WEIGHT_GROWTH` (or made it non-finite): nothing after it is saved."""
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
     params = [p for p in params if p.grad is not None]
@@ -170,10 +192,26 @@ def optimizer_step(params, optimizer, scheduler, max_grad_norm: float | None, st
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         raise TrainingDiverged(f"Gradient norm is {norm.item()} at step {step}; the update was not applied.")
+    before = weight_norm(params)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    after = weight_norm(params)
+    if not math.isfinite(after) or (before > 0 and after > MAX_WEIGHT_GROWTH * before):
+        raise TrainingDiverged(
+            f"The update of step {step} took the norm of the trained weights from {before:.4g} to {after:.4g} "
+            f"(more than {MAX_WEIGHT_GROWTH:g}x in one step). Nothing after the last good checkpoint was saved "
+            f"(resume=true continues from it). Try a lower lr, or max_grad_norm."
+        )
     return norm.item()
+
+
+def weight_norm(params: list[torch.Tensor]) -> float:
+    """The global L2 norm of ``params`` (one fused pass)."""
+    if not params:
+        return 0.0
+    with torch.no_grad():
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(params)).float()).item()
 
 
 def is_due(step: int, every: int, max_steps: int) -> bool:
@@ -236,16 +274,27 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / STATE_FILE, weights_only=False)
 
 
-def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    """Load weights, optimizer, scheduler and RNG from ``checkpoint``; returns the trainer's own state."""
+def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler, config: TrainConfig | None = None) -> dict[str, Any]:
+    """Load weights, optimizer, scheduler and RNG from ``checkpoint``; returns the trainer's own state.
+
+    With ``config``: keys changed since the checkpoint are printed, a changed ``lr`` is applied to the restored
+    optimizer and scheduler, and keys the checkpoint holds (`rundir.FIXED_ON_RESUME`) are refused."""
+    state = read_state(checkpoint)
+    changes = {}
+    if config is not None:
+        changes = rundir.resume_changes(rundir.saved_config(checkpoint, state["trainer"]), to_dict(config))
     if (checkpoint / TRAINABLE_FILE).exists():
         load_trainable(model, checkpoint)  # LoRA: the frozen base is the one loaded at start-up
     else:
         load_full_weights(model, checkpoint)
-    state = read_state(checkpoint)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
+    if "lr" in changes:
+        rundir.apply_lr(optimizer, scheduler, *changes["lr"])
+    if changes:
+        console.print("resume: changed since the checkpoint (applied): " + escape(", ".join(
+            f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())))
     return state["trainer"]
 
 
@@ -255,10 +304,17 @@ def load_full_weights(model, checkpoint: Path) -> None:
     weights = {}
     for shard in sorted(checkpoint.glob("*.safetensors")):
         weights.update(load_file(shard))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # size mismatches
+        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:200])
+        raise ValueError(f"Checkpoint {checkpoint} holds another model architecture ({first}). Resume with the "
+                         f"run's model and model_args (its config.yaml), or start a new run.") from None
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"Checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}.")
+        raise ValueError(f"Checkpoint {checkpoint} does not match the model: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}. Resume with the run's model and model_args "
+                         f"(its config.yaml), or start a new run.")
 
 
 def save_final(run: Run, model, tokenizer, merge_lora: bool = False) -> Path:

@@ -12,7 +12,7 @@ The loop gives the method its tracker as ``method.tracker`` (for samples and not
 and optionally ``samples_title`` (heading of its evaluation samples), ``initial_metrics`` (logged at step 0 and
 returned, e.g. a warm start's loss) and ``stop(eval_metrics) -> str | None`` (a reason to stop early).
 
-`run` owns the rest, in this order: resume or initial evaluation, the step loop with periodic
+`run` owns the rest, in this order: resume (then ``config.yaml``) or initial evaluation, the step loop with periodic
 log/eval/checkpoint, divergence (the tracker is closed, the last good checkpoint kept), final
 evaluation, final checkpoint and ``final/`` model, plots. Open the run with `common.start_run` after
 everything that can fail on bad input (config, data, rewards, models) has loaded.
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lmrl.config import TrainConfig
+from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
 from lmrl.trainers import common
 
@@ -59,11 +59,17 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     tracker = method.tracker = run.tracker  # the method may print and log samples during its steps
     title = getattr(method, "samples_title", "held-out samples")
     extra = dict(getattr(method, "initial_metrics", {}))
+    setup = getattr(method, "setup", None)
     if run.checkpoint:
-        state = common.restore_checkpoint(run.checkpoint, method.model, method.optimizer, method.scheduler)
+        try:
+            state = common.restore_checkpoint(run.checkpoint, method.model, method.optimizer, method.scheduler, config)
+        except BaseException:
+            tracker.close()
+            raise
         initial = state.get("initial", {})
         method.load_state_dict(state)
-    else:
+    common.write_run_config(run, config, setup)
+    if not run.checkpoint:
         metrics, samples = evaluate(method, 0, run)
         initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
         tracker.log(0, {**metrics, **extra})
@@ -110,4 +116,5 @@ def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, floa
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:
     """``checkpoints/step-N``: weights, optimizer, scheduler, RNG, the initial metrics and the method's state."""
     common.save_checkpoint(run, step, method.model, method.tokenizer, method.optimizer, method.scheduler,
-                           {"initial": initial, **method.state_dict()}, config.keep_checkpoints)
+                           {"initial": initial, "config": to_dict(config), **method.state_dict()},
+                           config.keep_checkpoints)

@@ -312,7 +312,8 @@ class OnlineRL:
 
     def __init__(self, config: RLConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
+        reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error,
+                               config.max_skipped_steps)
         self.rows, self.eval_rows = load_prompts(config)
         self.model, self.tokenizer = setup.policy()
         ref_model = setup.frozen(config.model, self.tokenizer) if config.kl_coef > 0 else None

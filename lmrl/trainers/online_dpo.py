@@ -235,7 +235,7 @@ class OnlineDPO:
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
         reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                               config.on_reward_error) if config.rewards else None
+                               config.on_reward_error, config.max_skipped_steps) if config.rewards else None
         self.model, self.tokenizer = setup.policy()
         self.model.train()
         self.data = load_online_data(config, self.tokenizer)

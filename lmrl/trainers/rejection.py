@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import yaml
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best, select_top_k
 from lmrl.config import ConfigError, RewardSection, TrainConfig, field, to_dict
@@ -49,7 +48,7 @@ from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
-from lmrl.trainers import sft
+from lmrl.trainers import rundir, sft
 from lmrl.tracking import Tracker
 
 
@@ -94,9 +93,6 @@ class RejectionConfig(EngineSection, RewardSection, TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.samples_per_prompt < 1:
-            raise ConfigError(f"'samples_per_prompt' (N) must be >= 1, got {self.samples_per_prompt}; "
-                              "rejection sampling draws N completions per prompt and keeps the best.")
         for name in ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
@@ -309,7 +305,8 @@ def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
     done = 0
     while (run_dir / f"round-{done + 1}" / "sft" / "final").is_dir():
         done += 1
-    if (run_dir / "metrics.jsonl").exists() and not config.resume:
+    rundir.check_writable(run_dir)
+    if (rundir.has_run(run_dir) or done) and not config.resume:
         if not config.overwrite:
             raise FileExistsError(f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, "
                                   "overwrite=true to replace it, or choose another output_dir=...")
@@ -318,8 +315,7 @@ def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
         for name in ("metrics.jsonl", "samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
         done = 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    rundir.write_config(run_dir, to_dict(config))
     return run_dir, (done if config.resume else 0)
 
 

@@ -253,7 +253,7 @@ class SelfPlay:
         self.config, self.setup = config, setup
         self.model, self.tokenizer = setup.policy()
         self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                                    config.on_reward_error)
+                                    config.on_reward_error, config.max_skipped_steps)
         self.eval_rows = load_rows(config.eval_dataset, split="test", limit=config.eval_rows,
                                    **config.eval_task_args) if config.eval_dataset else []
         self.warm_start_data = warm_start_examples(config, self.tokenizer) if config.warm_start_steps else []
@@ -274,7 +274,8 @@ class SelfPlay:
             judge = SelfReward(ref_model, tokenizer, fallback=config.self_reward_fallback, autocast_dtype=dtype,
                                template=QUALITY_PROMPT if config.judge_prompt == "lsp" else config.judge_prompt,
                                max_new_tokens=config.judge_max_new_tokens)
-            judge_set = RewardSet([judge], on_reward_error=config.on_reward_error)
+            judge_set = RewardSet([judge], on_reward_error=config.on_reward_error,
+                                  max_skipped_steps=config.max_skipped_steps)
         cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
         longest = SamplingParams(max(config.challenger_max_new_tokens, config.solver_max_new_tokens),
                                  temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)

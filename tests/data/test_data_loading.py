@@ -138,3 +138,17 @@ def test_task_source_limit_is_at_most_but_n_is_exact():
     assert 0 < len(rows) < 30 and len({r["prompt"] for r in rows}) == len(rows)
     with pytest.raises(ValueError, match="unique test problems"):
         load_rows("task:arithmetic", split="test", n=100, digits=1, ops="+")
+
+
+def test_a_non_utf8_file_is_named(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "caf\xe9", "completion": "x"}\n')
+    with pytest.raises(ValueError, match="latin1.jsonl.*not UTF-8.*0xe9"):
+        load_rows(str(path))
+
+
+def test_a_csv_with_an_unclosed_quote_is_reported_as_such(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text('prompt,completion\n"what is 1+1,2\nok,fine\n')
+    with pytest.raises(ValueError, match="d.csv: not valid CSV.*unclosed quote"):
+        load_rows(str(path))

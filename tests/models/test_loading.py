@@ -91,3 +91,24 @@ def test_hub_ids_with_dots_are_not_taken_for_missing_paths(no_network, name):
 def test_missing_local_paths_say_so(name):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_model_path(name)
+
+
+def test_a_tokenizer_without_chat_template_gets_chatml_and_the_model_rows_for_it(tmp_path):
+    """The ChatML fallback adds <|im_start|>/<|im_end|>; a model with no spare embedding rows is resized."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from lmrl.models.loading import load_model_and_tokenizer
+
+    raw = Tokenizer(models.WordLevel({"<unk>": 0, "<eos>": 1, "hello": 2}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", unk_token="<unk>").save_pretrained(tmp_path)
+    LlamaForCausalLM(LlamaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path)
+    model, tokenizer = load_model_and_tokenizer(str(tmp_path))
+    assert len(tokenizer) == 5 and model.get_input_embeddings().num_embeddings == 5
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    logits = model(torch.tensor([ids])).logits
+    assert logits.shape[-1] == 5 and torch.isfinite(logits).all()

@@ -250,3 +250,25 @@ def test_bad_batches():
         rs.compute(PROMPTS[:3], COMPLETIONS)
     with pytest.raises(ValueError, match="column 'answer' must hold one value per completion"):
         rs.compute(PROMPTS, COMPLETIONS, answer=["1"])
+
+
+def test_max_skipped_steps_failures_in_a_row_stop_and_a_success_resets_the_count():
+    up = {"now": False}
+
+    def flaky(prompts, completions, **kwargs):
+        if up["now"]:
+            return [1.0] * len(completions)
+        raise RuntimeError("down")
+
+    rs = RewardSet([flaky], on_reward_error="skip", max_skipped_steps=2)
+    outcomes = []
+    for call in range(5):
+        up["now"] = call == 2  # the third call succeeds
+        try:
+            rs.compute(PROMPTS, COMPLETIONS)
+            outcomes.append("ok")
+        except RewardError as err:
+            outcomes.append("skip" if err.skippable else "stop")
+            if not err.skippable:
+                assert "2 steps in a row" in str(err) and "max_skipped_steps" in str(err)
+    assert outcomes == ["skip", "stop", "ok", "skip", "stop"]

@@ -196,17 +196,36 @@ def test_validator_accepts_only_signed_bounded_bytes(tmp_path):
     owner = MSGPackSerializer.dumps(validator.local_public_key)
 
     def record(value, subkey=owner):
-        rec = DHTRecord(b"k" * 20, subkey, MSGPackSerializer.dumps(value), 1e10)
+        rec = DHTRecord(b"k" * 20, subkey, MSGPackSerializer.dumps(value), get_dht_time() + 60)
         return dataclasses.replace(rec, value=validator.sign_value(rec))
 
     assert validator.validate(record(b"chunk"))
     assert not validator.validate(record(12345))  # not bytes
     assert not validator.validate(record(b"x" * (256 * 1024 + 1)))  # above MAX_VALUE_BYTES
-    unsigned = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(b"fake"), MSGPackSerializer.dumps(b"v"), 1e10)
+    unsigned = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(b"fake"), MSGPackSerializer.dumps(b"v"),
+                         get_dht_time() + 60)
     assert not validator.validate(unsigned)
     good = record(b"chunk")
     tampered = dataclasses.replace(good, value=good.value.replace(b"chunk", b"chunK"))
     assert not validator.validate(tampered)
+
+
+def test_validator_bounds_expiration_and_each_owners_bytes(tmp_path):
+    validator = SwarmRecordValidator(load_or_create_identity(tmp_path / "k"), budget_bytes=600 * 1024)
+    owner = MSGPackSerializer.dumps(validator.local_public_key)
+
+    def record(key, value, expires_in):
+        rec = DHTRecord(key, owner, MSGPackSerializer.dumps(value), get_dht_time() + expires_in)
+        return dataclasses.replace(rec, value=validator.sign_value(rec))
+
+    assert not validator.validate(record(b"a" * 20, b"x", 10 * 365 * 86400))  # a 10-year entry
+    assert validator.validate(record(b"a" * 20, b"x", 600))
+    chunk = b"y" * (200 * 1024)
+    assert validator.validate(record(b"b" * 20, chunk, 600)) and validator.validate(record(b"c" * 20, chunk, 600))
+    assert not validator.validate(record(b"d" * 20, chunk, 600))  # a third 200 KiB record: over the 600 KiB budget
+    assert validator.validate(record(b"b" * 20, chunk, 600))  # re-storing a held record replaces it
+    other = SwarmRecordValidator(load_or_create_identity(tmp_path / "k2"))
+    assert other.validate(record(b"d" * 20, chunk, 600))  # the budget is per owner and per node
 
 
 class _LoopThread:

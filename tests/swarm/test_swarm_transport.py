@@ -117,8 +117,8 @@ def test_memory_hub_keeps_the_last_rounds_only():
     a.publish(2, b"r2")  # newest 2, keep 2 -> rounds 1 and 2
     assert hub.rounds() == [1, 2]
     assert b.fetch(0) == []
-    b.publish(0, b"late")  # a straggler's late round-0 publish is ignored
-    assert b.fetch(0, exclude_self=False) == [] and hub.rounds() == [1, 2]
+    b.publish(0, b"late")  # a straggler's round 0 is its own business: stored, and pruned by its own rounds
+    assert b.fetch(0, exclude_self=False) == [("b", b"late")]
     assert b.fetch(1) == [("a", b"r1")]
 
 
@@ -234,7 +234,8 @@ def test_file_hub_expiry_and_odd_files(tmp_path):
     a.publish(2, b"r2")
     assert hub.rounds() == [1, 2]
     assert b.fetch(0) == [] and b.fetch(2) == [("a/../x", b"r2")]
-    b.publish(0, b"late")  # expired round: ignored
+    b.publish(0, b"late")  # b's own round 0: kept until b's own rounds move on
+    b.publish(2, b"b2")  # b's window (keep 2) drops its round 0, and the round's folder with it
     assert hub.rounds() == [1, 2]
     folder = tmp_path / "round-000000000002"
     (folder / ".tmp-123").write_bytes(b"half-written")
@@ -248,3 +249,44 @@ def test_file_hub_expiry_and_odd_files(tmp_path):
     assert counter.by_reason == {"too_large": 1, "bad_msgpack": 1}
     with pytest.raises(ValueError, match="max_entry_bytes"):
         a.publish(2, b"z" * 11)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_a_far_future_round_neither_wipes_nor_silences_the_hub(tmp_path, kind):
+    hub = MemoryHub(keep_rounds=2) if kind == "memory" else FileHub(tmp_path, keep_rounds=2)
+    a, b = MemoryTransport(hub, "a"), MemoryTransport(hub, "b")
+    a.publish(1, b"a1")
+    b.publish(1, b"b1")
+    hub.put(10**9, "hostile", b"x")  # or a node with another round_seconds
+    a.publish(2, b"a2")
+    b.publish(2, b"b2")
+    assert a.fetch(1) == [("b", b"b1")] and a.fetch(2) == [("b", b"b2")] and b.fetch(2) == [("a", b"a2")]
+    assert 1 in hub.rounds() and 2 in hub.rounds()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_a_fetch_is_capped_in_peers_and_bytes(tmp_path, kind):
+    caps = {"max_fetch_peers": 5, "max_fetch_bytes": 1000}
+    hub = MemoryHub(**caps) if kind == "memory" else FileHub(tmp_path, **caps)
+    for i in range(50):
+        hub.put(0, f"p{i:02d}", b"x" * 10)
+    got = MemoryTransport(hub, "me").fetch(0)
+    assert len(got) == 5
+    for i in range(50):
+        hub.put(1, f"p{i:02d}", b"x" * 300)
+    got = MemoryTransport(hub, "me").fetch(1)
+    assert len(got) == 3 and sum(len(d) for _, d in got) <= 1000
+
+
+def test_a_fifo_in_the_file_hub_does_not_hang_a_fetch(tmp_path):
+    import os
+    import threading
+
+    hub = FileHub(tmp_path)
+    MemoryTransport(hub, "a").publish(0, b"a0")
+    os.mkfifo(tmp_path / "round-000000000000" / ("evil".encode().hex() + ".msgpack"))
+    result = []
+    thread = threading.Thread(target=lambda: result.append(MemoryTransport(hub, "b").fetch(0)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert result == [[("a", b"a0")]], "the fetch hung on a FIFO"

@@ -100,6 +100,17 @@ def test_failing_reward_stops_when_asked(tmp_path):
         online.train(rl_config(tmp_path, "grpo", "max_steps=2", "rewards=[test_failing]", "on_reward_error=stop"))
 
 
+def test_a_reward_that_always_fails_stops_the_run_after_max_skipped_steps(tmp_path):
+    from lmrl import cli
+
+    args = ["rl", f"output_dir={tmp_path / 'run'}", "precision=fp32", *TINY, "task_args.digits=1", "train_rows=16",
+            "eval_rows=4", "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=4",
+            "rewards=[test_failing]", "eval_every=0", "max_steps=12"]  # the default max_skipped_steps: 10
+    assert cli.main(args) != 0  # main: exit 0 and a "trained" model after 0 updates
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert max(r["step"] for r in records) < 10 and not (tmp_path / "run" / "final").exists()
+
+
 def digits_on_additions(prompts, completions, **kwargs):
     """Digit share on '+' problems, a constant 1 on the others: their groups have zero reward variance."""
     return [sum(c.isdigit() for c in text) / max(1, len(text)) if "+" in p else 1.0

@@ -179,7 +179,7 @@ def test_rejection_sampling_improves_task_accuracy_of_an_sft_policy(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["samples_per_prompt=0"], r"'samples_per_prompt' \(N\) must be >= 1, got 0"),
+    (["samples_per_prompt=0"], r"'samples_per_prompt' must be >= 1, got 0"),
     (["select=top_k"], "select=top_k needs top_k=K >= 1"),
     (["select=top_k", "top_k=2000", "train_rows=100", "samples_per_prompt=8"],
      r"top_k=2000 exceeds the 800 completions sampled per round \(train_rows=100 x samples_per_prompt=8\)"),
@@ -205,4 +205,4 @@ def test_cli_verb_runs_and_reports_bad_input(tmp_path, capsys):
     from lmrl.cli import main
 
     assert main(["rejection-sampling", f"output_dir={tmp_path}", "samples_per_prompt=0"]) == 2
-    assert "'samples_per_prompt' (N) must be >= 1" in capsys.readouterr().out
+    assert "'samples_per_prompt' must be >= 1" in capsys.readouterr().out

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
+from typing import Any
+
+from lmrl.config import coerce
 
 from lmrl.data.tasks.arithmetic import Arithmetic
 from lmrl.data.tasks.base import Example, Task, extract_answer, make_rows, split_of
@@ -42,7 +46,11 @@ def get_task(name: str, **kwargs) -> Task:
         raise ValueError(
             f"task {name!r} has no parameter(s) {unknown}; its parameters are {params}."
         )
-    return cls(**kwargs)
+    hints = typing.get_type_hints(cls)
+    try:
+        return cls(**{k: coerce(f"task_args.{k}", v, hints.get(k, Any)) for k, v in kwargs.items()})
+    except TypeError as exc:  # a value no annotation caught
+        raise ValueError(f"task {name!r}: bad task_args ({exc}); its parameters are {params}.") from None
 
 
 __all__ = ["TASKS", "Example", "Task", "extract_answer", "get_task", "make_rows", "split_of"]

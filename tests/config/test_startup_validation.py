@@ -1,0 +1,63 @@
+"""Bad input that used to fail only after the model loaded (or with a traceback) fails in the config layer."""
+
+import dataclasses
+import importlib
+
+import pytest
+
+from lmrl import cli
+from lmrl.config import ConfigError, from_dict
+
+COUNT_KEYS = [(verb, f.name) for verb, v in cli.VERBS.items()
+              for f in dataclasses.fields(getattr(importlib.import_module(v.module), v.config))
+              if f.name.endswith(("batch_size", "_per_step", "_per_prompt")) and f.type in ("int", int)]
+
+
+def config_class(verb):
+    v = cli.VERBS[verb]
+    return getattr(importlib.import_module(v.module), v.config)
+
+
+@pytest.mark.parametrize("verb, key", COUNT_KEYS, ids=[f"{v}-{k}" for v, k in COUNT_KEYS])
+def test_zero_counts_fail_in_the_config(verb, key):
+    with pytest.raises(ConfigError, match=f"'{key}' must be >= 1"):
+        from_dict(config_class(verb), {key: 0})
+
+
+def test_every_batch_size_key_is_covered():
+    assert {"sft", "reward", "dpo", "pretrain", "rejection-sampling"} <= {v for v, k in COUNT_KEYS if k == "batch_size"}
+
+
+@pytest.mark.parametrize("verb", ["sft", "rl", "dpo"])
+def test_output_dir_that_is_or_is_under_a_file_fails_in_the_config(tmp_path, verb):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        from_dict(config_class(verb), {"output_dir": str(afile)})
+    with pytest.raises(ConfigError, match="is under the file"):
+        from_dict(config_class(verb), {"output_dir": str(afile / "run")})
+
+
+def test_bad_task_args_are_a_clear_error_not_a_traceback(tmp_path, capsys):
+    assert cli.main(["sft", "task_args.digits=abc", f"output_dir={tmp_path / 'run'}", "max_steps=1",
+                     "model_args.hidden_size=32", "model_args.num_hidden_layers=1",
+                     "model_args.num_attention_heads=2", "model_args.intermediate_size=64"]) == 2
+    out = capsys.readouterr().out
+    assert "task_args.digits" in out and "must be an integer" in out
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+TEMPERATURE_VERBS = [verb for verb, v in cli.VERBS.items() if verb != "generate"  # generate: 0 means greedy
+                     and "temperature" in {f.name for f in dataclasses.fields(config_class(verb))}]
+
+
+@pytest.mark.parametrize("verb", TEMPERATURE_VERBS)
+def test_non_positive_temperature_fails_in_the_config(verb):
+    for value in (0, -1.0):
+        with pytest.raises(ConfigError, match="'temperature' must be > 0"):
+            from_dict(config_class(verb), {"temperature": value})
+
+
+def test_grpo_with_one_sample_per_prompt_fails_in_the_config():
+    with pytest.raises(ConfigError, match="samples_per_prompt >= 2"):
+        from_dict(config_class("rl"), {"algorithm": "grpo", "samples_per_prompt": 1})
