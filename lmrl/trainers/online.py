@@ -51,6 +51,7 @@ from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.rollout.tool_config import build_env_factory
 from lmrl.trainers import agentic, common, loop
+from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ptx import PretrainingMix
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 
@@ -227,6 +228,8 @@ class Parts:
     """multi-turn: makes one environment per trajectory (None: single-turn)"""
     ptx: PretrainingMix | None = None
     """PPO-ptx: the pretraining text of the ptx term and of eval/ptx_ce (None: no ptx_dataset)"""
+    group_rewards: torch.Tensor | None = None
+    """(B,) mean reward of each prompt's group in the last step (None: its rewards failed); the curriculum reads it"""
 
 
 def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, tracker) -> dict[str, float]:
@@ -235,8 +238,10 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     t0 = time.perf_counter()
     batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
     t_rollout = time.perf_counter() - t0
+    parts.group_rewards = None
     try:
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
+        parts.group_rewards = rewards.view(-1, G).mean(dim=1)
     except RewardError as exc:
         if not exc.skippable:
             raise
@@ -325,14 +330,22 @@ class OnlineRL:
         engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
                              sampling=sampling_params(config), longest_prompt=longest)
         env_factory = build_env_factory(config, self.tokenizer)
+        self.curriculum = (Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
+                           if config.curriculum is not None else None)
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
                            self.scheduler, env_factory, ptx)
 
     def step(self, step: int) -> dict[str, float]:
-        config = self.config
-        rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed)]
-        return rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
+        config, curriculum = self.config, self.curriculum
+        indices = (curriculum.next_batch(config.prompts_per_step) if curriculum is not None
+                   else common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed))
+        metrics = rl_step(self.parts, [self.rows[i] for i in indices], config, self.setup.dtype, step, self.tracker)
+        if curriculum is not None:
+            if self.parts.group_rewards is not None:
+                curriculum.record(indices, self.parts.group_rewards.tolist())
+            metrics.update(curriculum.metrics())
+        return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics, samples = evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
@@ -342,12 +355,18 @@ class OnlineRL:
         return metrics, samples
 
     def state_dict(self) -> dict[str, Any]:
-        value_model = self.parts.value_model
-        return {"value_model": value_model.state_dict()} if value_model is not None else {}
+        value_model, state = self.parts.value_model, {}
+        if value_model is not None:
+            state["value_model"] = value_model.state_dict()
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.parts.value_model is not None:
             self.parts.value_model.load_state_dict(state["value_model"])
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
 
 
 def train(config: RLConfig) -> dict[str, float]:

@@ -88,6 +88,8 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     lr: float = field(1e-4, "peak learning rate")
     warmup_steps: int = field(0, "linear warmup (optimizer steps)")
     lr_schedule: Literal["cosine", "linear", "constant"] = field("constant", "decay after warmup")
+    curriculum: list[float] | None = field(None, "[lo, hi]: online difficulty curriculum: a prompt whose group pass rate (mean reward) left [lo, hi] sits out the next curriculum_sit_out epochs")
+    curriculum_sit_out: int = field(1, "epochs an out-of-range prompt sits out")
     sample_every: int = field(10, "log num_samples completions with their rewards every N steps")
     output_dir: str = field("runs/rl", "run directory")
 
@@ -98,7 +100,10 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
             raise ConfigError(f"{self.algorithm} needs samples_per_prompt >= 2 (got {self.samples_per_prompt}): its "
                               f"baseline is the other samples of the same prompt. Use samples_per_prompt=8, or "
                               f"algorithm=reinforce (batch-mean baseline) for one sample per prompt.")
-        for name in ("prompts_per_step", "ppo_epochs", "minibatches", "sample_every"):
+        if self.curriculum is not None and (len(self.curriculum) != 2 or self.curriculum[0] > self.curriculum[1]):
+            raise ConfigError(f"'curriculum' must be [lo, hi] with lo <= hi (pass rates, e.g. [0.1, 0.9]), got "
+                              f"{self.curriculum}.")
+        for name in ("prompts_per_step", "ppo_epochs", "minibatches", "sample_every", "curriculum_sit_out"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
         if rows % (self.minibatches * self.grad_accum):
