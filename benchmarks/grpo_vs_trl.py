@@ -113,7 +113,10 @@ class DtypeProbe:
 
 
 def steady_state(step_ends: list[float], tokens: list[float], warmup: int) -> dict[str, float]:
-    """steps/s and completion tokens/s over steps warmup+1..S: (S - warmup) / (end_S - end_warmup)."""
+    """steps/s and completion tokens/s over steps warmup+1..S: (S - warmup) / (end_S - end_warmup); warmup=0: a
+    memory-only run (no rate: NaN)."""
+    if warmup == 0:
+        return {"steps_per_s": float("nan"), "s_per_step": float("nan"), "tokens_per_s": float("nan")}
     if len(step_ends) <= warmup or warmup < 1:
         raise ValueError(f"need more than warmup={warmup} >= 1 step ends, got {len(step_ends)}")
     seconds = step_ends[-1] - step_ends[warmup - 1]
@@ -400,7 +403,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (G); a step trains on B*G")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per framework")
-    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the steady-state rate (>= 1)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="first steps left out of the steady-state rate (>= 1); 0: peak memory only (--steps 1)")
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or plain fp32")
     parser.add_argument("--reward", choices=("digits", "task"), default="digits",
                         help="digits: share of digit characters (dense: every group has reward variance, so both "
@@ -421,9 +425,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", help="keep the model, prompts, logs and run dirs here (default: a temp dir)")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not 1 <= args.warmup < args.steps:
-        parser.error(f"--warmup must be at least 1 and less than --steps ({args.steps}); got {args.warmup}. "
-                     "Steady state is measured from the end of the last warm-up step.")
+    if not (args.warmup == 0 or 1 <= args.warmup < args.steps):
+        parser.error(f"--warmup must be at least 1 and less than --steps ({args.steps}), or 0 for peak memory only; "
+                     f"got {args.warmup}. Steady state is measured from the end of the last warm-up step.")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}.")
     if args.samples < 2:
