@@ -48,8 +48,9 @@ from lmrl.models.value import ValueModel
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.types import RolloutBatch
+from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.rollout.tool_config import build_env_factory
+from lmrl.parallel import runtime
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 
@@ -68,17 +69,26 @@ def sampling_params(config: RLConfig) -> SamplingParams:
 
 
 def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
+    """This rank's rows sampled in its ``sampling_shards`` (whole groups; shard k of the step has its own seeded
+    generator, so a run's samples do not depend on how many processes share the shards)."""
     if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
         return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     params = sampling_params(config)
-    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step)  # resume-exact
+    per_rank = (config.sampling_shards or runtime.world()) // runtime.world()
     # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
-    # gradient checkpointing turns off)
+    # gradient checkpointing turns off), and only from one unsharded rollout
     record = (config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
-              and not config.gradient_checkpointing)
-    return engine.generate(ids, params, n=config.samples_per_prompt, generator=generator, record_linear_outputs=record)
+              and not config.gradient_checkpointing and per_rank == 1 and runtime.world() == 1)
+    batches = []
+    for j in range(per_rank):
+        shard = runtime.rank() * per_rank + j
+        seed = config.seed * 1_000_003 + step + shard * 2**32  # resume-exact; shard 0 as with one process
+        generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(seed)
+        batches.append(engine.generate(runtime.shard(ids, j, per_rank), params, n=config.samples_per_prompt,
+                                       generator=generator, record_linear_outputs=record))
+    return concat_batches(batches, tokenizer.pad_token_id)
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
@@ -113,8 +123,8 @@ def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.
 def zero_gradient_rows(adv: torch.Tensor, config: RLConfig, value_model, use_kl_loss: bool) -> torch.Tensor | None:
     """Rows (N,) bool whose policy-loss gradient is exactly 0: advantage 0 on every token, no KL term in the loss
     and no value loss (pg, ppo, gspo and cispo all scale each row's term by its advantage). None: skip nothing."""
-    if not config.skip_zero_advantage or use_kl_loss or value_model is not None:
-        return None
+    if not config.skip_zero_advantage or use_kl_loss or value_model is not None or runtime.world() > 1:
+        return None  # several processes: every rank runs the same forwards (FSDP gathers weights in each)
     return (adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0
 
 
@@ -149,14 +159,14 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     if use_kl_loss:
         opts["kl_coef"] = config.kl_coef
     totals: dict[str, float] = {}
-    n = len(batch)
+    n, world = len(batch), runtime.world()
     skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
     trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
     params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
     for _ in range(config.ppo_epochs):
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
-            mb_tokens = batch.train_mask[mb].sum().clamp(min=1)
+            mb_tokens = runtime.all_sum(batch.train_mask[mb].sum()).clamp(min=1)  # over every rank's minibatch
             for micro in mb.chunk(config.grad_accum):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
@@ -166,7 +176,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                         continue
                 sub = batch.select(micro)
                 mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / len(mb)
+                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / (len(mb) * world)
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
                                                     autocast_dtype=dtype, share_prompts=config.share_prompts,
@@ -198,6 +208,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     for key in totals:
         if trained_weight > 0 and not key.startswith(("loss/", "grad_norm", "train/")):
             totals[key] /= trained_weight
+        elif key.startswith("loss/"):  # this rank's share of the loss: world x share averages over ranks to the loss
+            totals[key] *= world
     return totals
 
 
@@ -224,7 +236,8 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     """Sample, score, compute advantages, update. Returns the step's metrics."""
     G = config.samples_per_prompt
     t0 = time.perf_counter()
-    batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
+    with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
+        batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
     t_rollout = time.perf_counter() - t0
     try:
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
@@ -299,7 +312,10 @@ def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
 
 
 class OnlineRL:
-    """The online RL method for `loop.run`: one step samples, scores and updates (`rl_step`)."""
+    """The online RL method for `loop.run`: one step samples, scores and updates (`rl_step`). With several
+    processes each rank samples and trains on its prompts_per_step/world prompts (whole groups)."""
+
+    data_parallel = True
 
     def __init__(self, config: RLConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
@@ -321,6 +337,7 @@ class OnlineRL:
     def step(self, step: int) -> dict[str, float]:
         config = self.config
         rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed)]
+        rows = runtime.shard(rows)  # this rank's share of the step's prompts
         return rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

@@ -1,0 +1,6 @@
+"""Scale-out on existing engines: torch.distributed (FSDP2 or DDP, launched by torchrun) for every trainer.
+
+`runtime` (process group, ranks, shards, metric reduction), `wrap` (FSDP2 ``fully_shard`` / DDP ``replicate``),
+`checkpoint` (torch.distributed.checkpoint and the consolidated ``final/``), `launch` (``nproc=N`` re-executes
+through ``torch.distributed.run``). See docs/scale.md.
+"""
