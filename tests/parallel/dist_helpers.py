@@ -17,6 +17,12 @@ TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_ar
         "model_args.num_attention_heads=2"]
 
 
+def digit_fraction(prompts, completions, **kwargs):
+    """A dense reward (``rewards=[dist_helpers:digit_fraction]``): the share of completion characters that are
+    digits."""
+    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
