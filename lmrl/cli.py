@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.markup import escape
 
     from lmrl.tracking import console
+    from lmrl.parallel.ray_rollout import WorkersFailed
     from lmrl.trainers.common import TrainingDiverged
 
     overrides = list(args.overrides)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if should_launch(config):  # nproc=N: the same command as N torchrun processes
             return launch(config.nproc, sys.argv[1:] if argv is None else list(argv))
         run(config)
-    except TrainingDiverged as exc:
+    except (TrainingDiverged, WorkersFailed) as exc:
         console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
         return 1
     except USER_ERRORS as exc:

@@ -99,6 +99,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         final, samples = evaluate(method, last_step, run)
     except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
         tracker.close()
+        getattr(method, "close", lambda: None)()
         raise
     tracker.log(last_step, final)
     tracker.log_samples(last_step, samples, title)
@@ -108,6 +109,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     else:
         final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     plots = tracker.close()
+    getattr(method, "close", lambda: None)()  # e.g. placement=ray's rollout workers
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}
 

@@ -70,25 +70,32 @@ def sampling_params(config: RLConfig) -> SamplingParams:
 
 def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
     """This rank's rows sampled in its ``sampling_shards`` (whole groups; shard k of the step has its own seeded
-    generator, so a run's samples do not depend on how many processes share the shards)."""
+    generator, so a run's samples do not depend on how many processes share the shards). placement=ray: the
+    step's batch from the rollout workers (`lmrl.parallel.ray_rollout`)."""
+    if hasattr(engine, "sample_step"):  # placement=ray
+        return engine.sample_step(step)
     if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
         return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
+    per_rank = (config.sampling_shards or runtime.world()) // runtime.world()
+    batches = [sample_shard(engine, tokenizer, runtime.shard(rows, j, per_rank), config, step,
+                            runtime.rank() * per_rank + j, record=per_rank == 1 and runtime.world() == 1)
+               for j in range(per_rank)]
+    return concat_batches(batches, tokenizer.pad_token_id)
+
+
+def sample_shard(engine, tokenizer, rows, config: RLConfig, step: int, shard: int, record: bool = False) -> RolloutBatch:
+    """G completions for each of ``rows``, with the generator of (seed, step, shard): resume-exact, and shard 0
+    draws as a single-process run always did."""
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    params = sampling_params(config)
-    per_rank = (config.sampling_shards or runtime.world()) // runtime.world()
+    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step
+                                                                             + shard * 2**32)
     # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
     # gradient checkpointing turns off), and only from one unsharded rollout
-    record = (config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
-              and not config.gradient_checkpointing and per_rank == 1 and runtime.world() == 1)
-    batches = []
-    for j in range(per_rank):
-        shard = runtime.rank() * per_rank + j
-        seed = config.seed * 1_000_003 + step + shard * 2**32  # resume-exact; shard 0 as with one process
-        generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(seed)
-        batches.append(engine.generate(runtime.shard(ids, j, per_rank), params, n=config.samples_per_prompt,
-                                       generator=generator, record_linear_outputs=record))
-    return concat_batches(batches, tokenizer.pad_token_id)
+    record = (record and config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
+              and not config.gradient_checkpointing)
+    return engine.generate(ids, sampling_params(config), n=config.samples_per_prompt, generator=generator,
+                           record_linear_outputs=record)
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
@@ -253,6 +260,7 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
                     **agentic.episode_metrics(batch)})
     if hasattr(parts.engine, "last_sync_s"):  # engine=vllm: the weight push that preceded this rollout
         metrics["time/weight_sync_s"] = parts.engine.last_sync_s
+    metrics.update(getattr(parts.engine, "last_metrics", {}))  # placement=ray: staleness, waiting
     if step % config.sample_every == 0 or step == 1:
         tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": agentic.sample_text(batch, i),
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
@@ -328,17 +336,36 @@ class OnlineRL:
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
         longest = longest_prompt(self.tokenizer, self.rows) if config.engine == "vllm" else 1
-        engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
-                             sampling=sampling_params(config), longest_prompt=longest)
+        if config.placement == "ray":  # rollout-worker actors; this process learns
+            from lmrl.parallel.ray_rollout import RayRollouts
+
+            engine = RayRollouts(config, self.rows_of, self.model, self.tokenizer)
+        else:
+            engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
+                                 sampling=sampling_params(config), longest_prompt=longest)
         env_factory = build_env_factory(config, self.tokenizer)
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
                            self.scheduler, env_factory)
 
-    def step(self, step: int) -> dict[str, float]:
+    def rows_of(self, step: int) -> list[dict]:
+        """The step's prompts (a pure function of the step, so rollout workers can sample ahead)."""
         config = self.config
-        rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed)]
-        rows = runtime.shard(rows)  # this rank's share of the step's prompts
-        return rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
+        return [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step,
+                                                                 config.seed)]
+
+    def step(self, step: int) -> dict[str, float]:
+        rows = runtime.shard(self.rows_of(step))  # this rank's share of the step's prompts
+        engine = self.parts.engine
+        if hasattr(engine, "push_weights") and engine.version != step - 1:  # resumed: the restored weights
+            engine.push_weights(self.model, step - 1)
+        metrics = rl_step(self.parts, rows, self.config, self.setup.dtype, step, self.tracker)
+        if hasattr(engine, "push_weights"):  # placement=ray: the update reaches the workers
+            engine.push_weights(self.model, step)
+        return metrics
+
+    def close(self) -> None:
+        if hasattr(self.parts.engine, "close"):
+            self.parts.engine.close()
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
