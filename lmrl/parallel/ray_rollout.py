@@ -83,6 +83,7 @@ class RayRollouts:
         self.workers = [self.spawn() for _ in range(config.rollout_workers)]
         self.pending: dict[int, list[Any]] = {}  # step -> one request per worker (its shard)
         self.failures = 0  # replacements since the last good batch
+        self.restarts = 0  # replacements in the whole run
         self.last_metrics: dict[str, float] = {}
 
     def spawn(self):
@@ -110,7 +111,7 @@ class RayRollouts:
         staleness = [self.version - version for _, version in results]
         self.last_metrics = {"async/staleness": float(max(staleness)), "async/staleness_mean":
                              sum(staleness) / len(staleness), "time/wait_rollout_s": time.perf_counter() - t0,
-                             "async/worker_restarts": float(self.failures)}
+                             "async/worker_restarts": float(self.restarts)}
         return concat_batches([batch for batch, _ in results], self.tokenizer.pad_token_id)
 
     def get(self, step: int, i: int) -> tuple[RolloutBatch, int]:
@@ -129,6 +130,7 @@ class RayRollouts:
                         f"update; the last checkpoint is intact (resume=true continues). Check the workers' memory "
                         f"and logs (ray logs), or raise worker_restarts.") from exc
                 self.workers[i] = self.spawn()
+                self.restarts += 1
                 for pending_step in sorted(self.pending):
                     self.submit(pending_step, i)
 
