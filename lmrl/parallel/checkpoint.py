@@ -23,7 +23,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lmrl.models.loading import save_model
+from lmrl.models.lora import is_peft, save_adapter
 from lmrl.parallel import runtime
+from lmrl.trainers import common
 from lmrl.trainers.common import STATE_FILE, Run, list_checkpoints, read_state, rng_state, set_rng_state
 
 
@@ -72,10 +74,22 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[st
     return state["trainer"]
 
 
-def save_final(run: Run, model, tokenizer) -> Path:
-    """``final/``: the full weights gathered to rank 0 and saved as one HF directory."""
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+def save_final(run: Run, model, tokenizer, merge_lora: bool = False) -> Path:
+    """``final/``: FSDP: the full weights gathered to rank 0 and saved as one HF directory; DDP: rank 0 saves its
+    full replica as one process would (LoRA: the adapter, or merged with ``merge_lora``)."""
+    from torch.distributed.fsdp import FSDPModule
+
     path = run.dir / "final"
+    if not any(isinstance(m, FSDPModule) for m in model.modules()):
+        if runtime.is_main() and merge_lora and is_peft(model):
+            # a DDP replica cannot be deep-copied (merged_copy): merge in place, the run's training is over
+            save_adapter(model, tokenizer, path / "adapter", merge=False)
+            save_model(model.merge_and_unload(), tokenizer, path)
+        elif runtime.is_main():
+            common.save_final(run, model, tokenizer)
+        runtime.barrier()
+        return path
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if runtime.is_main():
         save_model(model, tokenizer, path, state_dict=full)
     runtime.barrier()

@@ -105,7 +105,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     tracker.log_samples(last_step, samples, title)
     save(run, last_step, method, initial, config)
     if runtime.world() > 1:
-        final_dir = dist_checkpoint.save_final(run, method.model, method.tokenizer)
+        final_dir = dist_checkpoint.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     else:
         final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     plots = tracker.close()

@@ -59,6 +59,19 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method,
     assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5, abs=1e-6)  # reduced over ranks
 
 
+@pytest.mark.slow
+def test_lora_with_ddp_trains_like_one_process_and_saves_the_merged_model(tmp_path):
+    lora = ["lora_r=4", "merge_lora=true"]
+    torch.manual_seed(0)  # the adapters' init draws from the global RNG at set-up: the same state for both runs
+    config, train = run(tmp_path, "sft", "one", *lora)
+    train(config)
+    torch.manual_seed(0)  # the forked ranks inherit it
+    config, train = run(tmp_path, "sft", "two", *lora, "parallel=ddp")
+    run_ranks(train, config)
+    assert max_weight_diff(tmp_path / "one", tmp_path / "two") < TOL  # measured 2.2e-7
+    assert (tmp_path / "two" / "final" / "adapter" / "adapter_model.safetensors").exists()
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["nproc=3", "batch_size=8"], "batch_size=8 does not split over 3 processes"),
     (["nproc=2", "batch_size=8", "grad_accum=3"], "multiple of 6"),
