@@ -20,9 +20,7 @@ from lmrl.parallel import runtime
 
 def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks (HF ``_no_split_modules``, e.g. LlamaDecoderLayer): one FSDP unit each."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    inner = getattr(model, "base_model", model)  # a PEFT model names them on its base
-    names |= set(getattr(inner, "_no_split_modules", None) or [])
+    names = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
     return [m for m in model.modules() if type(m).__name__ in names]
 
 

@@ -11,7 +11,8 @@ from dist_helpers import TINY, final_weights, max_weight_diff, run_ranks
 from lmrl.config import ConfigError, load_config
 from lmrl.models import load_model_and_tokenizer
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online, preference, sft
+from lmrl.data.corpus import builtin_corpus
+from lmrl.trainers import online, preference, pretrain, sft
 
 TOL = 1e-5
 
@@ -28,11 +29,18 @@ RUNS = {
                                              "prompts_per_step=4", "samples_per_prompt=4", "max_new_tokens=6",
                                              "rewards=[dist_helpers:digit_fraction]", "sampling_shards=2", "lr=1e-3",
                                              "kl_coef=0.05"]),
+    "pretrain": (pretrain.PretrainConfig, pretrain.train, ["block_size=32", "batch_size=8", "grad_accum=2",
+                                                           "eval_batches=2", "num_samples=1", "sample_tokens=4",
+                                                           "lr=1e-3"]),
 }
 
 
 def run(tmp_path, method, name, *overrides):
     cls, train, args = RUNS[method]
+    if method == "pretrain":
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text(builtin_corpus()[:20_000])
+        args = [*args, f"data={corpus}"]
     config = load_config(cls, None, [f"output_dir={tmp_path / name}", *COMMON, *args, *overrides])
     return config, train
 
@@ -40,7 +48,8 @@ def run(tmp_path, method, name, *overrides):
 @pytest.mark.parametrize("method,parallel", [("sft", "fsdp"), ("dpo", "ddp"), ("grpo", "fsdp"),
                                              pytest.param("sft", "ddp", marks=pytest.mark.slow),
                                              pytest.param("dpo", "fsdp", marks=pytest.mark.slow),
-                                             pytest.param("grpo", "ddp", marks=pytest.mark.slow)])
+                                             pytest.param("grpo", "ddp", marks=pytest.mark.slow),
+                                             pytest.param("pretrain", "fsdp", marks=pytest.mark.slow)])
 def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method, parallel):
     config, train = run(tmp_path, method, "one")
     train(config)
