@@ -221,7 +221,7 @@ def save_model(model, tokenizer, path: str | Path, state_dict: dict | None = Non
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(path, state_dict=state_dict)
+        model.save_pretrained(path, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(path)
     finally:
         if was_enabled:
