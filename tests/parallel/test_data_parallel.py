@@ -1,5 +1,5 @@
 """Several processes (gloo, 2 CPU processes forked from the test) train exactly like one process on the same global
-batch: after 3 steps of SFT, DPO and GRPO the final weights agree to 1e-5 (measured: ~1e-7, float rounding of
+batch: after 3 steps of SFT, DPO, GRPO and pretraining (and LoRA SFT) the final weights agree to 1e-5 (measured: ~1e-7, float rounding of
 summing two half-batch gradients instead of one full-batch gradient), with FSDP2 and with DDP."""
 
 from __future__ import annotations
@@ -45,11 +45,8 @@ def run(tmp_path, method, name, *overrides):
     return config, train
 
 
-@pytest.mark.parametrize("method,parallel", [("sft", "fsdp"), ("dpo", "ddp"), ("grpo", "fsdp"),
-                                             pytest.param("sft", "ddp", marks=pytest.mark.slow),
-                                             pytest.param("dpo", "fsdp", marks=pytest.mark.slow),
-                                             pytest.param("grpo", "ddp", marks=pytest.mark.slow),
-                                             pytest.param("pretrain", "fsdp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method,parallel", [("sft", "fsdp"), ("dpo", "ddp"), ("grpo", "fsdp"), ("sft", "ddp"),
+                                             ("dpo", "fsdp"), ("grpo", "ddp"), ("pretrain", "fsdp")])
 def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method, parallel):
     config, train = run(tmp_path, method, "one")
     train(config)
@@ -68,7 +65,6 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method,
     assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5, abs=1e-6)  # reduced over ranks
 
 
-@pytest.mark.slow
 def test_lora_with_ddp_trains_like_one_process_and_saves_the_merged_model(tmp_path):
     lora = ["lora_r=4", "merge_lora=true"]
     torch.manual_seed(0)  # the adapters' init draws from the global RNG at set-up: the same state for both runs
