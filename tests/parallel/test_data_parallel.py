@@ -1,6 +1,6 @@
 """Several processes (gloo, 2 CPU processes forked from the test) train exactly like one process on the same global
-batch: after 3 steps of SFT, DPO, GRPO and pretraining (and LoRA SFT) the final weights agree to 1e-5 (measured: ~1e-7, float rounding of
-summing two half-batch gradients instead of one full-batch gradient), with FSDP2 and with DDP."""
+batch: after 3 steps of SFT, DPO, GRPO and pretraining (and LoRA SFT) the final weights agree to 1e-5 (measured:
+~1e-7, float rounding of summing two half-batch gradients instead of one full-batch gradient), FSDP2 and DDP."""
 
 from __future__ import annotations
 

@@ -90,6 +90,27 @@ def test_a_worker_failing_repeatedly_stops_the_run_with_the_checkpoint_intact(tm
     assert not (tmp_path / "run" / "final").exists()
 
 
+@SLOW
+def test_resume_pushes_the_restored_weights_to_the_workers(tmp_path, cluster):
+    """Synchronous workers sample deterministically, so a run resumed at step 2 ends where an uninterrupted one does
+    (only if the workers got the restored weights, not the initial ones)."""
+    from dist_helpers import max_weight_diff
+
+    full = load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'full'}", *ARGS, "max_steps=4"])
+    run_with(full)
+    cut = load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *ARGS, "max_steps=4", "save_every=2"])
+
+    def stop_after_two(method, step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_with(cut, stop_after_two)
+    run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *ARGS, "max_steps=4",
+                                                 "save_every=2", "resume=true"]))
+    assert max_weight_diff(tmp_path / "full", tmp_path / "cut") < 1e-6
+
+
 def test_ray_missing_is_a_start_up_error_with_the_install_command(tmp_path, monkeypatch):
     from lmrl.parallel import ray_rollout
 
