@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lmrl.config import ConfigError, describe, load_config
+from lmrl.parallel.launch import launch, should_launch
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.markup import escape
 
     from lmrl.tracking import console
+    from lmrl.parallel.ray_rollout import WorkersFailed
     from lmrl.trainers.common import TrainingStopped
 
     overrides = list(args.overrides)
@@ -101,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"{positional}={json.dumps(bare if len(bare) > 1 or positional == 'runs' else bare[0])}")
     try:
         config = load_config(config_cls, args.config, overrides)
+        if should_launch(config):  # nproc=N: the same command as N torchrun processes
+            return launch(config.nproc, sys.argv[1:] if argv is None else list(argv))
         run(config)
-    except TrainingStopped as exc:
+    except (TrainingStopped, WorkersFailed) as exc:
         console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
         return 1
     except USER_ERRORS as exc:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 import yaml
 
 from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, field  # noqa: F401 - re-exported
+from lmrl.parallel.config import ParallelSection
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -399,7 +400,7 @@ class EvalSection(Section):
 
 
 @dataclasses.dataclass
-class TrainConfig(EvalSection, RunSection, OptimSection, ModelSection):
+class TrainConfig(ParallelSection, EvalSection, RunSection, OptimSection, ModelSection):
     """Fields every training verb shares: model, optimizer and schedule, run directory. Method configs
     subclass it, compose the sections they use (sampling, rewards) and add their own keys."""
 

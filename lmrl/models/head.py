@@ -47,7 +47,12 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
 
 def chunked_head(model, positions: int, chunk_mb: float) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(decoder, lm_head) when ``positions`` rows of fp32 logits would exceed ``chunk_mb`` and the model can run its
-    head apart (`decoder_and_head`); None when one ordinary forward is the way (everything fits in one chunk)."""
+    head apart (`decoder_and_head`); None when one ordinary forward is the way (everything fits in one chunk, or
+    the model is FSDP-sharded: its decoder and head are gathered by the whole model's forward, not apart)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return None
     parts = decoder_and_head(model)
     if parts is None or positions <= chunk_tokens(parts[1].weight.shape[0], chunk_mb):
         return None

@@ -28,6 +28,8 @@ from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.placement import resolve_device
 from lmrl.models.precision import autocast, autocast_dtype, recorded_precision
 from lmrl.models.value import ValueModel
+from lmrl.parallel import runtime
+from lmrl.parallel.wrap import wrap
 
 
 @dataclass
@@ -44,9 +46,11 @@ class ModelSetup:
     gradient_checkpointing: bool = False
     lora: LoraSettings | None = None
     load_in_4bit: bool = False
+    parallel: str = "fsdp"  # with several processes (torchrun): fsdp | ddp (`lmrl.parallel.wrap`)
 
     def __post_init__(self) -> None:
-        self.device = resolve_device(str(self.device))
+        self.device = runtime.init(resolve_device(str(self.device)))  # joins torchrun's process group, if any
+        self.sharded: list[torch.nn.Module] = []  # FSDP2-sharded models: unsharded together for sampling and eval
         self.dtype: torch.dtype | None = autocast_dtype(self.precision, self.device)
         self.trained: torch.nn.Module | None = None  # the policy, once loaded (a LoRA reference is a view of it)
         if self.load_in_4bit:
@@ -64,7 +68,7 @@ class ModelSetup:
             precision = recorded_precision(config.output_dir) or precision
         return cls(config.model, config.tokenizer, dict(config.model_args), config.seed, precision,
                    getattr(config, "device", "cpu"), getattr(config, "gradient_checkpointing", False), lora,
-                   getattr(config, "load_in_4bit", False))
+                   getattr(config, "load_in_4bit", False), getattr(config, "parallel", "fsdp"))
 
     @property
     def precision_name(self) -> str:
@@ -85,7 +89,17 @@ class ModelSetup:
                                                     self.load_in_4bit)
         model = self.prepare(model, base=name)
         self.trained = model
-        return model, tokenizer
+        return self.distribute(model), tokenizer
+
+    def distribute(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
+        """With several processes: FSDP2-shard or DDP-replicate ``model`` in place (`lmrl.parallel.wrap`)."""
+        if runtime.world() > 1 and self.lora is not None and self.parallel == "fsdp":
+            raise ValueError("LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
+                             "base is not sharded). Fix: add parallel=ddp.")
+        model = wrap(model, self.parallel, self.dtype, trainable)
+        if runtime.world() > 1 and self.parallel == "fsdp":
+            self.sharded.append(model)
+        return model
 
     def prepare(self, model: torch.nn.Module, base: str | None = None) -> torch.nn.Module:
         """Apply this setup to a freshly built trainable model: device, gradient checkpointing, LoRA."""
@@ -114,7 +128,7 @@ class ModelSetup:
             return BaseModelView(self.trained)
         args = self.model_args if name == self.model else None
         model = load_model(name, tokenizer, seed=self.seed if seed is None else seed, model_args=args)
-        return model.to(self.device).eval().requires_grad_(False)
+        return self.distribute(model.to(self.device).eval().requires_grad_(False), trainable=False)
 
     def frozen_partner(self, path: str, student: torch.nn.Module, tokenizer, role: str, why: str) -> torch.nn.Module:
         """A frozen model (`frozen`) that compares token ids with the student's (avatarl's critic, a distillation

@@ -227,3 +227,30 @@ def _is_bool(x: Sequence[int] | torch.Tensor) -> bool:
         return x.dtype == torch.bool
     return len(x) > 0 and all(isinstance(v, bool) for v in x)
 
+
+
+def concat_batches(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """The rows of ``batches`` in order as one batch (same group size, no recorded linear outputs): prompts are
+    left-padded and completions right-padded with ``pad_id`` (masked) to the widest."""
+    if len(batches) == 1:
+        return batches[0]
+    p = max(b.prompt_ids.shape[1] for b in batches)
+    t = max(b.completion_ids.shape[1] for b in batches)
+
+    def cat(name: str, width: int, left: bool, value: float) -> torch.Tensor:
+        parts = [getattr(b, name) for b in batches]
+        pad = [(width - x.shape[1], 0) if left else (0, width - x.shape[1]) for x in parts]
+        return torch.cat([torch.nn.functional.pad(x, w, value=value) for x, w in zip(parts, pad)])
+
+    def join(name: str) -> list | None:
+        return None if batches[0].__dict__[name] is None else [v for b in batches for v in getattr(b, name)]
+
+    has_loss_mask = batches[0].loss_mask is not None
+    return RolloutBatch(
+        prompt_ids=cat("prompt_ids", p, True, pad_id), prompt_mask=cat("prompt_mask", p, True, 0),
+        completion_ids=cat("completion_ids", t, False, pad_id), completion_mask=cat("completion_mask", t, False, 0),
+        sampler_logp=cat("sampler_logp", t, False, 0), truncated=torch.cat([b.truncated for b in batches]),
+        finish_reason=join("finish_reason"), prompts=join("prompts"), completions=join("completions"),
+        group_size=batches[0].group_size, loss_mask=cat("loss_mask", t, False, 0) if has_loss_mask else None,
+        info=join("info"),
+    )

@@ -27,6 +27,7 @@ from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_t
 from lmrl.models.memory import keep_freed_memory
 from lmrl.models.precision import RUN_FILE, precision_of
 from lmrl.trainers import rundir
+from lmrl.parallel import runtime
 from lmrl.tracking import Tracker, console
 
 STATE_FILE = "trainer_state.pt"
@@ -70,8 +71,14 @@ def start_run(config: TrainConfig, description: str) -> Run:
     Before touching the directory: the ``eval_metrics`` evaluator is built (its input errors stop the run here)
     and the training data is checked for 8-gram overlap with the evaluation sets (a warning)."""
     evaluator = build_evaluator(config)
-    contaminated = contamination(config, evaluator)
     run_dir = Path(config.output_dir)
+    if not runtime.is_main():  # rank 0 prepares the directory and alone writes to it
+        runtime.barrier()
+        checkpoint = latest_checkpoint(run_dir) if config.resume else None
+        start_step = read_state(checkpoint)["step"] if checkpoint else 0
+        set_seed(config.seed)
+        return Run(run_dir, runtime.NullTracker(), start_step, checkpoint, evaluator)
+    contaminated = contamination(config, evaluator)
     rundir.check_writable(run_dir)
     checkpoint = latest_checkpoint(run_dir) if config.resume else None
     if not config.resume and rundir.has_run(run_dir) and not config.overwrite:
@@ -100,12 +107,15 @@ def start_run(config: TrainConfig, description: str) -> Run:
         tracker.print(f"Resuming from {checkpoint} (step {start_step}).")
     for source, report in contaminated:
         tracker.print(f"[bold yellow]{escape(warning_text(config.dataset, source, report))}")
+    runtime.barrier()
     return Run(run_dir, tracker, start_step, checkpoint, evaluator)
 
 
 def write_run_config(run: Run, config: TrainConfig, setup: Any = None) -> None:
     """``config.yaml`` and, given the run's `ModelSetup`, the precision it resolved to (``run.json``); called
     after a resumed checkpoint has loaded, so a refused resume leaves the run's config.yaml as it was."""
+    if not runtime.is_main():  # rank 0 alone writes to the run directory
+        return
     rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None)
 
 
@@ -188,7 +198,11 @@ def optimizer_step(params, optimizer, scheduler, max_grad_norm: float | None, st
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
     params = [p for p in params if p.grad is not None]
+    if runtime.world() > 1:  # FSDP/DDP averaged the ranks' gradients; each rank's loss is its part of the global loss
+        for p in params:
+            p.grad.mul_(runtime.world())
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor over the shards
     if not torch.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         raise TrainingDiverged(f"Gradient norm is {norm.item()} at step {step}; the update was not applied.")

@@ -146,8 +146,11 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
     return losses, preference_stats(fields, config.beta, reference_free=not config.uses_reference), fields
 
 
-def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, state: dict) -> dict[str, float]:
-    """Forward/backward over grad_accum micro-batches; the loss is the mean over all examples of the step."""
+def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, state: dict,
+               batch_size: int | None = None) -> dict[str, float]:
+    """Forward/backward over grad_accum micro-batches; the loss is the mean over all ``batch_size`` examples of the
+    step (default: ``examples``; with several processes ``examples`` is this rank's share)."""
+    batch_size = batch_size or len(examples)
     sums: dict[str, float] = {}
     for part in torch.arange(len(examples)).tensor_split(config.grad_accum):  # equal parts when divisible
         if not len(part):
@@ -155,7 +158,7 @@ def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int
         delta = state["bco"][0] / max(1, state["bco"][1])
         losses, stats, fields = example_loss(model, [examples[i] for i in part], None if ref is None else ref[part],
                                              config, pad_id, dtype, delta)
-        loss = losses.sum() / len(examples)
+        loss = losses.sum() / batch_size
         common.check_finite(loss, step)
         loss.backward()
         if config.loss == "bco":  # δ: running mean of the implicit rewards β·u of chosen and rejected

@@ -12,6 +12,10 @@ The loop gives the method its tracker as ``method.tracker`` (for samples and not
 and optionally ``samples_title`` (heading of its evaluation samples), ``initial_metrics`` (logged at step 0 and
 returned, e.g. a warm start's loss) and ``stop(eval_metrics) -> str | None`` (a reason to stop early).
 
+With several processes (torchrun, ``nproc=N``) each rank's ``step`` trains on its share of the global batch; the
+loop reduces the metrics over ranks, evaluates on rank 0 (every FSDP-sharded model unsharded meanwhile), saves
+checkpoints with torch.distributed.checkpoint and ``final/`` as one HF directory (`lmrl.parallel.checkpoint`).
+
 `run` owns the rest, in this order: resume (then ``config.yaml``) or initial evaluation, the step loop with periodic
 log/eval/checkpoint, divergence (the tracker is closed, the last good checkpoint kept), final
 evaluation, final checkpoint and ``final/`` model, plots. Open the run with `common.start_run` after
@@ -30,6 +34,8 @@ import torch
 
 from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
+from lmrl.parallel import checkpoint as dist_checkpoint
+from lmrl.parallel import runtime
 from lmrl.trainers import common
 
 
@@ -59,10 +65,13 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     tracker = method.tracker = run.tracker  # the method may print and log samples during its steps
     title = getattr(method, "samples_title", "held-out samples")
     extra = dict(getattr(method, "initial_metrics", {}))
+    if runtime.world() > 1 and not getattr(method, "data_parallel", False):
+        raise ValueError(f"{type(method).__name__} does not run on several processes yet (nproc/torchrun); "
+                         "SFT, DPO, online RL and pretrain do. Fix: nproc=1.")
     setup = getattr(method, "setup", None)
     if run.checkpoint:
         try:
-            state = common.restore_checkpoint(run.checkpoint, method.model, method.optimizer, method.scheduler, config)
+            state = restore(run.checkpoint, method, config)
         except BaseException:
             tracker.close()
             raise
@@ -79,7 +88,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         for step in range(run.start_step + 1, config.max_steps + 1):
             metrics = method.step(step)
             if is_log_step(step, config.log_every, config.max_steps):
-                tracker.log(step, metrics)
+                tracker.log(step, runtime.reduce_metrics(metrics))
             else:
                 tracker.advance(step)
             if common.is_due(step, config.eval_every, config.max_steps):
@@ -96,25 +105,43 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         final, samples = evaluate(method, last_step, run)
     except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
         tracker.close()
+        getattr(method, "close", lambda: None)()
         raise
     tracker.log(last_step, final)
     tracker.log_samples(last_step, samples, title)
     save(run, last_step, method, initial, config)
-    final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
+    if runtime.world() > 1:
+        final_dir = dist_checkpoint.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
+    else:
+        final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     plots = tracker.close()
+    getattr(method, "close", lambda: None)()  # e.g. placement=ray's rollout workers
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}
 
 
 def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any."""
-    metrics, samples = method.evaluate(step)
-    dtype = getattr(getattr(method, "setup", None), "dtype", None)
-    return {**metrics, **evals_metrics(run.evaluator, method.model, method.tokenizer, dtype)}, samples
+    """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any. Several
+    processes: rank 0 evaluates the unsharded model and every rank gets its result."""
+    setup = getattr(method, "setup", None)
+    result = None
+    with runtime.full_params(*getattr(setup, "sharded", [])):
+        if runtime.is_main():
+            metrics, samples = method.evaluate(step)
+            dtype = getattr(setup, "dtype", None)
+            result = {**metrics, **evals_metrics(run.evaluator, method.model, method.tokenizer, dtype)}, samples
+    return runtime.broadcast_object(result)
 
 
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:
     """``checkpoints/step-N``: weights, optimizer, scheduler, RNG, the initial metrics and the method's state."""
-    common.save_checkpoint(run, step, method.model, method.tokenizer, method.optimizer, method.scheduler,
-                           {"initial": initial, "config": to_dict(config), **method.state_dict()},
-                           config.keep_checkpoints)
+    save_checkpoint = dist_checkpoint.save_checkpoint if runtime.world() > 1 else common.save_checkpoint
+    save_checkpoint(run, step, method.model, method.tokenizer, method.optimizer, method.scheduler,
+                    {"initial": initial, "config": to_dict(config), **method.state_dict()}, config.keep_checkpoints)
+
+
+def restore(checkpoint, method: Method, config: TrainConfig) -> dict[str, Any]:
+    """One process: `common.restore_checkpoint` (a changed lr applied, fixed keys refused); several: DCP."""
+    if runtime.world() > 1:
+        return dist_checkpoint.restore_checkpoint(checkpoint, method.model, method.optimizer, method.scheduler)
+    return common.restore_checkpoint(checkpoint, method.model, method.optimizer, method.scheduler, config)

@@ -48,8 +48,9 @@ from lmrl.models.value import ValueModel
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.types import RolloutBatch
+from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.rollout.tool_config import build_env_factory
+from lmrl.parallel import runtime
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ptx import PretrainingMix
@@ -70,17 +71,33 @@ def sampling_params(config: RLConfig) -> SamplingParams:
 
 
 def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
+    """This rank's rows sampled in its ``sampling_shards`` (whole groups; shard k of the step has its own seeded
+    generator, so a run's samples do not depend on how many processes share the shards). placement=ray: the
+    step's batch from the rollout workers (`lmrl.parallel.ray_rollout`)."""
+    if hasattr(engine, "sample_step"):  # placement=ray
+        return engine.sample_step(step)
     if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
         return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
+    per_rank = (config.sampling_shards or runtime.world()) // runtime.world()
+    batches = [sample_shard(engine, tokenizer, runtime.shard(rows, j, per_rank), config, step,
+                            runtime.rank() * per_rank + j, record=per_rank == 1 and runtime.world() == 1)
+               for j in range(per_rank)]
+    return concat_batches(batches, tokenizer.pad_token_id)
+
+
+def sample_shard(engine, tokenizer, rows, config: RLConfig, step: int, shard: int, record: bool = False) -> RolloutBatch:
+    """G completions for each of ``rows``, with the generator of (seed, step, shard): resume-exact, and shard 0
+    draws as a single-process run always did."""
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    params = sampling_params(config)
-    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step)  # resume-exact
+    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step
+                                                                             + shard * 2**32)
     # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
-    # gradient checkpointing turns off)
-    record = (config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
+    # gradient checkpointing turns off), and only from one unsharded rollout
+    record = (record and config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
               and not config.gradient_checkpointing)
-    return engine.generate(ids, params, n=config.samples_per_prompt, generator=generator, record_linear_outputs=record)
+    return engine.generate(ids, sampling_params(config), n=config.samples_per_prompt, generator=generator,
+                           record_linear_outputs=record)
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
@@ -115,8 +132,8 @@ def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.
 def zero_gradient_rows(adv: torch.Tensor, config: RLConfig, value_model, use_kl_loss: bool) -> torch.Tensor | None:
     """Rows (N,) bool whose policy-loss gradient is exactly 0: advantage 0 on every token, no KL term in the loss
     and no value loss (pg, ppo, gspo and cispo all scale each row's term by its advantage). None: skip nothing."""
-    if not config.skip_zero_advantage or use_kl_loss or value_model is not None:
-        return None
+    if not config.skip_zero_advantage or use_kl_loss or value_model is not None or runtime.world() > 1:
+        return None  # several processes: every rank runs the same forwards (FSDP gathers weights in each)
     return (adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0
 
 
@@ -151,7 +168,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     if use_kl_loss:
         opts["kl_coef"] = config.kl_coef
     totals: dict[str, float] = {}
-    n = len(batch)
+    n, world = len(batch), runtime.world()
     skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
     trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
     params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
@@ -160,7 +177,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
             updates += 1
-            mb_tokens = batch.train_mask[mb].sum().clamp(min=1)
+            mb_tokens = runtime.all_sum(batch.train_mask[mb].sum()).clamp(min=1)  # over every rank's minibatch
             for micro in mb.chunk(config.grad_accum):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
@@ -170,7 +187,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                         continue
                 sub = batch.select(micro)
                 mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / len(mb)
+                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / (len(mb) * world)
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
                                                     autocast_dtype=dtype, share_prompts=config.share_prompts,
@@ -206,6 +223,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     for key in totals:
         if trained_weight > 0 and not key.startswith(("loss/", "grad_norm", "train/")):
             totals[key] /= trained_weight
+        elif key.startswith("loss/"):  # this rank's share of the loss: world x share averages over ranks to the loss
+            totals[key] *= world
     return totals
 
 
@@ -236,7 +255,8 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     """Sample, score, compute advantages, update. Returns the step's metrics."""
     G = config.samples_per_prompt
     t0 = time.perf_counter()
-    batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
+    with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
+        batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
     t_rollout = time.perf_counter() - t0
     parts.group_rewards = None
     try:
@@ -254,6 +274,7 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
                     **agentic.episode_metrics(batch)})
     if hasattr(parts.engine, "last_sync_s"):  # engine=vllm: the weight push that preceded this rollout
         metrics["time/weight_sync_s"] = parts.engine.last_sync_s
+    metrics.update(getattr(parts.engine, "last_metrics", {}))  # placement=ray: staleness, waiting
     if step % config.sample_every == 0 or step == 1:
         tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": agentic.sample_text(batch, i),
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
@@ -313,7 +334,10 @@ def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
 
 
 class OnlineRL:
-    """The online RL method for `loop.run`: one step samples, scores and updates (`rl_step`)."""
+    """The online RL method for `loop.run`: one step samples, scores and updates (`rl_step`). With several
+    processes each rank samples and trains on its prompts_per_step/world prompts (whole groups)."""
+
+    data_parallel = True
 
     def __init__(self, config: RLConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
@@ -327,8 +351,13 @@ class OnlineRL:
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
         longest = longest_prompt(self.tokenizer, self.rows) if config.engine == "vllm" else 1
-        engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
-                             sampling=sampling_params(config), longest_prompt=longest)
+        if config.placement == "ray":  # rollout-worker actors; this process learns
+            from lmrl.parallel.ray_rollout import RayRollouts
+
+            engine = RayRollouts(config, self.rows_of, self.model, self.tokenizer)
+        else:
+            engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
+                                 sampling=sampling_params(config), longest_prompt=longest)
         env_factory = build_env_factory(config, self.tokenizer)
         self.curriculum = (Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
                            if config.curriculum is not None else None)
@@ -336,16 +365,33 @@ class OnlineRL:
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
                            self.scheduler, env_factory, ptx)
 
+    def indices_of(self, step: int) -> list[int]:
+        """The step's prompt indices in the fixed data order (a pure function of the step, so rollout workers can
+        sample ahead); with a curriculum, `step` draws from the curriculum's order instead."""
+        config = self.config
+        return common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed)
+
+    def rows_of(self, step: int) -> list[dict]:
+        return [self.rows[i] for i in self.indices_of(step)]
+
     def step(self, step: int) -> dict[str, float]:
-        config, curriculum = self.config, self.curriculum
-        indices = (curriculum.next_batch(config.prompts_per_step) if curriculum is not None
-                   else common.epoch_batch_indices(len(self.rows), config.prompts_per_step, step, config.seed))
-        metrics = rl_step(self.parts, [self.rows[i] for i in indices], config, self.setup.dtype, step, self.tracker)
-        if curriculum is not None:
+        config, curriculum, engine = self.config, self.curriculum, self.parts.engine
+        indices = curriculum.next_batch(config.prompts_per_step) if curriculum is not None else self.indices_of(step)
+        rows = runtime.shard([self.rows[i] for i in indices])  # this rank's share of the step's prompts
+        if hasattr(engine, "push_weights") and engine.version != step - 1:  # resumed: the restored weights
+            engine.push_weights(self.model, step - 1)
+        metrics = rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
+        if hasattr(engine, "push_weights"):  # placement=ray: the update reaches the workers
+            engine.push_weights(self.model, step)
+        if curriculum is not None:  # one process (refused with several or with placement=ray)
             if self.parts.group_rewards is not None:
                 curriculum.record(indices, self.parts.group_rewards.tolist())
             metrics.update(curriculum.metrics())
         return metrics
+
+    def close(self) -> None:
+        if hasattr(self.parts.engine, "close"):
+            self.parts.engine.close()
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics, samples = evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,

@@ -38,6 +38,7 @@ import torch
 from lmrl.data import preference as prefs
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
+from lmrl.parallel import runtime
 from lmrl.trainers import common, loop, online_dpo
 from lmrl.trainers.dpo_common import Example, Reference, build_examples, evaluate, reference_logps, train_step
 from lmrl.trainers.dpo_config import DPOConfig  # also `lmrl dpo`'s config (lmrl/cli.py)
@@ -66,6 +67,7 @@ def fingerprint(ref_model, precision: str, examples: list[Example], eval_example
     """Hash of what cached reference log-probs depend on: the reference weights, the precision and every token."""
     h = hashlib.sha256(precision.encode())
     for name, tensor in ref_model.state_dict().items():
+        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # FSDP2: the same key on every rank
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     for e in examples + eval_examples:
@@ -92,7 +94,8 @@ def setup_reference(config: DPOConfig, run_dir: Path, ref_model, tokenizer, exam
     t0 = time.perf_counter()
     train_ref = reference_logps(ref_model, examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
     eval_ref = reference_logps(ref_model, eval_examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
-    torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, path)
+    if runtime.is_main():
+        torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, path)
     tracker.print(f"Reference log-probs: {len(examples) + len(eval_examples)} examples in "
                   f"{time.perf_counter() - t0:.1f}s, cached in {path}")
     return Reference(train_ref, eval_ref)
@@ -117,6 +120,7 @@ class DPO:
     examples). `start(run)` readies π_ref's log-probs once the run directory is open."""
 
     samples_title = "greedy generations"
+    data_parallel = True  # exact for every loss but KTO (z0) and BCO (δ), whose batch statistics stay per rank
 
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
@@ -142,10 +146,10 @@ class DPO:
 
     def step(self, step: int) -> dict[str, float]:
         config, dtype, pad_id, t0 = self.config, self.setup.dtype, self.tokenizer.pad_token_id, time.perf_counter()
-        idx = common.epoch_batch_indices(len(self.examples), config.batch_size, step, config.seed)
-        batch = [self.examples[i] for i in idx]
+        idx = runtime.shard(common.epoch_batch_indices(len(self.examples), config.batch_size, step, config.seed))
+        batch = [self.examples[i] for i in idx]  # this rank's share of the step's batch_size examples
         stats = train_step(self.model, batch, self.reference.logps("train", idx, batch, pad_id, dtype), config, pad_id,
-                           dtype, step, self.state)
+                           dtype, step, self.state, config.batch_size)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         tokens = sum(len(s) for e in batch for s in e.seqs)

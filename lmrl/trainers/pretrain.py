@@ -48,6 +48,7 @@ from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
 from lmrl.models.loading import default_tokenizer_name
 from lmrl.models.setup import ModelSetup
 from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.parallel import runtime
 from lmrl.trainers import common, loop
 from lmrl.trainers.pretrain_config import PretrainConfig
 from lmrl.trainers.pretrain_data import Windows, load_windows  # noqa: F401 - re-exported
@@ -157,7 +158,8 @@ def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: flo
 
 
 def train_step(model, critic, windows: torch.Tensor, objective: str, options: AvatarlOptions, grad_accum: int,
-               dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB, scale: float = 1.0) -> dict[str, float]:
+               dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB, scale: float = 1.0,
+               ranks: int = 1) -> dict[str, float]:
     """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches; the
     gradients accumulated are those of ``scale`` x the loss (PPO-ptx's gamma), the stats those of the loss.
 
@@ -165,7 +167,8 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
     the micro-batch losses is the batch loss: accumulation is exact. Stats are micro-batch
     means (``avatarl/reward_max``: the max); ``train/ce`` is the CE of the same logits. The CE objective never
     builds more than ``chunk_mb`` of fp32 logits (`chunked_ce`); avatarl takes the full (b, L, V) logits of
-    student and critic (its active set needs both distributions at once).
+    student and critic (its active set needs both distributions at once). ``ranks``: processes that each hold an
+    equal share of the batch (the backward loss is this share's part of the batch mean).
     """
     totals: dict[str, float] = {}
     device = model_device(model)
@@ -187,7 +190,7 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
             with torch.no_grad():
                 ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
         common.check_finite(loss, step)
-        (loss * (scale / grad_accum)).backward()
+        (loss * (scale / (grad_accum * ranks))).backward()
         for key, value in {"loss": loss.item(), "train/ce": ce.item(), **stats}.items():
             if key == "avatarl/reward_max":
                 totals[key] = max(totals.get(key, value), value)
@@ -247,7 +250,10 @@ def evaluate(model, tokenizer, val: torch.Tensor, config: PretrainConfig, dtype,
 
 
 class Pretrain:
-    """The pretraining method for `loop.run`: one step is one optimizer step on ``batch_size`` windows."""
+    """The pretraining method for `loop.run`: one step is one optimizer step on ``batch_size`` windows (several
+    processes: an equal share each)."""
+
+    data_parallel = True
 
     samples_title = "validation continuations"
 
@@ -269,13 +275,14 @@ class Pretrain:
 
     def step(self, step: int) -> dict[str, float]:
         config, t0 = self.config, time.perf_counter()
-        rows = common.epoch_batch_indices(len(self.train_windows), config.batch_size, step, config.seed)
+        rows = runtime.shard(common.epoch_batch_indices(len(self.train_windows), config.batch_size, step, config.seed))
         stats = train_step(self.model, self.critic, self.train_windows[rows], config.objective, self.options,
-                           config.grad_accum, self.setup.dtype, step=step, chunk_mb=config.logprob_chunk_mb)
+                           config.grad_accum, self.setup.dtype, step=step, chunk_mb=config.logprob_chunk_mb,
+                           ranks=runtime.world())
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "tokens": step * self.tokens_per_step, "tokens_per_s": self.tokens_per_step / elapsed,
+                "tokens": step * self.tokens_per_step, "tokens_per_s": self.tokens_per_step / runtime.world() / elapsed,
                 "time/train_s": elapsed}
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from lmrl.parallel.runtime import env_world_size
 from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
 from lmrl.rollout.tool_config import ToolSection
 from lmrl.rollout.engine_section import EngineSection
@@ -77,6 +78,12 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
     tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off); keep it on with engine=vllm, whose numerics differ from the learner's")
+    sampling_shards: int = field(0, "the prompts of a step are sampled in this many shards of whole groups, each with its own seeded generator (0: one per process); fixed, it makes the samples independent of the number of processes")
+    placement: Literal["local", "ray"] = field("local", "local: sample in the trainer process(es); ray: rollout_workers Ray actors sample, this process learns (lmrl[ray])")
+    rollout_workers: int = field(2, "placement=ray: rollout-worker actors (each samples prompts_per_step/rollout_workers prompts a step)")
+    async_steps: int = field(0, "placement=ray: workers sample up to this many steps ahead, with weights at most this many updates old (0: synchronous)")
+    worker_restarts: int = field(3, "placement=ray: dead workers replaced in a row before the run stops")
+    ray_address: str | None = field(None, "placement=ray: a Ray cluster to join (null: RAY_ADDRESS, or a local cluster)")
     share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
     reuse_sampling_forward: bool = field(True, "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)")
     skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")
@@ -109,6 +116,50 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         if rows % (self.minibatches * self.grad_accum):
             raise ConfigError(f"prompts_per_step*samples_per_prompt ({rows}) must be divisible by minibatches*grad_accum "
                               f"({self.minibatches}*{self.grad_accum}).")
+        self.check_processes(self.nproc if self.nproc > 1 else env_world_size())
+        if self.placement == "ray":
+            self.check_ray()
+
+    def check_ray(self) -> None:
+        check_at_least(self, ("rollout_workers",), 1)
+        check_at_least(self, ("async_steps", "worker_restarts"), 0)
+        if self.prompts_per_step % self.rollout_workers:
+            raise ConfigError(f"prompts_per_step={self.prompts_per_step} does not split over rollout_workers="
+                              f"{self.rollout_workers} (each samples whole groups). Fix: a multiple of it.")
+        if self.curriculum is not None:
+            raise ConfigError("placement=ray samples ahead in the fixed data order; curriculum=[lo, hi] changes the "
+                              "order with each step's rewards. Fix: one of the two.")
+        if self.nproc > 1 or env_world_size() > 1 or self.multi_turn or self.engine != "hf":
+            raise ConfigError("placement=ray runs one learner process with engine=hf single-turn rollout workers. "
+                              "Fix: nproc=1, engine=hf, no tools/environment (or placement=local).")
+        if self.async_steps and (self.updates_per_step > 1 or self.tis_cap is None or self.advantage == "gae"):
+            raise ConfigError("async_steps > 0 corrects stale samples with the importance weight against the sampler's "
+                              "log-probs: it needs tis_cap set, one update per step (ppo_epochs=minibatches=1) and no "
+                              "value model. Fix: async_steps=0 or those keys.")
+
+    def check_processes(self, world: int) -> None:
+        """Several processes: each samples whole groups of its shards and every rank runs the same number of
+        forwards (FSDP), so what needs statistics of the whole batch or drops rows per rank is refused here."""
+        shards = self.sampling_shards or world
+        if shards % world or self.prompts_per_step % shards:
+            raise ConfigError(f"sampling_shards={shards} must be a multiple of the {world} processes and divide "
+                              f"prompts_per_step={self.prompts_per_step}. Fix: sampling_shards=0 (one per process).")
+        if world == 1:
+            return
+        if (self.prompts_per_step // world * self.samples_per_prompt) % (self.minibatches * self.grad_accum):
+            raise ConfigError(f"each of the {world} processes trains on prompts_per_step/{world} x samples_per_prompt "
+                              f"rows, which must split into minibatches*grad_accum ({self.minibatches}*"
+                              f"{self.grad_accum}). Fix: raise prompts_per_step or lower grad_accum.")
+        unsupported = {"advantage=gae (PPO's value model)": self.advantage == "gae",
+                       "advantage=reinforce (batch-mean baseline)": self.advantage == "reinforce",
+                       "adv_scale=batch": self.adv_scale == "batch" and self.advantage == "grpo",
+                       "dynamic_sampling=drop": (self.dynamic_sampling or self.preset.dynamic_sampling) == "drop",
+                       "multi-turn tools/environments": bool(self.multi_turn),
+                       "curriculum (the data order depends on every rank's rewards)": self.curriculum is not None}
+        for name, used in unsupported.items():
+            if used:
+                raise ConfigError(f"{name} does not run on several processes yet (it needs the whole batch on one "
+                                  f"rank). Fix: nproc=1, or a group-baseline algorithm (grpo, rloo, dr_grpo, gspo).")
 
     @property
     def preset(self) -> Preset:

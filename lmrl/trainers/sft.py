@@ -29,6 +29,7 @@ from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.rollout.tool_config import ToolSection, build_env_factory
+from lmrl.parallel import runtime
 from lmrl.trainers import agentic, common, loop
 
 
@@ -83,10 +84,15 @@ def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtyp
     return loss, int(labelled.sum())
 
 
+def labelled_tokens(examples: list[SFTExample]) -> int:
+    return sum(sum(1 for y in ex.labels[1:] if y != -100) for ex in examples)
+
+
 def train_step(model, examples: list[SFTExample], pad_id: int, grad_accum: int, dtype, step: int,
-               chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
-    """Forward/backward over ``grad_accum`` micro-batches; the loss is the token mean over the whole batch."""
-    total_tokens = sum(sum(1 for y in ex.labels[1:] if y != -100) for ex in examples)
+               chunk_mb: float = DEFAULT_CHUNK_MB, total_tokens: int | None = None) -> dict[str, float]:
+    """Forward/backward over ``grad_accum`` micro-batches; the loss is the token mean over the whole batch
+    (``total_tokens``: its labelled tokens when ``examples`` is one rank's share of it)."""
+    total_tokens = total_tokens or labelled_tokens(examples)
     micro = len(examples) // grad_accum
     loss_sum = 0.0
     for i in range(grad_accum):
@@ -151,7 +157,10 @@ def accuracy_reached(target: float | None, metrics: dict[str, float]) -> str | N
 
 
 class SFT:
-    """The SFT method for `loop.run`: one step is one optimizer step on ``batch_size`` examples."""
+    """The SFT method for `loop.run`: one step is one optimizer step on ``batch_size`` examples (with several
+    processes, each rank forwards an equal share; the loss is normalised by the whole batch's tokens)."""
+
+    data_parallel = True
 
     def __init__(self, config: SFTConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
@@ -174,11 +183,12 @@ class SFT:
         config, t0 = self.config, time.perf_counter()
         batch = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
                                                                       config.seed)]
-        stats = train_step(self.model, batch, self.tokenizer.pad_token_id, config.grad_accum, self.setup.dtype, step,
-                           config.logprob_chunk_mb)
+        stats = train_step(self.model, runtime.shard(batch), self.tokenizer.pad_token_id, config.grad_accum,
+                           self.setup.dtype, step, config.logprob_chunk_mb, labelled_tokens(batch))
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
-        return {"loss": stats["loss"], "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
+        # each rank's loss is its share of the batch's token mean: world x share, averaged over ranks, is the mean
+        return {"loss": stats["loss"] * runtime.world(), "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
                 "tokens_per_s": stats["tokens"] / elapsed, "time/train_s": elapsed}
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

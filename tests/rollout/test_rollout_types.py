@@ -118,3 +118,20 @@ def test_sampling_params_normalisation():
     assert p.stop_strings == ("\n\n",) and p.stop_token_ids == (5, 6)
     assert p.logp_temperature == 1.0  # greedy at temperature 0 stores log-probs at temperature 1
     assert SamplingParams(temperature=0.7).logp_temperature == 0.7
+
+
+def test_concat_batches_pads_prompts_left_and_completions_right():
+    from lmrl.rollout.types import concat_batches
+
+    a, b = make_batch(num_prompts=1, group=2), make_batch(num_prompts=2, group=2)  # widths P 1 vs 2, T 2 vs 4
+    c = concat_batches([a, b], pad_id=PAD)
+    assert len(c) == 6 and c.group_size == 2 and c.prompt_ids.shape == (6, 2) and c.completion_ids.shape == (6, 4)
+    assert c.prompts == a.prompts + b.prompts and c.completions == a.completions + b.completions
+    assert c.prompt_ids[0].tolist() == [PAD, 10] and c.prompt_mask[0].tolist() == [0, 1]  # left-padded
+    assert c.completion_ids[1].tolist() == [101, 101, PAD, PAD] and c.completion_mask[1].tolist() == [1, 1, 0, 0]
+    assert c.sampler_logp[1].tolist() == [-2, -2, 0, 0]
+    assert torch.equal(c.completion_ids[2:], b.completion_ids) and c.truncated.tolist() == [False, True] + b.truncated.tolist()
+    # the concatenated rows give the same sequences as each batch's own (pads masked)
+    for row, (src, k) in enumerate([(a, 0), (a, 1), (b, 0), (b, 1), (b, 2), (b, 3)]):
+        assert c.input_ids[row][c.attention_mask[row].bool()].tolist() == src.input_ids[k][src.attention_mask[k].bool()].tolist()
+    assert concat_batches([a], PAD) is a

@@ -1,0 +1,45 @@
+"""The scale-out keys every training verb shares (composed into `lmrl.config.TrainConfig`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from lmrl.config_base import ConfigError, Section, check_at_least, field
+from lmrl.parallel.runtime import env_world_size
+
+BATCH_KEYS = ("prompts_per_step", "batch_size")  # the global batch of a step, in the first key a config has
+
+
+@dataclasses.dataclass
+class ParallelSection(Section):
+    title = "scale-out (torch.distributed)"
+    nproc: int = field(1, "processes on this machine (one per GPU); > 1 starts the run through torchrun "
+                          "(same as `torchrun --nproc-per-node N -m lmrl <verb> ...`)")
+    parallel: Literal["fsdp", "ddp"] = field("fsdp", "with several processes: fsdp (FSDP2, parameters, gradients and "
+                                                     "optimizer state sharded) or ddp (each rank a full replica)")
+
+    def __post_init__(self) -> None:
+        check_at_least(self, ("nproc",), 1)
+        check_world(self, self.nproc if self.nproc > 1 else env_world_size())
+        super().__post_init__()
+
+
+def check_world(config, world: int) -> None:
+    """Every rank gets an equal share of the global batch, split evenly into its grad_accum micro-batches."""
+    if world == 1:
+        return
+    key = next((k for k in BATCH_KEYS if hasattr(config, k)), None)
+    if key is None:
+        return
+    batch, accum = getattr(config, key), getattr(config, "grad_accum", 1)
+    unit = "prompts (each rank samples whole groups)" if key == "prompts_per_step" else "examples"
+    per_rank = batch // world
+    if batch % world or (key == "batch_size" and per_rank % accum):
+        need = world * (accum if key == "batch_size" else 1)
+        raise ConfigError(
+            f"{key}={batch} does not split over {world} processes"
+            + (f" x grad_accum={accum} micro-batches" if key == "batch_size" and accum > 1 else "")
+            + f": {key} is the global batch in {unit}. Fix: make {key} a multiple of {need} "
+            f"(e.g. {key}={max(need, batch // need * need)}), or change nproc."
+        )

@@ -1,0 +1,135 @@
+"""The process group of a multi-process run and the few collectives the trainers need.
+
+A run is distributed when it was started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment; ``nproc=N`` starts
+it that way, `lmrl.parallel.launch`). Every helper is a no-op with one process, so trainers call them
+unconditionally. Backend: NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+SUMMED_METRICS = ("tokens_per_s",)  # throughput adds up over ranks; every other metric is the mean over ranks
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init(device: torch.device) -> torch.device:
+    """Join the torchrun process group (once); returns this rank's device (``cuda:LOCAL_RANK`` on GPUs)."""
+    if env_world_size() <= 1 or dist.is_initialized():
+        return local_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    return local_device(device)
+
+
+def local_device(device: torch.device) -> torch.device:
+    if device.type == "cuda" and env_world_size() > 1:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if world() > 1:
+        dist.barrier()
+
+
+def shard(items: Sequence, index: int | None = None, count: int | None = None) -> list:
+    """The contiguous ``index``-th of ``count`` equal parts of ``items`` (default: this rank's part). Contiguous
+    parts of a prompt-major batch are whole groups."""
+    index, count = rank() if index is None else index, world() if count is None else count
+    size = len(items) // count
+    return list(items[index * size : (index + 1) * size])
+
+
+def all_sum(value: float | torch.Tensor) -> float | torch.Tensor:
+    """Sum over ranks (a float or a tensor, returned as the same kind)."""
+    if world() == 1:
+        return value
+    tensor = value.detach().clone().double() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.to(value.dtype) if torch.is_tensor(value) else tensor.item()
+
+
+def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Every rank's metrics, combined: the mean over the ranks that have a key (``tokens_per_s``: the sum)."""
+    if world() == 1:
+        return metrics
+    gathered: list[Any] = [None] * world()
+    dist.all_gather_object(gathered, metrics)
+    keys = dict.fromkeys(k for m in gathered for k in m)
+    out = {}
+    for key in keys:
+        values = [m[key] for m in gathered if key in m]
+        out[key] = sum(values) if key in SUMMED_METRICS else sum(values) / len(values)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if world() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def full_params(*models: torch.nn.Module) -> Iterator[None]:
+    """FSDP2 models unsharded (all-gathered once, on every rank) for the duration: generation and evaluation then
+    run any number of forwards with no collective, so ranks may sample different lengths or only rank 0 evaluate.
+    A no-op for unsharded models."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [(m, m is not model) for model in models if model is not None for m in model.modules()
+               if isinstance(m, FSDPModule)]  # (module, reshards after forward: every one but the root)
+    for module, _ in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module, reshards in modules:
+            module.reshard()
+            module.set_reshard_after_forward(reshards, recurse=False)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class NullTracker:
+    """The tracker of ranks other than 0: rank 0 alone writes metrics, samples and plots and prints."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+    def advance(self, step: int) -> None: ...
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]], title: str = "samples") -> None: ...
+
+    def print(self, *objects: Any) -> None: ...
+
+    def close(self) -> list:
+        return []
