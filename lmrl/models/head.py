@@ -2,8 +2,8 @@
 
 Full logits cost rows x tokens x vocab: with Qwen2.5's 151,936-token vocabulary, 128 completions x 1,024 tokens
 are 80 GB in fp32. Here the LM head, log-softmax, gather and entropy run on chunks of at most `chunk_mb` of fp32
-logits; in training each chunk is recomputed in the backward instead of kept, so the peak is a chunk's logits (two,
-while the entropy is computed), whatever the batch. A plain bias-free ``nn.Linear`` head (every HF causal LM's)
+logits; in training each chunk is recomputed in the backward instead of kept, so the peak is about ``chunk_mb``
+whatever the batch (the fused path's chunks are half that: a chunk's logits and one temporary of the same size). A plain bias-free ``nn.Linear`` head (every HF causal LM's)
 takes a fused path (`FusedHeadLogprobs`: the gradient of log-softmax written out, dz = (onehot(y) - p) / T, so a
 chunk costs 5 passes over its logits forward and 3 backward instead of autograd's ~20); other heads checkpoint each
 chunk. When everything fits in one chunk (small vocabularies, the built-in models) the head runs once, as an
@@ -109,6 +109,7 @@ class FusedHeadLogprobs(torch.autograd.Function):
                 else:
                     lse[at] = torch.logsumexp(z, dim=-1)
                 logp[at] = z.gather(-1, targets[at, None]).squeeze(-1) - lse[at]
+                del z  # before the next chunk's logits exist
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.rows, ctx.dtype = temperature, rows, dtype
         ctx.mark_non_differentiable(entropy)
@@ -132,6 +133,7 @@ class FusedHeadLogprobs(torch.autograd.Function):
                     grad_h[at] = (dz @ w).to(hidden.dtype)
                 if want_w:
                     grad_w.add_(dz.T @ h_all[at])
+                del dz  # before the next chunk's logits exist
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
@@ -153,8 +155,9 @@ def head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch
                          "without its last dimension.")
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # (M, H), (M,)
     step = chunk_tokens(lm_head.weight.shape[0], chunk_mb)
-    if flat_h.shape[0] > step and fusable(lm_head):
-        logp, entropy = FusedHeadLogprobs.apply(flat_h, lm_head.weight, flat_t, temperature, step, return_entropy)
+    if flat_h.shape[0] > step and fusable(lm_head):  # it holds a chunk's logits and one temporary: half-size chunks
+        logp, entropy = FusedHeadLogprobs.apply(flat_h, lm_head.weight, flat_t, temperature, max(1, step // 2),
+                                                return_entropy)
     elif flat_h.shape[0] <= step:  # one chunk: an ordinary forward (nothing to gain from recomputing)
         logp, entropy = _chunk_logprobs(flat_h, lm_head, flat_t, temperature, return_entropy)
     else:
