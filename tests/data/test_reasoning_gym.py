@@ -47,6 +47,8 @@ def test_single_draws_for_the_swarm_are_seeded():
 def test_unknown_datasets_are_named_with_a_suggestion():
     with pytest.raises(ValueError, match="did you mean 'chain_sum'"):
         load_rows("rg:chainsum", limit=2)
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):  # e.g. a swarm peer's row: dropped
+        get_task("rg:no_such_task")
 
 
 def test_rl_runs_on_a_reasoning_gym_task_with_its_verifier(tmp_path):

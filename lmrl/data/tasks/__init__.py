@@ -19,7 +19,7 @@ from lmrl.data.tasks.base import Example, Task, extract_answer, make_rows, split
 from lmrl.data.tasks.code import Code
 from lmrl.data.tasks.countdown import Countdown
 from lmrl.data.tasks.linear import Linear
-from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX, ReasoningGym
+from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX, ReasoningGym, dataset_names
 from lmrl.data.tasks.sorting import Sorting
 from lmrl.data.tasks.strings import Count, Reverse
 from lmrl.data.tasks.tool_arithmetic import ToolArithmetic
@@ -34,7 +34,10 @@ def get_task(name: str, **kwargs) -> Task:
     """The task family `name` configured with `kwargs` (its dataclass fields); ``rg:<dataset>`` is a
     reasoning-gym dataset's verifier (`lmrl.data.tasks.reasoning_gym`)."""
     if name.startswith(RG_PREFIX):
-        return ReasoningGym(dataset=name[len(RG_PREFIX):], config=dict(kwargs))
+        names = dataset_names(name)  # an unknown dataset raises: a swarm peer's row is then dropped, not scored
+        if len(names) != 1:
+            raise ValueError(f"{name!r} names a mix; a row's task is one reasoning-gym dataset (rg:<name>).")
+        return ReasoningGym(dataset=names[0], config=dict(kwargs))
     if name not in TASKS:
         close = difflib.get_close_matches(name, TASKS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
