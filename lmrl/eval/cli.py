@@ -23,7 +23,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lmrl.config import ConfigError, ModelSection, field
+from lmrl.config import ConfigError, ModelSection, Section, field
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
 from lmrl.eval.runner import EvalOptions, Evaluator
@@ -31,20 +31,39 @@ from lmrl.tracking import console
 
 
 @dataclasses.dataclass
-class EvalConfig(ModelSection):
-    dataset: str = field("task:arithmetic", "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
+class EvalDataSection(Section):
+    """The rows to evaluate and how to sample and score completions: shared by `lmrl eval` and `lmrl filter`."""
+
+    title = "data and sampling"
+    dataset: str = field("task:arithmetic", "task:<name> (built-in), rg:<name>, a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
     split: str = field("test", "dataset split")
     rows: int | None = field(200, "rows to evaluate (null: all)")
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
-    metrics: list[str] = field(["accuracy"], "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
-    samples: int = field(0, "samples per prompt for pass@K/maj@K/avg@K/pass^K (0: the largest K)")
-    temperature: float = field(1.0, "sampling temperature of the sampled metrics (accuracy is greedy)")
-    top_p: float = field(1.0, "nucleus sampling of the sampled metrics")
+    temperature: float = field(1.0, "sampling temperature of sampled completions (greedy ones ignore it)")
+    top_p: float = field(1.0, "nucleus sampling of sampled completions")
     max_new_tokens: int = field(32, "tokens generated per completion")
-    batch_size: int = field(64, "prompts per generate call (divided by the samples per prompt)")
+    batch_size: int = field(64, "rows x samples per generate call")
     chat: bool = field(True, "render prompts with the chat template (false: raw text)")
     verifier: str = field("auto", "auto (a row's task, else exact match) | exact | math | task")
-    answer_column: str = field("answer", "column with the gold answers of accuracy metrics")
+    answer_column: str = field("answer", "column with the gold answers")
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"'max_new_tokens' must be >= 1, got {self.max_new_tokens}.")
+        if not self.temperature > 0:
+            raise ConfigError(f"'temperature' must be > 0 (greedy completions ignore it), got {self.temperature}.")
+        super().__post_init__()
+
+    def options(self) -> EvalOptions:
+        """The `Evaluator`'s options: every key of this config that `EvalOptions` has."""
+        names = {f.name for f in dataclasses.fields(EvalOptions)}
+        return EvalOptions(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+
+@dataclasses.dataclass
+class EvalConfig(EvalDataSection, ModelSection):
+    metrics: list[str] = field(["accuracy"], "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
+    samples: int = field(0, "samples per prompt for pass@K/maj@K/avg@K/pass^K (0: the largest K)")
     reward_model: str | None = field(None, "metric reward: the reward model (a run's final/ of `lmrl reward`)")
     judge: str | None = field(None, "metric win_rate: the judge model (any causal LM)")
     baseline: str | None = field(None, "metric win_rate: the model the evaluated one is compared with")
@@ -67,14 +86,8 @@ class EvalConfig(ModelSection):
                 parse_metrics(self.metrics)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        if self.max_new_tokens < 1 or self.batch_size < 1 or self.samples < 0:
-            raise ConfigError("'max_new_tokens' and 'batch_size' must be >= 1 and 'samples' >= 0.")
-        if not self.temperature > 0:
-            raise ConfigError(f"'temperature' must be > 0 (accuracy is already greedy), got {self.temperature}.")
-
-    def options(self) -> EvalOptions:
-        names = {f.name for f in dataclasses.fields(EvalOptions)}
-        return EvalOptions(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+        if self.samples < 0:
+            raise ConfigError(f"'samples' must be >= 0 (0: the largest K of the metrics), got {self.samples}.")
 
 
 def default_output(config: EvalConfig) -> Path:

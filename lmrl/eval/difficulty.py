@@ -24,27 +24,18 @@ from rich.table import Table
 
 from lmrl.config import ConfigError, ModelSection, field
 from lmrl.data.loading import load_rows
-from lmrl.eval.cli import progress_bars
-from lmrl.eval.runner import EvalOptions, Evaluator
+from lmrl.eval.cli import EvalDataSection, progress_bars
+from lmrl.eval.runner import Evaluator
 from lmrl.tracking import console
 
 
 @dataclasses.dataclass
-class FilterConfig(ModelSection):
-    dataset: str = field("task:arithmetic", "prompts with answers: task:<name>, a .jsonl/.json/.parquet/.csv file or an HF dataset id")
+class FilterConfig(EvalDataSection, ModelSection):
     split: str = field("train", "dataset split")
     rows: int | None = field(2000, "rows to measure (null: all)")
-    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
-    samples: int = field(16, "completions sampled per prompt (N)")
+    samples: int = field(16, "completions sampled per prompt (N); sample with the temperature RL will use")
     min_pass: float = field(0.2, "keep prompts whose pass rate is >= this")
     max_pass: float = field(0.8, "... and <= this")
-    temperature: float = field(1.0, "sampling temperature (use the one RL will sample with)")
-    top_p: float = field(1.0, "nucleus sampling")
-    max_new_tokens: int = field(32, "tokens generated per completion")
-    batch_size: int = field(64, "prompts x samples per generate call")
-    chat: bool = field(True, "render prompts with the chat template (false: raw text)")
-    verifier: str = field("auto", "auto (a row's task, else exact match) | exact | math | task")
-    answer_column: str = field("answer", "column with the gold answers")
     output_file: str | None = field(None, "JSONL of the kept rows; default filtered/<dataset>_pass<min>-<max>.jsonl")
 
     def __post_init__(self) -> None:
@@ -52,10 +43,8 @@ class FilterConfig(ModelSection):
         if not 0 <= self.min_pass <= self.max_pass <= 1:
             raise ConfigError(f"need 0 <= min_pass <= max_pass <= 1, got min_pass={self.min_pass}, "
                               f"max_pass={self.max_pass}.")
-        if self.samples < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ConfigError("'samples', 'max_new_tokens' and 'batch_size' must be >= 1.")
-        if not self.temperature > 0:
-            raise ConfigError(f"'temperature' must be > 0 (pass rates need sampling), got {self.temperature}.")
+        if self.samples < 1:
+            raise ConfigError(f"'samples' must be >= 1, got {self.samples}.")
 
     def output_path(self) -> Path:
         if self.output_file:
@@ -80,10 +69,7 @@ def run(config: FilterConfig) -> dict[str, float]:
     from lmrl.models.setup import ModelSetup
 
     rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)
-    options = EvalOptions(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-                          samples=config.samples, batch_size=config.batch_size, seed=config.seed, chat=config.chat,
-                          verifier=config.verifier, answer_column=config.answer_column)
-    evaluator = Evaluator([f"avg@{config.samples}"], rows, options, config.dataset, key="samples")
+    evaluator = Evaluator([f"avg@{config.samples}"], rows, config.options(), config.dataset, key="samples")
     path = config.output_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     setup = ModelSetup.from_config(config)
