@@ -40,11 +40,12 @@ import torch
 import torch.nn.functional as F
 
 from lmrl.algorithms import AvatarlOptions, avatarl_loss, avatarl_rewards
+from lmrl.algorithms.avatarl_head import avatarl_head_loss
 from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models.placement import model_device
 from lmrl.models import autocast, describe_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, chunked_head, decoder_and_head, fusable, head_logprobs
 from lmrl.models.loading import default_tokenizer_name
 from lmrl.models.setup import ModelSetup
 from lmrl.rollout.hf import HFEngine, SamplingParams
@@ -157,6 +158,23 @@ def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: flo
     return -logp, entropy
 
 
+def chunked_avatarl(model, critic, inputs: torch.Tensor, targets: torch.Tensor, options: AvatarlOptions,
+                    chunk_mb: float) -> tuple[torch.Tensor, dict[str, float]] | None:
+    """The avatarl loss and stats from the student's and critic's hidden states through their LM heads in chunks
+    of positions (`lmrl.algorithms.avatarl_head`: about ``chunk_mb`` of fp32 logits at once, forward and backward);
+    None when the logits fit in one chunk or a head is not a plain bias-free linear layer (then full logits)."""
+    parts = chunked_head(model, targets.numel(), chunk_mb)
+    critic_parts = decoder_and_head(critic) if critic is not None else None
+    if parts is None or critic_parts is None or not (fusable(parts[1]) and fusable(critic_parts[1])):
+        return None
+    hidden = parts[0](input_ids=inputs).last_hidden_state  # (b, L, H)
+    with torch.no_grad():
+        critic_hidden = critic_parts[0](input_ids=inputs).last_hidden_state  # (b, L, H_c)
+    # a chunk holds student and critic logits, log-probs and the gradient: four (m, V) fp32 tensors
+    rows = chunk_tokens(parts[1].weight.shape[0], chunk_mb) // 4
+    return avatarl_head_loss(hidden, parts[1].weight, critic_hidden, critic_parts[1].weight, targets, options, rows)
+
+
 def train_step(model, critic, windows: torch.Tensor, objective: str, options: AvatarlOptions, grad_accum: int,
                dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB, scale: float = 1.0,
                ranks: int = 1) -> dict[str, float]:
@@ -166,8 +184,8 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
     Every window has L targets and both objectives average over positions, so the mean of
     the micro-batch losses is the batch loss: accumulation is exact. Stats are micro-batch
     means (``avatarl/reward_max``: the max); ``train/ce`` is the CE of the same logits. The CE objective never
-    builds more than ``chunk_mb`` of fp32 logits (`chunked_ce`); avatarl takes the full (b, L, V) logits of
-    student and critic (its active set needs both distributions at once). ``ranks``: processes that each hold an
+    builds more than ``chunk_mb`` of fp32 logits (`chunked_ce`), nor does avatarl when both heads are plain linear
+    layers (`chunked_avatarl`: student and critic logits chunk by chunk); otherwise avatarl takes full logits. ``ranks``: processes that each hold an
     equal share of the batch (the backward loss is this share's part of the batch mean).
     """
     totals: dict[str, float] = {}
@@ -176,7 +194,9 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
         inputs, targets = micro[:, :-1], micro[:, 1:]  # (b, L) each
         with autocast(device.type, dtype):
             nll = chunked_ce(model, inputs, targets, chunk_mb) if objective == "ce" else None
-            if nll is None:
+            fused = chunked_avatarl(model, critic, inputs, targets, options, chunk_mb) if objective == "avatarl" \
+                else None
+            if nll is None and fused is None:
                 logits = model(input_ids=inputs).logits  # (b, L, V)
                 critic_logits = None
                 if critic is not None:
@@ -185,6 +205,9 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
         if nll is not None:
             loss, stats = nll[0].mean(), {}
             ce = loss.detach()
+        elif fused is not None:
+            loss, stats = fused
+            ce = torch.tensor(stats.pop("train/ce"))
         else:
             loss, stats = OBJECTIVES[objective](logits, targets, critic_logits, options)
             with torch.no_grad():

@@ -135,6 +135,28 @@ def test_pretrain_cross_entropy_and_validation_chunked_equal_unchunked():
     assert va == pytest.approx(vb, rel=1e-5) and va["val/ce"] == pytest.approx(sa["loss"], rel=1e-5)
 
 
+def test_pretrain_avatarl_chunked_equals_full_logits():
+    from lmrl.algorithms import AvatarlOptions
+    from lmrl.trainers.pretrain import chunked_avatarl, train_step
+
+    model, critic = qwen(), qwen(seed=1).eval().requires_grad_(False)
+    windows = torch.randint(0, 3000, (4, 9), generator=torch.Generator().manual_seed(1))  # (B, L+1)
+    out = {}
+    for chunk_mb in (1000.0, 0.1):  # full logits / 2 positions of student + critic logits per chunk
+        model.zero_grad()
+        stats = train_step(model, critic, windows, "avatarl", AvatarlOptions(top_k=4), 2, None, step=1,
+                           chunk_mb=chunk_mb)
+        out[chunk_mb] = (stats, grads(model))
+    (sa, ga), (sb, gb) = out.values()
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    assert chunked_avatarl(model, critic, inputs, targets, AvatarlOptions(top_k=4), 1000.0) is None  # one chunk
+    assert chunked_avatarl(model, critic, inputs, targets, AvatarlOptions(top_k=4), 0.1) is not None
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert sa[key] == pytest.approx(sb[key], rel=1e-4, abs=1e-6), key
+    assert_same_grads(ga, gb)
+
+
 def test_dpo_sequence_log_probs_take_the_configured_chunk(monkeypatch):
     import lmrl.models.logprobs as logprobs
     from lmrl.trainers import dpo_common
@@ -205,4 +227,28 @@ def test_a_151936_token_vocabulary_trains_within_a_bound_set_by_the_chunk():
     chunked = _peak_rss_growth_mb(lambda: _big_vocab_step(16))
     # bound: a few chunks of 16 MB (logits, softmax/grad temporaries) plus the 151,936 x 16 embedding, its grad and
     # allocator slack (measured: +82 MB with the fused head, +94 MB checkpointing each chunk; unchunked: +3.5 GB)
+    assert chunked < 200, f"peak grew by {chunked:.0f} MB with 16 MB chunks"
+
+
+def _big_vocab_avatarl_step(chunk_mb):
+    from lmrl.algorithms import AvatarlOptions
+    from lmrl.trainers.pretrain import train_step
+
+    torch.set_num_threads(1)
+    models = []
+    for seed in (0, 1):  # student, critic
+        torch.manual_seed(seed)
+        models.append(LlamaForCausalLM(LlamaConfig(vocab_size=151_936, hidden_size=16, intermediate_size=32,
+                                                   num_hidden_layers=1, num_attention_heads=2,
+                                                   tie_word_embeddings=True)))
+    windows = torch.randint(0, 151_936, (4, 129))  # 512 positions: full fp32 logits = 311 MB per model
+    train_step(models[0], models[1].requires_grad_(False), windows, "avatarl", AvatarlOptions(), 1, None, step=1,
+               chunk_mb=chunk_mb)
+
+
+def test_avatarl_with_a_151936_token_vocabulary_trains_within_a_bound_set_by_the_chunk():
+    # full logits: student and critic 311 MB each, plus softmaxes and the gradient (measured: +2.1 GB)
+    chunked = _peak_rss_growth_mb(lambda: _big_vocab_avatarl_step(16))
+    # bound: 16 MB of chunk tensors, the two 151,936 x 16 embeddings, the student's weight gradient, slack
+    # (measured: +81 MB)
     assert chunked < 200, f"peak grew by {chunked:.0f} MB with 16 MB chunks"
