@@ -10,7 +10,7 @@ chunk. When everything fits in one chunk (small vocabularies, the built-in model
 ordinary forward: same values, same speed.
 
     hidden = decoder(...).last_hidden_state          # (N, T, H)
-    logp, entropy = head_logprobs(hidden, lm_head, targets, chunk_mb=256)   # (N, T) each
+    logp, entropy = head_logprobs(hidden, lm_head, targets, chunk_mb=128)   # (N, T) each
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK_MB = 256
+DEFAULT_CHUNK_MB = 128
 
 __all__ = ["DEFAULT_CHUNK_MB", "FusedHeadLogprobs", "chunk_tokens", "chunked_head", "decoder_and_head", "fusable",
            "head_logprobs"]
