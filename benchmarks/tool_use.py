@@ -10,7 +10,7 @@ with the same steps, batch and learning rates:
      pass@k and pass^k (k = 1, 2, 4) from `--n` samples (temperature 0.5, as in GRPO) on `--passk-rows` test problems.
 Stages whose output exists are reused. Results: docs/img/tools_results.json and docs/img/tools.png.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tool_use.py     # the run in docs/tools.md (~40 min, 1 core)
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tool_use.py     # the run in docs/tools.md (~30 min, 1 core)
 """
 
 from __future__ import annotations
