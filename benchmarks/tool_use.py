@@ -117,7 +117,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.5)
     p.add_argument("--out", default="runs/tool_use")
+    p.add_argument("--plot-only", action="store_true", help="redraw the plot from docs/img/tools_results.json")
     a = p.parse_args()
+    if a.plot_only:
+        results = json.loads((ROOT / "docs" / "img" / "tools_results.json").read_text())["results"]
+        return plot(results, ROOT / "docs" / "img" / "tools.png")
     out = ROOT / a.out
     out.mkdir(parents=True, exist_ok=True)
     results = run_condition(True, out, a) + run_condition(False, out, a)
@@ -146,8 +150,11 @@ def plot(results: list[dict], path: Path) -> None:
         rs = [r for r in results if r["tools"] == tools]
         name = "calculator" if tools else "no tools"
         for kind, style in (("pass@", "-"), ("pass^", "--")):
-            mean = [statistics.mean(r["rl"][f"{kind}{k}"] for r in rs) for k in ks]
-            ax2.plot(ks, mean, style, marker="o", color=color, label=f"{name}, {kind}k after GRPO")
+            for phase, alpha, when in (("warm", 0.35, "SFT warm start"), ("rl", 1.0, "after GRPO")):
+                if phase == "warm" and not tools:
+                    continue
+                mean = [statistics.mean(r[phase][f"{kind}{k}"] for r in rs) for k in ks]
+                ax2.plot(ks, mean, style, marker="o", color=color, alpha=alpha, label=f"{name}, {kind}k, {when}")
     ax2.set(xlabel="k", ylabel="mean over seeds", xticks=ks, ylim=(-0.02, 1.0), title="pass@k (any of k) and pass^k (all k)")
     ax2.legend(fontsize=8)
     fig.tight_layout()
