@@ -1,12 +1,16 @@
-"""Does a calculator help the tiny model? SFT warm start then GRPO on `tool_arithmetic`, with and without tools.
+"""Does a calculator help the tiny model, and does GRPO learn to use it? `tool_arithmetic` with and without tools.
 
-For each seed: (1) SFT on tool-use traces (tools=[calculator]) and, as the baseline, SFT on the same problems
-answered directly, with the same steps, batch and learning rate; (2) GRPO from each SFT model with the same
-prompts x samples and steps (multi-turn with the calculator, single-turn without); (3) held-out greedy
-accuracy after each phase and pass@k / pass^k from n samples per held-out problem. Results go to
-docs/img/tools_results.json and docs/img/tools.png.
+Per condition (with the calculator / without tools: the same problems answered directly), the shipped recipes
+with the same steps, batch and learning rates:
+  1. SFT stage 1 (`sft/tiny_calculator`, 400 steps) and stage 2 (`sft/tiny_calculator_more`, 400 more steps with a
+     checkpoint every 50), seed 0; the warm start is stage 2's checkpoint at `--warm-step` (a partial SFT model).
+  2. GRPO (`rl/tiny_calculator_grpo`) from that warm start, one run per seed: multi-turn with the calculator,
+     single-turn without.
+  3. Held-out greedy accuracy (100 test problems) of the warm start, after GRPO and after all 800 SFT steps;
+     pass@k and pass^k (k = 1, 2, 4) from `--n` samples (temperature 0.5, as in GRPO) on `--passk-rows` test problems.
+Stages whose output exists are reused. Results: docs/img/tools_results.json and docs/img/tools.png.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tool_use.py          # the run in docs/tools.md (~1 h on 2 shared cores)
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tool_use.py     # the run in docs/tools.md (~30 min, 1 core)
 """
 
 from __future__ import annotations
@@ -14,59 +18,58 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ["tools=[calculator]", "tool_parser=pythonic", "max_turns=3", "max_total_tokens=160"]
 
 
-def lmrl(verb: str, args: list[str], log: Path) -> None:
-    cmd = [sys.executable, "-m", "lmrl", verb, *args]
-    with open(log, "w") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+def lmrl(verb: str, args: list[str], out: Path, done: Path) -> None:
+    if done.exists():
+        return
+    with open(f"{out}.log", "w") as f:
+        subprocess.run([sys.executable, "-m", "lmrl", verb, *args, f"output_dir={out}", "overwrite=true"], check=True,
+                       stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def last(path: Path, key: str) -> float | None:
-    value = None
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if key in row:
-            value = row[key]
-    return value
+def condition(tools: bool) -> list[str]:
+    return [] if tools else ["tools=[]", "task_args={digits: 2, tools: false}"]
 
 
-def run_seed(seed: int, tools: bool, out: Path, a) -> dict:
-    tag = f"{'tools' if tools else 'notools'}-s{seed}"
-    sft_dir, rl_dir = out / f"sft-{tag}", out / f"rl-{tag}"
-    task = ["dataset=task:tool_arithmetic", f"task_args={{digits: {a.digits}, tools: {str(tools).lower()}}}",
-            *(TOOLS if tools else [])]
-    sft = [*task, "model=builtin:tiny", f"seed={seed}", "train_rows=4000", f"eval_rows={a.eval_rows}",
-           "max_length=160", "batch_size=32", "lr=3e-3", "warmup_steps=20", "lr_schedule=cosine",
-           f"max_steps={a.sft_steps}", "log_every=25", f"eval_every={a.sft_steps}", "save_every=0",
-           "eval_max_new_tokens=48", f"output_dir={sft_dir}"]
-    lmrl("sft", sft, out / f"sft-{tag}.log")
-    rl = [*task, f"model={sft_dir}/final", f"seed={seed}", "train_rows=4000", f"eval_rows={a.eval_rows}",
-          "algorithm=grpo", f"prompts_per_step={a.prompts}", f"samples_per_prompt={a.samples}", "max_new_tokens=48",
-          "temperature=1.0", "rewards=[task]", f"lr={a.rl_lr}", f"max_steps={a.rl_steps}", "log_every=5",
-          f"eval_every={a.rl_steps}", "save_every=0", "sample_every=20", f"output_dir={rl_dir}"]
-    lmrl("rl", rl, out / f"rl-{tag}.log")
-    result = {"seed": seed, "tools": tools,
-              "sft_accuracy": last(sft_dir / "metrics.jsonl", "eval/accuracy"),
-              "rl_accuracy": last(rl_dir / "metrics.jsonl", "eval/accuracy"),
-              "rl_reward_curve": [(json.loads(l)["step"], json.loads(l)["reward/mean"])
-                                  for l in (rl_dir / "metrics.jsonl").read_text().splitlines()
-                                  if "reward/mean" in json.loads(l)]}
-    result.update(pass_k(rl_dir / "final", tools, seed, a))
-    print(json.dumps({k: v for k, v in result.items() if k != "rl_reward_curve"}), flush=True)
-    return result
+def evals(path: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+
+
+def run_condition(tools: bool, out: Path, a) -> list[dict]:
+    tag = "tools" if tools else "notools"
+    sft1, sft2 = out / f"sft1-{tag}", out / f"sft2-{tag}"
+    lmrl("sft", ["--config", "sft/tiny_calculator", *condition(tools), "seed=0"], sft1, sft1 / "final")
+    lmrl("sft", ["--config", "sft/tiny_calculator_more", *condition(tools), "seed=0", f"model={sft1}/final"], sft2,
+         sft2 / "final")
+    warm = sft2 / "checkpoints" / f"step-{a.warm_step}"
+    sft_curve = evals(sft2 / "metrics.jsonl")
+    results = []
+    for seed in a.seeds:
+        rl = out / f"rl-{tag}-s{seed}"
+        lmrl("rl", ["--config", "rl/tiny_calculator_grpo", *condition(tools), f"seed={seed}", f"model={warm}",
+                    f"max_steps={a.rl_steps}", f"eval_every={a.rl_steps // 3}", "save_every=0"], rl, rl / "final")
+        rows = [json.loads(line) for line in (rl / "metrics.jsonl").read_text().splitlines()]
+        curve = evals(rl / "metrics.jsonl")
+        result = {"seed": seed, "tools": tools, "sft_stage2_accuracy": sft_curve, "warm_accuracy": curve[0],
+                  "rl_accuracy": curve[a.rl_steps], "rl_eval_curve": sorted(curve.items()),
+                  "rl_reward_curve": [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r],
+                  "warm": pass_k(warm, tools, seed, a), "rl": pass_k(rl / "final", tools, seed, a)}
+        print(json.dumps({k: v for k, v in result.items() if "curve" not in k and k != "sft_stage2_accuracy"}),
+              flush=True)
+        results.append(result)
+    return results
 
 
 def pass_k(model_dir: Path, tools: bool, seed: int, a) -> dict:
-    """pass@k and pass^k of a final model from a.n samples per held-out problem (temperature 1)."""
+    """pass@k and pass^k of a model from a.n samples (temperature a.temperature) per held-out problem."""
     import torch
 
     from lmrl.data.loading import load_rows
@@ -82,66 +85,49 @@ def pass_k(model_dir: Path, tools: bool, seed: int, a) -> dict:
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(str(model_dir), None, seed)
     ensure_tool_template(tok)
-    rows = load_rows("task:tool_arithmetic", split="test", limit=a.passk_rows, digits=a.digits)
+    rows = load_rows("task:tool_arithmetic", split="test", limit=a.passk_rows, digits=2)
     parser = get_parser("pythonic")
     box = ToolBox([calculator()] if tools else [])
     options = MultiTurnOptions(max_turns=3 if tools else 1, max_total_tokens=160, parser=parser)
     metrics, _ = tool_eval(HFEngine(model, tok), tok, rows, tool_env_factory(box, parser), options, 48, n=a.n,
-                           ks=(1, 2, 4, 8), seed=seed)
+                           ks=(1, 2, 4), temperature=a.temperature, seed=seed)
     return {k: v for k, v in metrics.items() if k.startswith("pass")}
+
+
+def summary(results: list[dict]) -> dict:
+    """Mean and sample standard deviation over seeds of each number, per condition."""
+    out = {}
+    for tools in (True, False):
+        rs = [r for r in results if r["tools"] == tools]
+        values = {"warm_accuracy": [r["warm_accuracy"] for r in rs], "rl_accuracy": [r["rl_accuracy"] for r in rs]}
+        for phase in ("warm", "rl"):
+            for k in rs[0][phase]:
+                values[f"{phase}/{k}"] = [r[phase][k] for r in rs]
+        out["tools" if tools else "notools"] = {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
+                                                for k, v in values.items()}
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--digits", type=int, default=2)
-    p.add_argument("--sft-steps", type=int, default=250)
-    p.add_argument("--rl-steps", type=int, default=20)
-    p.add_argument("--rl-lr", type=float, default=2e-4)
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--eval-rows", type=int, default=100)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--warm-step", type=int, default=150, help="stage-2 SFT checkpoint GRPO starts from")
+    p.add_argument("--rl-steps", type=int, default=30)
     p.add_argument("--passk-rows", type=int, default=50)
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--parallel", type=int, default=2)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.5)
     p.add_argument("--out", default="runs/tool_use")
-    p.add_argument("--collect", metavar="LOG", help="only gather the finished runs under --out (pass@k from the "
-                   "JSON lines of this log of an earlier run) into the results and the plot")
+    p.add_argument("--plot-only", action="store_true", help="redraw the plot from docs/img/tools_results.json")
     a = p.parse_args()
+    if a.plot_only:
+        results = json.loads((ROOT / "docs" / "img" / "tools_results.json").read_text())["results"]
+        return plot(results, ROOT / "docs" / "img" / "tools.png")
     out = ROOT / a.out
     out.mkdir(parents=True, exist_ok=True)
-    if a.collect:
-        return collect(out, Path(a.collect), a)
-    jobs = [(s, t) for s in a.seeds for t in (True, False)]
-    with ThreadPoolExecutor(a.parallel) as pool:
-        results = list(pool.map(lambda job: run_seed(job[0], job[1], out, a), jobs))
-    results.sort(key=lambda r: (r["seed"], not r["tools"]))
-    (ROOT / "docs" / "img" / "tools_results.json").write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
-    plot(results, ROOT / "docs" / "img" / "tools.png")
-
-
-def collect(out: Path, log: Path, a) -> None:
-    """Results of the runs that finished (SFT and/or GRPO), for runs cut short by a deadline."""
-    printed = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"seed"')]
-    results = []
-    for seed in a.seeds:
-        for tools in (True, False):
-            tag = f"{'tools' if tools else 'notools'}-s{seed}"
-            sft_m, rl_m = out / f"sft-{tag}" / "metrics.jsonl", out / f"rl-{tag}" / "metrics.jsonl"
-            sft_rows = [json.loads(line) for line in sft_m.read_text().splitlines()] if sft_m.exists() else []
-            if not any(r.get("step") == a.sft_steps and "eval/accuracy" in r for r in sft_rows):
-                continue  # SFT did not finish
-            rl_rows = [json.loads(line) for line in rl_m.read_text().splitlines()] if rl_m.exists() else []
-            finished_rl = any(r.get("step") == a.rl_steps and "eval/accuracy" in r for r in rl_rows)
-            result = {"seed": seed, "tools": tools, "sft_accuracy": last(sft_m, "eval/accuracy"),
-                      "rl_accuracy": last(rl_m, "eval/accuracy") if finished_rl else None,
-                      "rl_steps_done": max([r["step"] for r in rl_rows if "reward/mean" in r], default=0),
-                      "rl_reward_curve": [(r["step"], r["reward/mean"]) for r in rl_rows if "reward/mean" in r]}
-            result.update(next(({k: v for k, v in r.items() if k.startswith("pass")} for r in printed
-                                if r["seed"] == seed and r["tools"] == tools), {}))
-            results.append(result)
-    (ROOT / "docs" / "img" / "tools_results.json").write_text(json.dumps({"args": vars(a), "results": results},
-                                                                         indent=1))
+    results = run_condition(True, out, a) + run_condition(False, out, a)
+    report = {"args": vars(a), "summary": summary(results), "results": results}
+    (ROOT / "docs" / "img" / "tools_results.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report["summary"], indent=1))
     plot(results, ROOT / "docs" / "img" / "tools.png")
 
 
@@ -151,22 +137,26 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
-        steps, rewards = zip(*r["rl_reward_curve"]) if r["rl_reward_curve"] else ((), ())
-        ax1.plot(steps, rewards, color="tab:blue" if r["tools"] else "tab:orange", alpha=0.7,
-                 label=("with calculator" if r["tools"] else "without tools") if r["seed"] == results[0]["seed"] else None)
-    ax1.set(xlabel="GRPO step", ylabel="training reward (accuracy)", title="GRPO on tool_arithmetic")
+        color, label = ("tab:blue", "with calculator") if r["tools"] else ("tab:orange", "without tools")
+        steps, acc = zip(*r["rl_eval_curve"])
+        ax1.plot(steps, acc, "o-", color=color, alpha=0.7, label=label if r["seed"] == results[0]["seed"] else None)
+    ax1.set(xlabel="GRPO step", ylabel="held-out greedy accuracy (100 problems)", ylim=(-0.02, 1.0),
+            title="GRPO from the partial SFT warm start, one line per seed")
     ax1.legend()
-    for tools, color, dx in ((True, "tab:blue", -0.15), (False, "tab:orange", 0.15)):
+    ks = (1, 2, 4)
+    for tools, color in ((True, "tab:blue"), (False, "tab:orange")):
         rs = [r for r in results if r["tools"] == tools]
-        for i, key in enumerate(("sft_accuracy", "rl_accuracy")):
-            vals = [r[key] for r in rs if r.get(key) is not None]
-            ax2.scatter([i + dx] * len(vals), vals, color=color, label=("with calculator" if tools else "without tools")
-                        if i == 0 else None)
-    ax2.set_xticks([0, 1], ["after SFT", "after GRPO"])
-    ax2.set(ylabel="held-out greedy accuracy", title="each dot: one seed", ylim=(-0.05, 1.05))
-    ax2.legend()
+        name = "calculator" if tools else "no tools"
+        for kind, style in (("pass@", "-"), ("pass^", "--")):
+            for phase, alpha, when in (("warm", 0.35, "SFT warm start"), ("rl", 1.0, "after GRPO")):
+                if phase == "warm" and not tools:
+                    continue
+                mean = [statistics.mean(r[phase][f"{kind}{k}"] for r in rs) for k in ks]
+                ax2.plot(ks, mean, style, marker="o", color=color, alpha=alpha, label=f"{name}, {kind}k, {when}")
+    ax2.set(xlabel="k", ylabel="mean over seeds", xticks=ks, ylim=(-0.02, 1.0), title="pass@k (any of k) and pass^k (all k)")
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

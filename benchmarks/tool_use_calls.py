@@ -1,7 +1,7 @@
 """Where do tool episodes fail? Greedy episodes of a tool_arithmetic model, split into: called the calculator,
 with exactly the right expression, answered with the tool's result, answered correctly.
 
-    PYTHONPATH=. python benchmarks/tool_use_calls.py runs/tool_use/sft-tools-s0/final --digits 2 --rows 100
+    PYTHONPATH=. python benchmarks/tool_use_calls.py runs/tool_use/rl-tools-s0/final --digits 2 --rows 100
 """
 
 from __future__ import annotations
