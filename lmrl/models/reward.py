@@ -89,18 +89,25 @@ class RewardModel(nn.Module):
         out = self(input_ids, attention_mask)[..., 0]  # (N, L)
         return out.gather(1, last_token_index(attention_mask)[:, None]).squeeze(1)  # (N,)
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """The causal LM in HF format, plus the head and `reward_model.json`."""
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """The causal LM in HF format, plus the head and `reward_model.json`. ``state_dict``: this module's full
+        weights to save instead of its own (a sharded model's, gathered)."""
         from safetensors.torch import save_file
 
         path = Path(path)
         lm = self.causal_lm
-        if hasattr(lm, "merge_and_unload"):  # LoRA: a reward model directory always holds full weights
-            from lmrl.models.lora import merged_copy
+        if state_dict is not None:
+            # the LM's children are this module's own: its keys are the LM's, plus score.*
+            lm.save_pretrained(path, state_dict={k: v for k, v in state_dict.items() if not k.startswith("score.")})
+            head = {k: v for k, v in state_dict.items() if k.startswith("score.")}
+        else:
+            if hasattr(lm, "merge_and_unload"):  # LoRA: a reward model directory always holds full weights
+                from lmrl.models.lora import merged_copy
 
-            lm = merged_copy(lm)
-        lm.save_pretrained(path)
-        save_file({f"score.{k}": v.detach().contiguous() for k, v in self.score.state_dict().items()}, path / HEAD_FILE)
+                lm = merged_copy(lm)
+            lm.save_pretrained(path)
+            head = {f"score.{k}": v for k, v in self.score.state_dict().items()}
+        save_file({k: v.detach().contiguous() for k, v in head.items()}, path / HEAD_FILE)
         info = {"format": "lmrl-reward-model", "kind": self.kind, "num_labels": KINDS[self.kind], "chat": self.chat}
         (path / CONFIG_FILE).write_text(json.dumps(info, indent=2) + "\n")
 

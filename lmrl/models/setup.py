@@ -78,18 +78,19 @@ class ModelSetup:
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.dtype)
 
-    def policy(self, name: str | None = None) -> tuple[torch.nn.Module, Any]:
+    def policy(self, name: str | None = None, distribute: bool = True) -> tuple[torch.nn.Module, Any]:
         """The trained causal LM and its tokenizer (``name`` default: the config's model), on the device, with
         LoRA adapters (only they train) and gradient checkpointing when configured. The module mode is as
         loaded (HF ``from_pretrained`` gives eval mode: no dropout, as RL wants); SFT-style trainers call
-        ``model.train()``."""
+        ``model.train()``. ``distribute=False``: not yet made data-parallel (the caller wraps it, e.g. with a
+        reward head, and passes the whole to `distribute`)."""
         own = name in (None, self.model)
         name = name or self.model
         model, tokenizer = load_model_and_tokenizer(name, self.tokenizer, self.seed, self.model_args if own else None,
                                                     self.load_in_4bit)
         model = self.prepare(model, base=name)
         self.trained = model
-        return self.distribute(model), tokenizer
+        return (self.distribute(model) if distribute else model), tokenizer
 
     def distribute(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
         """With several processes: FSDP2-shard or DDP-replicate ``model`` in place (`lmrl.parallel.wrap`)."""

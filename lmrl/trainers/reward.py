@@ -39,6 +39,7 @@ from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.reward import RewardModel, last_token_index
 from lmrl.models.setup import ModelSetup
+from lmrl.parallel import runtime
 from lmrl.rewards.reward_model import score_texts
 from lmrl.trainers import common, loop, reward_score
 from lmrl.trainers.reward_config import RewardConfig  # also `lmrl reward`'s config (lmrl/cli.py)
@@ -152,15 +153,20 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
     return loss, {"accuracy": (pairs > 0).float().mean().item(), "margin": pairs.mean().item(), "n": len(items)}
 
 
-def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtype, step: int) -> dict[str, float]:
+def item_weight(item: Item, config: RewardConfig) -> int:
+    """An item's share of the batch loss: one prompt (bt/PL), or its labelled tokens (orm/prm)."""
+    return len(item.labels) if config.loss in ("orm", "prm") else 1
+
+
+def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtype, step: int,
+               total: int | None = None) -> dict[str, float]:
     """Forward/backward over grad_accum micro-batches; the loss is the mean over the whole batch
-    (over prompts for bt/PL, over labelled tokens for orm/prm), so accumulation is exact."""
+    (over prompts for bt/PL, over labelled tokens for orm/prm), so accumulation is exact. ``total``: the whole
+    batch's weight when ``items`` is one process's share of it (default: ``items``' own)."""
     micro = len(items) // config.grad_accum
     chunks = [items[i * micro : (i + 1) * micro] for i in range(config.grad_accum)]
-    weights = [len(c) for c in chunks]
-    if config.loss in ("orm", "prm"):
-        weights = [sum(len(i.labels) for i in c) for c in chunks]
-    total = sum(weights)
+    weights = [sum(item_weight(i, config) for i in c) for c in chunks]
+    total = total or sum(weights)
     sums: dict[str, float] = {}
     for chunk, w in zip(chunks, weights):
         loss, stats = batch_loss(model, chunk, config, pad_id, dtype)
@@ -214,11 +220,13 @@ class RewardModelTraining:
     all its K completions; orm/prm: ``batch_size`` labelled completions)."""
 
     samples_title = "held-out rows"
+    data_parallel = True
 
     def __init__(self, config: RewardConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        lm, self.tokenizer = setup.policy()
-        self.model = RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat, seed=config.seed)
+        lm, self.tokenizer = setup.policy(distribute=False)
+        # several processes: the head is sharded (or replicated) with the backbone, as one module
+        self.model = setup.distribute(RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat, seed=config.seed))
         self.model.train()
         self.items, self.eval_items, self.eval_records, self.dropped = load_data(config, self.tokenizer)
         self.optimizer = common.build_optimizer(self.model, config)
@@ -228,10 +236,14 @@ class RewardModelTraining:
         config, t0 = self.config, time.perf_counter()
         idx = common.epoch_batch_indices(len(self.items), config.batch_size, step, config.seed)
         batch = [self.items[i] for i in idx]
-        stats = train_step(self.model, batch, config, self.tokenizer.pad_token_id, self.setup.dtype, step)
+        total = sum(item_weight(item, config) for item in batch)
+        shard = runtime.shard(batch)  # this process's equal share (all of it with one process)
+        stats = train_step(self.model, shard, config, self.tokenizer.pad_token_id, self.setup.dtype, step, total)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
-        tokens = sum(len(s) for item in batch for s in item.seqs)
+        tokens = sum(len(s) for item in shard for s in item.seqs)
+        # each rank's stats are its part of the batch mean: world x part, averaged over the ranks, is the mean
+        stats = {key: value * runtime.world() for key, value in stats.items()}
         return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
                 "tokens_per_s": tokens / elapsed, "time/train_s": elapsed}
 
