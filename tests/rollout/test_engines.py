@@ -161,3 +161,24 @@ def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
     assert not adapts_tied_head(adapted(True, ["q_proj", "v_proj"]))
     assert not adapts_tied_head(adapted(False, ["q_proj", "lm_head"]))
     assert not adapts_tied_head(tiny_llama(len(tok)))
+
+
+def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command_to_start_one(monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a free port: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # vllm_server=host:port needs no vLLM in the trainer's environment (this one has none)
+    monkeypatch.setattr(engines, "require_vllm", lambda **_: pytest.fail("server mode must not need vLLM here"))
+    tok = char_tokenizer()
+    config = load_config(RLConfig, None, ["engine=vllm", f"vllm_server=127.0.0.1:{port}"])
+    with pytest.raises(ConfigError, match=rf"no vLLM server answers at http://127.0.0.1:{port}.*"
+                                          rf"lmrl vllm-serve port={port}.*vllm_server=auto"):
+        engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams(max_new_tokens=8))
+    for bad in ("localhost", "host:port", ":80"):
+        with pytest.raises(ConfigError, match="vllm_server=.*host:port"):
+            load_config(RLConfig, None, [f"vllm_server={bad}"])
+    with pytest.raises(ConfigError, match="vllm_sleep=true applies to vLLM in this process"):
+        engines.vllm_options(load_config(RLConfig, None, ["engine=vllm", "vllm_server=h:1", "vllm_sleep=true"]),
+                             tiny_llama(len(tok)), None, SamplingParams(max_new_tokens=8))

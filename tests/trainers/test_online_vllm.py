@@ -80,3 +80,14 @@ def test_lora_grpo_with_engine_vllm_pushes_merged_adapters_and_learns(tmp_path):
     gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
     # (once every group's reward saturates, a step has zero advantages and no learner forward: fewer gaps)
     assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the engine samples W + BA, the learner's policy
+
+
+def test_grpo_with_a_vllm_server_learns_with_weights_pushed_every_step(tmp_path):
+    # vllm_server=auto: lmrl starts `lmrl vllm-serve` in a child process and pushes the weights to it over HTTP
+    rows = grpo(tmp_path, "vllm", "max_steps=20", "vllm_server=auto")
+    rewards = [r["reward/mean"] for r in rows]
+    gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+    assert gain > 0.1, f"vllm_server=auto: reward gain {gain:.3f} ({rewards})"
+    assert len(rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in rows)  # a push before every rollout
+    gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
+    assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the server samples the learner's policy
