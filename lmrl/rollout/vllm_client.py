@@ -5,7 +5,7 @@ per-prompt seeds (drawn in the trainer), same log-prob semantics, same `RolloutB
     driver = server_driver("127.0.0.1:8000", timeout=600, model=policy, options=VLLMOptions(max_model_len=256))
     driver = server_driver("auto", ...)   # starts `python -m lmrl vllm-serve` as a child process first
 
-Weights go as one safetensors body per push (checkpoint names, the run's dtype). Every request has a timeout, so a
+Weights go as safetensors bodies of up to 256 MiB each (checkpoint names, the run's dtype). Every request has a timeout, so a
 server that died or hangs stops the run with `VLLMServerError` (naming the server and how to restart) instead of
 hanging it; a server that is not there at start-up is a `ConfigError` with the command that starts one.
 """
@@ -29,6 +29,7 @@ from lmrl.config_base import ConfigError
 
 CONNECT_TIMEOUT_S = 5.0  # /health: a live server answers at once
 SPAWN_TIMEOUT_S = 300.0  # vllm_server=auto: `import vllm` and the server start
+PUSH_PART_BYTES = 256 * 2**20  # one /weights request
 
 
 class VLLMServerError(RuntimeError):
@@ -77,10 +78,14 @@ class RemoteVLLM:
         return self.request("/init", body, timeout=max(self.timeout, SPAWN_TIMEOUT_S))["reused"]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
+        """Push in parts of about PUSH_PART_BYTES (the trainer serializes one part at a time); the server loads
+        them all in one in-place reload when the last part arrives."""
         from safetensors.torch import save
 
-        body = save({name: t.detach().to("cpu").contiguous() for name, t in weights})
-        self.request("/weights", body, query="?tied=1" if tied else "")
+        parts = list(split_bytes(weights, PUSH_PART_BYTES))
+        for i, part in enumerate(parts):
+            body = save({name: t.detach().to("cpu").contiguous() for name, t in part})
+            self.request("/weights", body, query=f"?part={i}&parts={len(parts)}&tied={int(tied)}")
 
     def sample(self, prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds):
         reply = self.request("/sample", json.dumps({
@@ -96,6 +101,20 @@ class RemoteVLLM:
     def close(self) -> None:
         if self.process is not None:
             stop_process(self.process)
+
+
+def split_bytes(weights: Iterable[tuple[str, torch.Tensor]], limit: int):
+    """Consecutive lists of (name, tensor) of at most `limit` bytes each (a larger tensor alone)."""
+    part, size = [], 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if part and size + nbytes > limit:
+            yield part
+            part, size = [], 0
+        part.append((name, tensor))
+        size += nbytes
+    if part:
+        yield part
 
 
 def stop_process(process: subprocess.Popen) -> None:

@@ -12,7 +12,8 @@ replaces it. Shape follows TRL's `vllm-serve` (HTTP for generation, a separate w
 
     GET  /health   {"ok": true, "model": architecture or null}
     POST /init     JSON {config, architecture, options}       -> starts (or reuses) the engine
-    POST /weights  safetensors bytes (checkpoint names); ?tied=1 re-packs a tied LM head
+    POST /weights  safetensors bytes (checkpoint names); ?part=i&parts=N: a push in N parts, loaded when the last
+                   arrives; tied=1 re-packs a tied LM head
     POST /sample   JSON {prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds} -> {tokens, logps, stopped}
 
 The weight channel here is the safetensors body over HTTP (CPU: no NCCL; ~tens of ms per 10M parameters on one
@@ -54,6 +55,7 @@ class Server:
 
     def __init__(self):
         self.driver, self.spec = None, None
+        self.pending: list[dict] = []  # the parts of a weight push received so far
         self.lock = threading.Lock()
 
     def init(self, request: dict) -> dict:
@@ -76,12 +78,21 @@ class Server:
         self.spec = spec
         return {"reused": False}
 
-    def weights(self, body: bytes, tied: bool) -> dict:
+    def weights(self, body: bytes, part: int, parts: int, tied: bool) -> dict:
+        """Part `part` of `parts` of a push; the last one loads them all in one in-place reload."""
         from safetensors.torch import load
 
         self._require_driver()
-        weights = load(body)
-        self.driver.load_weights(list(weights.items()), tied)
+        if part == 0:
+            self.pending = []
+        elif len(self.pending) != part:
+            raise ConfigError(f"weight push: part {part} of {parts} arrived after {len(self.pending)} parts")
+        self.pending.append(load(body))
+        if part < parts - 1:
+            return {"parts": len(self.pending)}
+        weights = [item for chunk in self.pending for item in chunk.items()]
+        self.pending = []
+        self.driver.load_weights(weights, tied)
         return {"tensors": len(weights)}
 
     def sample(self, request: dict) -> dict:
@@ -122,7 +133,9 @@ def handler(server: Server):
                     if url.path == "/init":
                         result = server.init(json.loads(body))
                     elif url.path == "/weights":
-                        result = server.weights(body, parse_qs(url.query).get("tied") == ["1"])
+                        query = {k: int(v[0]) for k, v in parse_qs(url.query).items()}
+                        result = server.weights(body, query.get("part", 0), query.get("parts", 1),
+                                                bool(query.get("tied", 0)))
                     elif url.path == "/sample":
                         result = server.sample(json.loads(body))
                     else:

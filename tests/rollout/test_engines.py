@@ -182,3 +182,12 @@ def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command
     with pytest.raises(ConfigError, match="vllm_sleep=true applies to vLLM in this process"):
         engines.vllm_options(load_config(RLConfig, None, ["engine=vllm", "vllm_server=h:1", "vllm_sleep=true"]),
                              tiny_llama(len(tok)), None, SamplingParams(max_new_tokens=8))
+
+
+def test_a_weight_push_is_split_into_parts_of_at_most_the_limit():
+    from lmrl.rollout.vllm_client import split_bytes
+
+    weights = [(f"w{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 5, 5])]  # 4 bytes per element
+    parts = [[name for name, _ in part] for part in split_bytes(weights, 80)]
+    assert parts == [["w0", "w1"], ["w2"], ["w3", "w4", "w5"]]  # w2 (120 bytes) alone: larger than the limit
+    assert [name for part in parts for name in part] == [name for name, _ in weights]

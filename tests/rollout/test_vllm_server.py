@@ -19,6 +19,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
+from lmrl.rollout import vllm_client  # noqa: E402
 from lmrl.rollout.vllm_client import VLLMServerError, spawn  # noqa: E402
 from lmrl.rollout.vllm_engine import VLLMEngine, model_spec  # noqa: E402
 from lmrl.rollout.vllm_driver import VLLMOptions  # noqa: E402
@@ -72,9 +73,13 @@ def test_the_server_samples_the_models_greedy_output_and_log_probs(served, promp
     assert_matches_hf(model, engine, prompts, tok)
 
 
-def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok):
-    model, engine, _ = served
+def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok, monkeypatch):
+    monkeypatch.setattr(vllm_client, "PUSH_PART_BYTES", 2**17)  # ~1.3 MB of weights: a push in several parts
+    model, engine, remote = served
+    paths, request = [], remote.request
+    monkeypatch.setattr(remote, "request", lambda path, *a, **k: (paths.append(path), request(path, *a, **k))[1])
     old = engine.generate(prompts, GREEDY)
+    syncs = engine.syncs
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     engine.watch(optimizer)
     batch = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2,
@@ -88,7 +93,7 @@ def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok):
     assert not torch.equal(old.completion_ids, new.completion_ids) or \
         (old.sampler_logp - new.sampler_logp).abs().max() > 0.1  # the step is visible, so the match proves the push
     assert_matches_hf(model, engine, prompts, tok)
-    assert engine.syncs >= 2 and engine.last_sync_s > 0
+    assert engine.syncs == syncs + 1 and paths.count("/weights") > 1  # one push, in several parts
 
 
 def test_server_and_colocated_engines_give_the_same_batch_for_the_same_seed(served, prompts, tok):
