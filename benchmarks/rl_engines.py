@@ -2,9 +2,10 @@
 
     .venv-vllm/bin/python benchmarks/rl_engines.py                      # builtin:medium (6 heads), 16 x 8 x 64
     .venv-vllm/bin/python benchmarks/rl_engines.py --steps 6 --new-tokens 128 --precision bf16
+    .venv-vllm/bin/python benchmarks/rl_engines.py --engines hf vllm vllm-server   # + vLLM in a server process
 
 Same config for both (task:arithmetic, `task` reward, seed 0); each run is `online.train` in this process, one after
-the other. A step's time is its `time/rollout_s` (engine=vllm: including the weight sync before it) plus
+the other (`vllm-server`: engine=vllm vllm_server=auto, vLLM in a child `lmrl vllm-serve` process). A step's time is its `time/rollout_s` (engine=vllm: including the weight sync before it) plus
 `time/train_s` (reference/old log-probs, the loss, backward, optimizer step); steps/s is over steps 2.. (step 1
 warms up both engines).
 """
@@ -22,6 +23,9 @@ from lmrl.tracking import read_jsonl  # noqa: E402
 from lmrl.trainers import online  # noqa: E402
 
 
+ENGINE_KEYS = {"hf": ["engine=hf"], "vllm": ["engine=vllm"], "vllm-server": ["engine=vllm", "vllm_server=auto"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
@@ -29,12 +33,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--engines", nargs="+", default=["hf", "vllm"])
+    parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=("hf", "vllm", "vllm-server"))
     args = parser.parse_args()
     out = tempfile.mkdtemp(prefix="lmrl-rl-engines-")
     for engine in args.engines:
         config = load_config(online.RLConfig, None, [
-            f"engine={engine}", "model=builtin:medium", "model_args.num_attention_heads=6", f"precision={args.precision}",
+            *ENGINE_KEYS[engine], "model=builtin:medium", "model_args.num_attention_heads=6", f"precision={args.precision}",
             f"prompts_per_step={args.prompts}", f"samples_per_prompt={args.samples}",
             f"max_new_tokens={args.new_tokens}", f"max_steps={args.steps}", "eval_every=0", "save_every=0",
             "eval_rows=8", "log_every=1", f"output_dir={out}/{engine}", "vllm_kv_cache_gb=2"])
@@ -45,7 +49,7 @@ def main() -> None:
         tokens = sum(r["tokens_per_s"] * r["time/rollout_s"] for r in rows) / len(rows)
         sync = sum(r.get("time/weight_sync_s", 0.0) for r in rows) / len(rows)
         gap = max(r.get("sampler_logp_gap", 0.0) for r in rows)
-        print(f"engine={engine:4s} {args.precision}: {1 / (rollout + train):.3f} steps/s  rollout {rollout:.2f} s "
+        print(f"{engine:11s} {args.precision}: {1 / (rollout + train):.3f} steps/s  rollout {rollout:.2f} s "
               f"({tokens / rollout:.0f} tok/s, sync {sync:.2f} s)  train {train:.2f} s  max sampler_logp_gap {gap:.2e}")
 
 
