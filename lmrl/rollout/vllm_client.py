@@ -93,11 +93,6 @@ class RemoteVLLM:
             "stop_token_ids": list(stop_token_ids), "seeds": list(seeds)}).encode())
         return reply["tokens"], reply["logps"], reply["stopped"]
 
-    def sleep(self) -> None:
-        raise ConfigError("vllm_sleep applies to colocated mode; a vLLM server keeps its own memory.")
-
-    wake_up = sleep
-
     def close(self) -> None:
         if self.process is not None:
             stop_process(self.process)

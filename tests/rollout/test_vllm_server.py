@@ -14,7 +14,7 @@ if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a
 else:
     pytest.importorskip("vllm")
 
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
@@ -106,6 +106,16 @@ def test_server_and_colocated_engines_give_the_same_batch_for_the_same_seed(serv
         assert torch.equal(getattr(remote, name), getattr(local, name)), name
     assert remote.completions == local.completions and remote.finish_reason == local.finish_reason
     assert (remote.sampler_logp - local.sampler_logp).abs().max().item() < 1e-6
+
+
+def test_a_trainer_with_another_model_replaces_the_servers_engine(served, prompts, tok):
+    _, _, remote = served
+    torch.manual_seed(1)
+    other = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=False)).eval()
+    assert remote.start(*model_spec(other), OPTIONS) is False  # a new engine, on the Llama
+    assert_matches_hf(other, VLLMEngine(other, tok, OPTIONS, driver=remote), prompts, tok)
 
 
 def test_a_killed_server_stops_the_next_request_with_a_clear_error(served, prompts):
