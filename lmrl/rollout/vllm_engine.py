@@ -17,8 +17,8 @@ in this process (`VLLMDriver`, colocated) or in a `lmrl vllm-serve` process (`Re
 - Sampling is reproducible: each prompt's request gets a seed drawn from `generator` (children: seed + index).
 
 The design follows TRL's colocate mode (`trl/generation/vllm_generation.py`: LLM in the trainer process, weights
-loaded in place after each step, `vllm_enable_sleep_mode`); the in-place reload is vLLM 0.32's
-`reload_weights` (measured on CPU in shared/notes/vllm-cpu.md).
+loaded in place after each step, `vllm_enable_sleep_mode`) and its `vllm-serve` for server mode; the in-place reload
+is vLLM 0.32's `reload_weights` (measured on CPU in shared/notes/vllm-cpu.md).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def model_spec(model) -> tuple[dict, str]:
 
 
 class VLLMEngine:
-    """vLLM in this process, sampling with `model`'s current weights; returns a `RolloutBatch` like `HFEngine`."""
+    """vLLM (here or in a server) sampling with `model`'s current weights; returns a `RolloutBatch` like `HFEngine`."""
 
     def __init__(self, model, tokenizer, options: VLLMOptions, optimizer: torch.optim.Optimizer | None = None,
                  driver=None):
