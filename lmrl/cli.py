@@ -47,6 +47,8 @@ VERBS: dict[str, Verb] = {
                    "lmrl.eval.difficulty", "FilterConfig", "run"),
     "decontaminate": Verb("n-gram overlap (default 8) between training data and an evaluation set", "lmrl.eval.cli",
                           "DecontamConfig", "decontaminate"),
+    "vllm-serve": Verb("vLLM as a server for trainers elsewhere (engine=vllm vllm_server=host:port); weights pushed to it",
+                       "lmrl.rollout.vllm_server", "VLLMServeConfig", "run"),
     "report": Verb("self-contained HTML report of one run or a comparison: lmrl report RUN [RUN...]",
                    "lmrl.report.html", "ReportConfig", "run", positional="runs"),
     "dashboard": Verb("local web dashboard of every run under a directory, live: lmrl dashboard RUNS_DIR",
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lmrl.tracking import console
     from lmrl.parallel.ray_rollout import WorkersFailed
+    from lmrl.rollout.vllm_client import VLLMServerError
     from lmrl.trainers.common import TrainingStopped
 
     overrides = list(args.overrides)
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if should_launch(config):  # nproc=N: the same command as N torchrun processes
             return launch(config.nproc, sys.argv[1:] if argv is None else list(argv))
         run(config)
-    except (TrainingStopped, WorkersFailed) as exc:
+    except (TrainingStopped, WorkersFailed, VLLMServerError) as exc:
         console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
         return 1
     except USER_ERRORS as exc:

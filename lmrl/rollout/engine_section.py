@@ -10,6 +10,7 @@ import dataclasses
 from typing import Literal
 
 from lmrl.config_base import ConfigError, Section, check_at_least, field
+from lmrl.rollout.vllm_client import parse_server
 
 
 @dataclasses.dataclass
@@ -24,11 +25,17 @@ class EngineSection(Section):
                                                  "max_position_embeddings, at most 4096)")
     vllm_sleep: bool = field(False, "GPU: free vLLM's memory between rollouts (sleep/wake), so training gets it")
     vllm_kv_cache_gb: float = field(1.0, "CPU: KV-cache budget in GiB (vLLM's automatic one reserves most RAM)")
+    vllm_server: str | None = field(None, "null: vLLM in this process; host:port: a `lmrl vllm-serve` process "
+                                          "(weights pushed to it after every step); auto: lmrl starts one")
+    vllm_server_timeout: float = field(600.0, "server mode: seconds to wait for any one request (a dead server "
+                                              "stops the run instead of hanging it)")
 
     def __post_init__(self) -> None:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
         if self.vllm_max_model_len is not None:
             check_at_least(self, ("vllm_max_model_len",), 1)
-        check_at_least(self, ("vllm_kv_cache_gb",), 0, inclusive=False)
+        check_at_least(self, ("vllm_kv_cache_gb", "vllm_server_timeout"), 0, inclusive=False)
+        if self.vllm_server not in (None, "auto"):
+            parse_server(self.vllm_server)
         super().__post_init__()

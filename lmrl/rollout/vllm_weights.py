@@ -29,6 +29,15 @@ def is_peft_model(model) -> bool:
     return hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter") and hasattr(model, "base_model")
 
 
+def adapts_tied_head(model) -> bool:
+    """True when a PEFT model's LoRA adapts an LM head tied to the input embedding: vLLM ties the two, so the merged
+    head W + BA would also become the embedding and the engine would not sample the learner's policy."""
+    if not is_peft_model(model):
+        return False
+    base = model.get_base_model()
+    return bool(getattr(base.config, "tie_word_embeddings", False)) and hasattr(base.get_output_embeddings(), "lora_A")
+
+
 def checkpoint_name(name: str, peft: bool) -> str | None:
     """The HF checkpoint name of parameter `name`, or None for a tensor that is not a base weight (LoRA factors, the
     frozen original of a `modules_to_save` copy)."""

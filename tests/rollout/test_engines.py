@@ -144,3 +144,50 @@ def test_merged_lora_weights_equal_the_merged_model():
     assert set(pushed) == {n for n, _ in merged.named_parameters()}
     for name, param in merged.named_parameters():
         assert torch.allclose(pushed[name], param, atol=1e-6), name
+
+
+def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
+    peft = pytest.importorskip("peft")
+    from lmrl.rollout.vllm_weights import adapts_tied_head
+
+    tok = char_tokenizer()
+
+    def adapted(tied: bool, targets: list[str]):
+        model = tiny_llama(len(tok))
+        model.config.tie_word_embeddings = tied
+        return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
+
+    assert adapts_tied_head(adapted(True, ["q_proj", "lm_head"]))
+    assert not adapts_tied_head(adapted(True, ["q_proj", "v_proj"]))
+    assert not adapts_tied_head(adapted(False, ["q_proj", "lm_head"]))
+    assert not adapts_tied_head(tiny_llama(len(tok)))
+
+
+def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command_to_start_one(monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a free port: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # vllm_server=host:port needs no vLLM in the trainer's environment (this one has none)
+    monkeypatch.setattr(engines, "require_vllm", lambda **_: pytest.fail("server mode must not need vLLM here"))
+    tok = char_tokenizer()
+    config = load_config(RLConfig, None, ["engine=vllm", f"vllm_server=127.0.0.1:{port}"])
+    with pytest.raises(ConfigError, match=rf"no vLLM server answers at http://127.0.0.1:{port}.*"
+                                          rf"lmrl vllm-serve port={port}.*vllm_server=auto"):
+        engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams(max_new_tokens=8))
+    for bad in ("localhost", "host:port", ":80"):
+        with pytest.raises(ConfigError, match="vllm_server=.*host:port"):
+            load_config(RLConfig, None, [f"vllm_server={bad}"])
+    with pytest.raises(ConfigError, match="vllm_sleep=true applies to vLLM in this process"):
+        engines.vllm_options(load_config(RLConfig, None, ["engine=vllm", "vllm_server=h:1", "vllm_sleep=true"]),
+                             tiny_llama(len(tok)), None, SamplingParams(max_new_tokens=8))
+
+
+def test_a_weight_push_is_split_into_parts_of_at_most_the_limit():
+    from lmrl.rollout.vllm_client import split_bytes
+
+    weights = [(f"w{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 5, 5])]  # 4 bytes per element
+    parts = [[name for name, _ in part] for part in split_bytes(weights, 80)]
+    assert parts == [["w0", "w1"], ["w2"], ["w3", "w4", "w5"]]  # w2 (120 bytes) alone: larger than the limit
+    assert [name for part in parts for name in part] == [name for name, _ in weights]

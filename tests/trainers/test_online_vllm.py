@@ -65,3 +65,29 @@ def test_engine_vllm_refuses_what_it_cannot_do_at_start_up(tmp_path):
         grpo(tmp_path, "vllm", "model_args.num_attention_heads=4", "max_steps=1")  # head size 16
     with pytest.raises(ConfigError, match="vllm_sleep=true needs a GPU"):
         grpo(tmp_path, "vllm", "vllm_sleep=true", "max_steps=1")
+
+
+def test_lora_grpo_with_engine_vllm_pushes_merged_adapters_and_learns(tmp_path):
+    pytest.importorskip("peft")
+    lora = ["lora_r=8", "lora_alpha=16", "lora_target_modules=[q_proj,v_proj,lm_head]"]  # an adapted head learns fast
+    with pytest.raises(ConfigError, match="LoRA adapts the LM head, which this model ties"):
+        grpo(tmp_path, "vllm", "max_steps=1", *lora)  # the built-in models tie their head: vLLM cannot untie it
+    rows = grpo(tmp_path, "vllm", "max_steps=20", "lr=3e-2", "model_args.tie_word_embeddings=false", *lora)
+    rewards = [r["reward/mean"] for r in rows]
+    gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+    assert gain > 0.1, f"LoRA engine=vllm: reward gain {gain:.3f} ({rewards})"
+    assert len(rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in rows)
+    gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
+    # (once every group's reward saturates, a step has zero advantages and no learner forward: fewer gaps)
+    assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the engine samples W + BA, the learner's policy
+
+
+def test_grpo_with_a_vllm_server_learns_with_weights_pushed_every_step(tmp_path):
+    # vllm_server=auto: lmrl starts `lmrl vllm-serve` in a child process and pushes the weights to it over HTTP
+    rows = grpo(tmp_path, "vllm", "max_steps=20", "vllm_server=auto")
+    rewards = [r["reward/mean"] for r in rows]
+    gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+    assert gain > 0.1, f"vllm_server=auto: reward gain {gain:.3f} ({rewards})"
+    assert len(rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in rows)  # a push before every rollout
+    gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
+    assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the server samples the learner's policy

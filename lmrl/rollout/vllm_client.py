@@ -1,0 +1,166 @@
+"""The trainer's side of server mode: `RemoteVLLM` drives a `lmrl vllm-serve` process over HTTP with the same
+methods as the in-process `VLLMDriver` (`load_weights`, `sample`), so `VLLMEngine` is the same in both modes: same
+per-prompt seeds (drawn in the trainer), same log-prob semantics, same `RolloutBatch`. Needs no vLLM here.
+
+    driver = server_driver("127.0.0.1:8000", timeout=600, model=policy, options=VLLMOptions(max_model_len=256))
+    driver = server_driver("auto", ...)   # starts `python -m lmrl vllm-serve` as a child process first
+
+Weights go as safetensors bodies of up to 256 MiB each (checkpoint names, the run's dtype). Every request has a timeout, so a
+server that died or hangs stops the run with `VLLMServerError` (naming the server and how to restart) instead of
+hanging it; a server that is not there at start-up is a `ConfigError` with the command that starts one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Iterable
+
+import torch
+
+from lmrl.config_base import ConfigError
+
+CONNECT_TIMEOUT_S = 5.0  # /health: a live server answers at once
+SPAWN_TIMEOUT_S = 300.0  # vllm_server=auto: `import vllm` and the server start
+PUSH_PART_BYTES = 256 * 2**20  # one /weights request
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server stopped answering or failed a request during the run."""
+
+
+def parse_server(value: str) -> str:
+    """'host:port' or 'http://host:port' -> 'http://host:port' (ConfigError otherwise)."""
+    url = value if value.startswith(("http://", "https://")) else f"http://{value}"
+    host, _, port = url.split("://", 1)[1].rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"vllm_server={value!r}: give host:port (e.g. 127.0.0.1:8000) of a running "
+                          "`lmrl vllm-serve port=8000`, or auto to start one, or null for vLLM in this process.")
+    return url.rstrip("/")
+
+
+class RemoteVLLM:
+    """A `lmrl vllm-serve` at `url`; `process`: the child that runs it (vllm_server=auto), ended with this object."""
+
+    def __init__(self, url: str, timeout: float, process: subprocess.Popen | None = None):
+        self.url, self.timeout, self.process = url, timeout, process
+        if process is not None:
+            weakref.finalize(self, stop_process, process)
+
+    def request(self, path: str, body: bytes | None = None, timeout: float | None = None, query: str = "") -> dict:
+        """POST (GET without a body) `path`; the reply's JSON. A 400 is the trainer's bad input (ConfigError)."""
+        req = urllib.request.Request(f"{self.url}{path}{query}", data=body, method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as reply:
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            message = json.loads(exc.read() or b"{}").get("error", str(exc))
+            if exc.code == 400:
+                raise ConfigError(message) from exc
+            raise VLLMServerError(f"the vLLM server at {self.url} failed {path}: {message}") from exc
+        except (OSError, TimeoutError) as exc:  # refused, reset, timed out
+            died = self.process is not None and self.process.poll() is not None
+            raise VLLMServerError(
+                f"the vLLM server at {self.url} did not answer {path} ({type(exc).__name__}: {exc})"
+                + (f"; its process exited with status {self.process.returncode}" if died else "")
+                + ". Restart it (lmrl vllm-serve port=...) and continue the run with resume=true.") from exc
+
+    def start(self, config: dict, architecture: str, options) -> bool:
+        """Start vLLM on the server for this model (no weights); True if the server reused a running engine."""
+        body = json.dumps({"config": config, "architecture": architecture, "options": options.to_dict()}).encode()
+        return self.request("/init", body, timeout=max(self.timeout, SPAWN_TIMEOUT_S))["reused"]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
+        """Push in parts of about PUSH_PART_BYTES (the trainer serializes one part at a time); the server loads
+        them all in one in-place reload when the last part arrives."""
+        from safetensors.torch import save
+
+        parts = list(split_bytes(weights, PUSH_PART_BYTES))
+        for i, part in enumerate(parts):
+            body = save({name: t.detach().to("cpu").contiguous() for name, t in part})
+            self.request("/weights", body, query=f"?part={i}&parts={len(parts)}&tied={int(tied)}")
+
+    def sample(self, prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds):
+        reply = self.request("/sample", json.dumps({
+            "prompt_ids": prompt_ids, "n": n, "temperature": temperature, "max_tokens": max_tokens,
+            "stop_token_ids": list(stop_token_ids), "seeds": list(seeds)}).encode())
+        return reply["tokens"], reply["logps"], reply["stopped"]
+
+    def close(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+
+
+def split_bytes(weights: Iterable[tuple[str, torch.Tensor]], limit: int):
+    """Consecutive lists of (name, tensor) of at most `limit` bytes each (a larger tensor alone)."""
+    part, size = [], 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if part and size + nbytes > limit:
+            yield part
+            part, size = [], 0
+        part.append((name, tensor))
+        size += nbytes
+    if part:
+        yield part
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def connect(server: str, timeout: float) -> RemoteVLLM:
+    """A running server at `server` (host:port), or a ConfigError that says how to start one."""
+    remote = RemoteVLLM(parse_server(server), timeout)
+    try:
+        remote.request("/health", timeout=CONNECT_TIMEOUT_S)
+    except VLLMServerError as exc:
+        port = remote.url.rpartition(":")[2]
+        raise ConfigError(
+            f"engine=vllm: no vLLM server answers at {remote.url} ({getattr(exc.__cause__, 'reason', exc.__cause__)})"
+            ". Start one in the environment "
+            f"that has vLLM: lmrl vllm-serve port={port} (add host=0.0.0.0 to serve other machines); or set "
+            "vllm_server=auto (lmrl starts it), or vllm_server=null (vLLM in this process).") from exc
+    return remote
+
+
+def spawn(timeout: float) -> RemoteVLLM:
+    """`python -m lmrl vllm-serve` as a child of this process on a free local port, once it answers /health."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "lmrl", "vllm-serve", "host=127.0.0.1", f"port={port}",
+                                f"parent_pid={os.getpid()}"])
+    remote = RemoteVLLM(f"http://127.0.0.1:{port}", timeout, process)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while True:
+        try:
+            remote.request("/health", timeout=CONNECT_TIMEOUT_S)
+            return remote
+        except VLLMServerError as exc:
+            if process.poll() is not None or time.monotonic() > deadline:
+                stop_process(process)
+                raise ConfigError(f"vllm_server=auto: the vLLM server did not start (status {process.poll()}; "
+                                  f"{exc}). Its output is above; try `lmrl vllm-serve` by hand.") from exc
+            time.sleep(0.5)
+
+
+def server_driver(server: str, timeout: float, model, options) -> RemoteVLLM:
+    """The driver of `VLLMEngine` in server mode: connected (or spawned for 'auto') and started on `model`."""
+    from lmrl.rollout.vllm_engine import model_spec
+
+    remote = spawn(timeout) if server == "auto" else connect(server, timeout)
+    remote.start(*model_spec(model), options)
+    return remote

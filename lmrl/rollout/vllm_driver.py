@@ -1,0 +1,123 @@
+"""The part of the vLLM engine that touches vLLM: start a `vllm.LLM` on a model config, load weights into it in
+place, sample token ids with per-token log-probs. `VLLMEngine` uses it in the trainer's process (colocated);
+`lmrl vllm-serve` wraps the same class behind HTTP (server mode), so both modes sample identically.
+
+    driver = VLLMDriver(config_dict, "LlamaForCausalLM", VLLMOptions(max_model_len=256), device_type="cpu")
+    driver.load_weights([(name, tensor), ...], tied=False)
+    tokens, logps, stopped = driver.sample(prompt_ids, n=4, temperature=0.7, max_tokens=32, stop_token_ids=[2],
+                                           seeds=[11, 12])
+
+- Start: the config (not the weights) goes to a temporary directory and vLLM starts on it with dummy weights and no
+  tokenizer; the first `load_weights` brings the real ones.
+- Load: vLLM 0.32's in-place layerwise reload (`collective_rpc("reload_weights", weights_iterator=...,
+  is_checkpoint_format=True)`), the tied-head re-pack on CPU, then a prefix-cache reset (no KV from old weights).
+- Sample: one request per prompt with `n` children (prompt-major, sharing the prompt's KV), `logprobs=0` in
+  `processed_logprobs` mode = log_softmax(logits / T) of each sampled token, stop ids kept, per-prompt seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import tempfile
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from lmrl.rollout.vllm_weights import repack_tied_head
+
+
+@dataclasses.dataclass
+class VLLMOptions:
+    """How the engine starts (from `EngineSection` via `lmrl.rollout.engines.vllm_options`)."""
+
+    max_model_len: int
+    dtype: torch.dtype = torch.float32
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gb: float = 1.0
+    sleep: bool = False
+    seed: int = 0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def to_dict(self) -> dict:
+        """JSON-able (the dtype by name), for the server's /init."""
+        return {**dataclasses.asdict(self), "dtype": str(self.dtype).removeprefix("torch.")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> VLLMOptions:
+        return cls(**{**data, "dtype": getattr(torch, data.get("dtype", "float32"))})
+
+
+class VLLMDriver:
+    """A running `vllm.LLM` for one model architecture: `load_weights`, `sample`, and (GPU) `sleep`/`wake_up`."""
+
+    def __init__(self, config: dict, architecture: str, options: VLLMOptions, device_type: str = "cpu"):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the weights are pushed as tensors
+        self.options = options
+        self._config_dir = tempfile.TemporaryDirectory(prefix="lmrl-vllm-")
+        with open(os.path.join(self._config_dir.name, "config.json"), "w") as f:
+            json.dump({**config, "architectures": [architecture]}, f)  # config only: the weights come from memory
+        self.llm = start_llm(self._config_dir.name, options, device_type)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
+        """Every weight, by checkpoint name, into the running engine in place; `tied`: re-pack a tied LM head."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if tied:
+            self.llm.collective_rpc(repack_tied_head)
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+    def sample(self, prompt_ids: list[list[int]], n: int, temperature: float, max_tokens: int,
+               stop_token_ids: list[int], seeds: list[int]) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """n completions per prompt (temperature 0: greedy): prompt-major token ids, their log-probs, stopped flags."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        requests = [VLLMSamplingParams(
+            n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, ignore_eos=True,
+            stop_token_ids=list(stop_token_ids), detokenize=False, seed=int(seed)) for seed in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], requests, use_tqdm=False)
+        rows = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]  # prompt-major, children in order
+        tokens = [list(c.token_ids) for group in rows for c in group]  # N lists
+        logps = [[c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)] for group in rows for c in group]
+        stopped = [c.finish_reason == "stop" for group in rows for c in group]
+        return tokens, logps, stopped
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=2)
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
+
+
+def start_llm(model_dir: str, options: VLLMOptions, device_type: str):
+    """`vllm.LLM` on `model_dir` with dummy weights, leaving the process as it found it: vLLM reseeds the global
+    RNGs and replaces `torch.set_num_threads` with a no-op on CPU (shared/notes/vllm-cpu.md); both are restored.
+
+    On CPU, chunked prefill is off: vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
+    `set_offset`, which CPU generators refuse ("CPU Generator does not use offset"), so a batch whose prompts exceed
+    one step's token budget crashed. Without chunking every prompt is prefilled whole (budget >= max_model_len)."""
+    from vllm import LLM
+
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    cuda = device_type == "cuda"
+    kwargs = dict(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep) if cuda \
+        else dict(kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30), enable_chunked_prefill=False,
+                  max_num_batched_tokens=max(options.max_num_batched_tokens, options.max_model_len))
+    try:
+        llm = LLM(model=model_dir, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
+                  dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,
+                  max_num_seqs=options.max_num_seqs, seed=options.seed, enforce_eager=not cuda,
+                  enable_prefix_caching=True, logprobs_mode="processed_logprobs", **kwargs)
+    finally:
+        torch.set_num_threads = set_threads
+        if torch.get_num_threads() != threads:
+            set_threads(threads)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+    return llm

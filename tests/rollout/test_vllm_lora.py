@@ -1,0 +1,107 @@
+"""engine=vllm with a LoRA (peft) policy, on vLLM's CPU build (`make test-vllm`): the engine samples the MERGED
+model (W + (alpha/r) B A, pushed after each step), so its greedy output and log-probs equal the merged HF model's.
+
+One module-scoped engine on a tiny Llama with LoRA on every linear layer; each test compares with
+`merge_and_unload()` of a copy of the peft model as it is at that moment.
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+
+if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a failure, not a skip
+    import vllm  # noqa: F401
+else:
+    pytest.importorskip("vllm")
+pytest.importorskip("peft")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
+from lmrl.models.logprobs import completion_logprobs  # noqa: E402
+from lmrl.models.lora import apply_lora  # noqa: E402
+from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
+from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+TOL = 1e-4
+TEXTS = ["12+34=", "hello world", "The cat sat on", "7*8="]
+GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def lora_engine(tok):
+    """(peft model with LoRA on every linear layer, a VLLMEngine sampling from it)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    model = apply_lora(LlamaForCausalLM(cfg).eval(), r=4, alpha=8, dropout=0.0, targets=["all-linear"],
+                       base={"model": "test", "seed": 0, "model_args": {}})
+    engine = VLLMEngine(model, tok, VLLMOptions(max_model_len=128, kv_cache_gb=0.0625, seed=0))
+    yield model, engine
+    del engine
+
+
+def merged(model):
+    """The HF model the peft model computes now: W + (alpha/r) B A, adapters gone."""
+    return copy.deepcopy(model).merge_and_unload().eval()
+
+
+def assert_engine_samples(engine, model, prompts, tok):
+    """Greedy batch equal to the merged HF model's (tokens, texts), log-probs within TOL; sampled log-probs equal
+    the merged model's teacher-forced ones."""
+    reference = merged(model)
+    want, got = HFEngine(reference, tok).generate(prompts, GREEDY), engine.generate(prompts, GREEDY)
+    assert torch.equal(want.completion_ids, got.completion_ids) and want.completions == got.completions
+    assert (want.sampler_logp - got.sampler_logp).abs().max().item() < TOL
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.8), n=3,
+                              generator=torch.Generator().manual_seed(5))
+    learner = completion_logprobs(reference, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1],
+                                  temperature=0.8)  # (N, T)
+    assert ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item() < TOL
+
+
+def test_a_lora_step_is_pushed_as_merged_weights(lora_engine, prompts, tok):
+    model, engine = lora_engine
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    engine.watch(optimizer)
+    before = engine.generate(prompts, GREEDY)
+    for step in range(2):  # real LoRA steps: B moves off zero, so the merged weights differ from the base
+        batch = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2,
+                                generator=torch.Generator().manual_seed(step))
+        logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
+        (-(logp * batch.completion_mask).sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert engine.stale
+    after = engine.generate(prompts, GREEDY)
+    assert not torch.equal(before.completion_ids, after.completion_ids) or \
+        (before.sampler_logp - after.sampler_logp).abs().max() > 0.05  # the steps changed the policy visibly
+    assert_engine_samples(engine, model, prompts, tok)
+
+
+def test_the_push_leaves_the_adapters_unmerged(lora_engine, prompts, tok):
+    model, engine = lora_engine
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
+    engine.mark_stale()
+    assert_engine_samples(engine, model, prompts, tok)
+    for n, p in model.named_parameters():  # merge_adapter/unmerge_adapter restored every base weight
+        if n in base_before:
+            assert (p - base_before[n]).abs().max().item() < 1e-5, n

@@ -1,0 +1,127 @@
+"""Server mode on vLLM's CPU build (`make test-vllm`): `lmrl vllm-serve` in a child process (what vllm_server=auto
+starts), driven over HTTP by `VLLMEngine` with a `RemoteVLLM`. Checked against what the HF model computes now (so a
+weight change proves the push) and against a colocated engine on the same model (same seeds -> same batch); killing
+the server stops the next request with a clear error instead of hanging it.
+"""
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a failure, not a skip
+    import vllm  # noqa: F401
+else:
+    pytest.importorskip("vllm")
+
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
+from lmrl.models.logprobs import completion_logprobs  # noqa: E402
+from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
+from lmrl.rollout import vllm_client  # noqa: E402
+from lmrl.rollout.vllm_client import VLLMServerError, spawn  # noqa: E402
+from lmrl.rollout.vllm_engine import VLLMEngine, model_spec  # noqa: E402
+from lmrl.rollout.vllm_driver import VLLMOptions  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+TOL = 1e-4
+TEXTS = ["12+34=", "hello world", "The cat sat on", "7*8="]
+GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)
+OPTIONS = VLLMOptions(max_model_len=128, kv_cache_gb=0.0625, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def served(tok):
+    """(tied Qwen2, a VLLMEngine whose vLLM is a `lmrl vllm-serve` child process, that RemoteVLLM)."""
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=True)).eval()
+    remote = spawn(timeout=60)
+    assert remote.start(*model_spec(model), OPTIONS) is False
+    assert remote.start(*model_spec(model), OPTIONS) is True  # the same model again: the running engine is reused
+    yield model, VLLMEngine(model, tok, OPTIONS, driver=remote), remote
+    remote.close()
+
+
+def assert_matches_hf(model, engine, prompts, tok):
+    want, got = HFEngine(model, tok).generate(prompts, GREEDY), engine.generate(prompts, GREEDY)
+    assert torch.equal(want.completion_ids, got.completion_ids) and want.completions == got.completions
+    assert want.finish_reason == got.finish_reason
+    assert (want.sampler_logp - got.sampler_logp).abs().max().item() < TOL
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.7), n=4,
+                              generator=torch.Generator().manual_seed(2))
+    learner = completion_logprobs(model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1],
+                                  temperature=0.7)  # (N, T)
+    assert ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item() < TOL
+    return sampled
+
+
+def test_the_server_samples_the_models_greedy_output_and_log_probs(served, prompts, tok):
+    model, engine, _ = served
+    assert_matches_hf(model, engine, prompts, tok)
+
+
+def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok, monkeypatch):
+    monkeypatch.setattr(vllm_client, "PUSH_PART_BYTES", 2**17)  # ~1.3 MB of weights: a push in several parts
+    model, engine, remote = served
+    paths, request = [], remote.request
+    monkeypatch.setattr(remote, "request", lambda path, *a, **k: (paths.append(path), request(path, *a, **k))[1])
+    old = engine.generate(prompts, GREEDY)
+    syncs = engine.syncs
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    engine.watch(optimizer)
+    batch = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2,
+                            generator=torch.Generator().manual_seed(0))
+    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
+    (-(logp * batch.completion_mask).sum()).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    assert engine.stale
+    new = HFEngine(model, tok).generate(prompts, GREEDY)
+    assert not torch.equal(old.completion_ids, new.completion_ids) or \
+        (old.sampler_logp - new.sampler_logp).abs().max() > 0.1  # the step is visible, so the match proves the push
+    assert_matches_hf(model, engine, prompts, tok)
+    assert engine.syncs == syncs + 1 and paths.count("/weights") > 1  # one push, in several parts
+
+
+def test_server_and_colocated_engines_give_the_same_batch_for_the_same_seed(served, prompts, tok):
+    model, engine, _ = served
+    colocated = VLLMEngine(model, tok, OPTIONS)
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, stop_token_ids=(tok.eos_token_id,))
+    remote = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(7))
+    local = colocated.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(7))
+    for name in ("prompt_ids", "completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(remote, name), getattr(local, name)), name
+    assert remote.completions == local.completions and remote.finish_reason == local.finish_reason
+    assert (remote.sampler_logp - local.sampler_logp).abs().max().item() < 1e-6
+
+
+def test_a_trainer_with_another_model_replaces_the_servers_engine(served, prompts, tok):
+    _, _, remote = served
+    torch.manual_seed(1)
+    other = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=False)).eval()
+    assert remote.start(*model_spec(other), OPTIONS) is False  # a new engine, on the Llama
+    assert_matches_hf(other, VLLMEngine(other, tok, OPTIONS, driver=remote), prompts, tok)
+
+
+def test_a_killed_server_stops_the_next_request_with_a_clear_error(served, prompts):
+    _, engine, remote = served
+    remote.process.kill()
+    remote.process.wait()
+    engine.mark_stale()
+    with pytest.raises(VLLMServerError, match="did not answer /weights.*exited.*lmrl vllm-serve"):
+        engine.generate(prompts, GREEDY)  # the connection is refused: no wait for the request timeout
