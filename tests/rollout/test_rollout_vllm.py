@@ -11,44 +11,15 @@ import random
 import pytest
 import torch
 
-if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a failure, not a skip
-    import vllm  # noqa: F401
-else:
-    pytest.importorskip("vllm")
+from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
 
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+require_vllm()
 
-from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-TOL = 1e-4
-TEXTS = ["12+34=", "hello world", "The cat sat on", "7*8="]
-
-
-def tiny(arch: str, vocab: int, seed: int = 0):
-    torch.manual_seed(seed)
-    if arch == "llama":  # head size 32, untied head
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
-                          tie_word_embeddings=False)
-        return LlamaForCausalLM(cfg).eval()
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,  # head size 64
-                      num_key_value_heads=1, intermediate_size=256, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def prompts(tok):
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

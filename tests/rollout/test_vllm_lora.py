@@ -6,49 +6,28 @@ One module-scoped engine on a tiny Llama with LoRA on every linear layer; each t
 """
 
 import copy
-import os
 
 import pytest
 import torch
 
-if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a failure, not a skip
-    import vllm  # noqa: F401
-else:
-    pytest.importorskip("vllm")
+from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
+
+require_vllm()
 pytest.importorskip("peft")
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.models.lora import apply_lora  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-TOL = 1e-4
-TEXTS = ["12+34=", "hello world", "The cat sat on", "7*8="]
 GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def prompts(tok):
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
 
 
 @pytest.fixture(scope="module")
 def lora_engine(tok):
     """(peft model with LoRA on every linear layer, a VLLMEngine sampling from it)."""
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
-                      tie_word_embeddings=False)
-    model = apply_lora(LlamaForCausalLM(cfg).eval(), r=4, alpha=8, dropout=0.0, targets=["all-linear"],
+    model = apply_lora(tiny("llama", len(tok)), r=4, alpha=8, dropout=0.0, targets=["all-linear"],
                        base={"model": "test", "seed": 0, "model_args": {}})
     engine = VLLMEngine(model, tok, VLLMOptions(max_model_len=128, kv_cache_gb=0.0625, seed=0))
     yield model, engine

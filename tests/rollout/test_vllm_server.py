@@ -4,19 +4,16 @@ weight change proves the push) and against a colocated engine on the same model 
 the server stops the next request with a clear error instead of hanging it.
 """
 
-import os
 
 import pytest
 import torch
 
-if os.environ.get("LMRL_REQUIRE_VLLM"):  # `make test-vllm`: a missing vLLM is a failure, not a skip
-    import vllm  # noqa: F401
-else:
-    pytest.importorskip("vllm")
+from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
 
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+require_vllm()
 
-from lmrl.data.tokenizers import build_char_tokenizer  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout import vllm_client  # noqa: E402
@@ -25,29 +22,14 @@ from lmrl.rollout.vllm_engine import VLLMEngine, model_spec  # noqa: E402
 from lmrl.rollout.vllm_driver import VLLMOptions  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-TOL = 1e-4
-TEXTS = ["12+34=", "hello world", "The cat sat on", "7*8="]
 GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)
 OPTIONS = VLLMOptions(max_model_len=128, kv_cache_gb=0.0625, seed=0)
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def prompts(tok):
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
-
-
-@pytest.fixture(scope="module")
 def served(tok):
     """(tied Qwen2, a VLLMEngine whose vLLM is a `lmrl vllm-serve` child process, that RemoteVLLM)."""
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=True)).eval()
+    model = tiny("qwen2", len(tok))
     remote = spawn(timeout=60)
     assert remote.start(*model_spec(model), OPTIONS) is False
     assert remote.start(*model_spec(model), OPTIONS) is True  # the same model again: the running engine is reused

@@ -1,0 +1,16 @@
+"""Fixtures of the engine tests (a test module may define its own of the same name)."""
+
+import pytest
+
+from lmrl.data.tokenizers import build_char_tokenizer
+from vllm_helpers import char_prompts
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return char_prompts(tok)
