@@ -27,6 +27,7 @@ from lmrl.config import ConfigError, ModelSection, Section, field
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
 from lmrl.eval.runner import EvalOptions, Evaluator
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.tracking import console
 
 
@@ -61,7 +62,7 @@ class EvalDataSection(Section):
 
 
 @dataclasses.dataclass
-class EvalConfig(EvalDataSection, ModelSection):
+class EvalConfig(EvalDataSection, EngineSection, ModelSection):
     metrics: list[str] = field(["accuracy"], "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
     samples: int = field(0, "samples per prompt for pass@K/maj@K/avg@K/pass^K (0: the largest K)")
     reward_model: str | None = field(None, "metric reward: the reward model (a run's final/ of `lmrl reward`)")
@@ -144,8 +145,10 @@ def run(config: EvalConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     model, tokenizer = setup.policy()
     start = time.perf_counter()
+    engine = eval_engine(config, evaluator, model, tokenizer, setup.dtype)
     with progress_bars() as progress:
-        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress) if evaluator else ({"rows": 0.0}, [])
+        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress, engine) if evaluator else \
+            ({"rows": 0.0}, [])
     if config.harness_tasks:
         from lmrl.eval.harness import flat_metrics, run_harness
 
@@ -160,6 +163,21 @@ def run(config: EvalConfig) -> dict[str, float]:
                                 "contamination": contamination, "config": dataclasses.asdict(config)}, indent=1))
     console.print(f"wrote {path}")
     return metrics
+
+
+def eval_engine(config: EvalConfig, evaluator: Evaluator | None, model, tokenizer, dtype):
+    """engine=vllm: a vLLM engine on the evaluated model, checked at start-up against the longest prompt and the
+    sampling settings (None: the evaluator's own HF engine)."""
+    if config.engine == "hf" or evaluator is None:
+        return None
+    from lmrl.data.chat import encode_prompt
+    from lmrl.rollout import SamplingParams
+    from lmrl.rollout.engines import make_engine
+
+    opts = evaluator.options
+    longest = max(len(encode_prompt(tokenizer, r["prompt"], opts.chat)) for r in evaluator.rows)
+    sampling = SamplingParams(max_new_tokens=opts.max_new_tokens, temperature=opts.temperature, top_p=opts.top_p)
+    return make_engine(config, model, tokenizer, dtype, sampling=sampling, longest_prompt=longest)
 
 
 def show(config: EvalConfig, metrics: dict[str, float], samples: list[dict]) -> None:

@@ -94,15 +94,16 @@ class Evaluator:
                                    max_new_tokens=opts.judge_max_new_tokens, autocast_dtype=setup.dtype)
         self.baseline = setup.judge(opts.baseline)
 
-    def __call__(self, model, tokenizer, dtype: torch.dtype | None = None,
-                 progress: Progress | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def __call__(self, model, tokenizer, dtype: torch.dtype | None = None, progress: Progress | None = None,
+                 engine=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """The metrics (plain names: ``accuracy``, ``pass@8``, ``avg@8/std``, ``win_rate``, ``tokens/...``) and
-        sample records of the first ``num_samples`` rows."""
+        sample records of the first ``num_samples`` rows. ``engine``: the rollout engine that generates (default:
+        an `HFEngine` on ``model``; `lmrl eval engine=vllm` passes a vLLM one)."""
         opts, spec, rows = self.options, self.spec, self.rows
         out: dict[str, float] = {"rows": float(len(rows)), "tokens/prompt": 0.0, "tokens/generated": 0.0}
         samples = [{"prompt": r["prompt"]} for r in rows[: opts.num_samples]]
         if spec.needs_greedy_text or spec.sampled:
-            engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
+            engine = engine or HFEngine(model, tokenizer, autocast_dtype=dtype)
             ids = [encode_prompt(tokenizer, r["prompt"], opts.chat) for r in rows]
         if spec.needs_greedy_text:
             greedy = self._policy(engine, ids, 1, True, out, progress, "greedy")
