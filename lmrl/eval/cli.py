@@ -168,8 +168,8 @@ def run(config: EvalConfig) -> dict[str, float]:
 def eval_engine(config: EvalConfig, evaluator: Evaluator | None, model, tokenizer, dtype):
     """engine=vllm: a vLLM engine on the evaluated model, checked at start-up against the longest prompt and the
     sampling settings (None: the evaluator's own HF engine)."""
-    if config.engine == "hf" or evaluator is None:
-        return None
+    if config.engine == "hf" or evaluator is None or not (evaluator.spec.needs_greedy_text or evaluator.spec.sampled):
+        return None  # nothing to generate (e.g. loglik only): no engine to start
     from lmrl.data.chat import encode_prompt
     from lmrl.rollout import SamplingParams
     from lmrl.rollout.engines import make_engine
