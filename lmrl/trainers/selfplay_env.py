@@ -48,14 +48,21 @@ def open_query(text: str) -> Query | None:
 
 
 def arithmetic_query(text: str, max_digits: int = 3, max_operands: int = 3, ops: str = "+-",
-                     negative: bool = True) -> Query | None:
+                     negative: bool = True, prefix: str = "") -> Query | None:
     """An integer expression such as ``12+34=`` (spaces and the final ``=`` optional), or None.
 
     Operands: 2..max_operands non-negative integers of at most max_digits digits, no leading zeros;
     operators among ``ops``; no parentheses or unary minus; the value must be an integer (exact
     division). The answer comes from ``lmrl.data.tasks.expr.evaluate`` (an ast whitelist).
+    ``prefix``: an instruction the query must start with, kept in what the Solver sees, e.g. reasoning-gym
+    chain_sum's "State the final answer to the following arithmetic problem: " (then the query is the prefix and
+    the expression as written, ``=`` appended if missing: the format of the ``rg:chain_sum`` rows).
     """
-    expr = text.strip().removesuffix("=").replace(" ", "")
+    text = text.strip()
+    if not text.startswith(prefix.strip()):
+        return None
+    written = text[len(prefix.strip()):].strip()
+    expr = written.removesuffix("=").replace(" ", "")
     if not re.fullmatch(r"[0-9+\-*/]+", expr):
         return None
     numbers = re.findall(r"\d+", expr)
@@ -66,7 +73,8 @@ def arithmetic_query(text: str, max_digits: int = 3, max_operands: int = 3, ops:
     if result is None or result[0].denominator != 1 or (result[0] < 0 and not negative):
         return None
     stats = {"operands": float(len(numbers)), "max_digits": float(max(map(len, numbers)))}
-    return Query(expr + "=", {"task": "arithmetic", "answer": str(int(result[0])), "meta": {"expression": expr}}, stats)
+    shown = f"{prefix}{written.removesuffix('=').rstrip()} =" if prefix else expr + "="
+    return Query(shown, {"task": "arithmetic", "answer": str(int(result[0])), "meta": {"expression": expr}}, stats)
 
 
 QUERY_CHECKERS: dict[str, Callable[..., Query | None]] = {"none": open_query, "arithmetic": arithmetic_query}

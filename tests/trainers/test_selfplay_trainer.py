@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
+from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.rewards.self_reward import SelfReward, parse_score, quality_prompt
 from lmrl.tracking import read_jsonl
@@ -14,6 +15,7 @@ from lmrl.trainers import selfplay
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]
+CHAIN_SUM = "State the final answer to the following arithmetic problem: "  # reasoning-gym chain_sum's prompt
 VERIFIABLE = ["verifier=arithmetic", "rewards=[task]", "challenger_prompt=short", "task=arithmetic", "template={}+{}="]
 
 
@@ -60,6 +62,12 @@ def sp_config(tmp_path, *overrides):
     ("12+34=46", {}, None),  # an answer leaked into the query
     ("", {}, None),
     ("\n\n", {}, None),
+    # prefix: reasoning-gym chain_sum's format, kept in what the Solver sees
+    (f"{CHAIN_SUM} 5 - 9 =", {"prefix": CHAIN_SUM}, (f"{CHAIN_SUM}5 - 9 =", "-4")),
+    (f"{CHAIN_SUM}3+4", {"prefix": CHAIN_SUM}, (f"{CHAIN_SUM}3+4 =", "7")),
+    ("3+4=", {"prefix": CHAIN_SUM}, None),  # the instruction is missing
+    (f"Say {CHAIN_SUM}3+4=", {"prefix": CHAIN_SUM}, None),
+    (f"{CHAIN_SUM}three plus four", {"prefix": CHAIN_SUM}, None),
 ])
 def test_arithmetic_query(text, kwargs, expected):
     query = selfplay.arithmetic_query(text, **kwargs)
@@ -137,6 +145,25 @@ def test_random_model_writes_only_malformed_queries_and_the_run_goes_on(tmp_path
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert any(s.get("valid") is False and s["challenger_reward"] == -1.0 for s in samples)
     assert result == {}  # no eval_dataset: nothing evaluated
+
+
+def test_reasoning_gym_problems_warm_start_check_and_evaluate_a_run(tmp_path):
+    # rg:chain_sum rows teach the formats and are the held-out set (scored by reasoning-gym's verifier); the
+    # Challenger's queries must be chain_sum problems (prefix) whose sums the environment computes
+    pytest.importorskip("reasoning_gym")
+    args = "{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, allow_negation: false}"
+    config = sp_config(tmp_path, "max_steps=2", "eval_every=2", "warm_start_dataset=rg:chain_sum",
+                       f"warm_start_task_args=[{args}]", "warm_start_rows=32", "warm_start_steps=2",
+                       "eval_dataset=rg:chain_sum", f"eval_task_args={args}", "eval_rows=8",
+                       "challenger_max_new_tokens=4", f"query_args={{max_digits: 1, max_operands: 2, prefix: '{CHAIN_SUM}'}}")
+    examples = selfplay.warm_start_examples(config, build_char_tokenizer())
+    assert len(examples) == 64  # (<cp> -> problem) and (problem -> answer) for each of the 32 rows
+    result = selfplay.train(config)
+    assert 0.0 <= result["eval/accuracy"] <= 1.0 and 0.0 < result["eval/answer_prob"] < 1.0
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert "eval/accuracy" in records[0] and [r["step"] for r in records if "challenger/loss" in r] == [1, 2]
+    # 4 new characters cannot hold the 62-character instruction: every query is malformed, none is answered
+    assert all(r["challenger/malformed_frac"] == 1.0 for r in records if "challenger/loss" in r)
 
 
 def one_plus_one(text, **kwargs):
