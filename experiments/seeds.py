@@ -4,6 +4,7 @@
     python experiments/seeds.py selfplay --config selfplay/tiny_arithmetic
     python experiments/seeds.py dpo --config dpo/online_tiny_prefs --set model=runs/sft-tiny-prefs/final
     python experiments/seeds.py demo --summary-only                              # re-read the run directories
+    python experiments/seeds.py distill --set model=runs/kd/distill-s{seed}/final   # {seed}: per-seed paths
 
 Seed s runs ``lmrl <verb> [--config RECIPE] seed=s output_dir=<out>/<verb>-s<s> <--set ...>`` in a child process
 with one torch thread (``OMP_NUM_THREADS=1``); a seed whose run directory already has ``final/`` (or, for the
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("verb", help="an lmrl verb: demo, rl, sft, dpo, selfplay, distill, ...")
     parser.add_argument("--config", help="its recipe")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for every seed")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for every seed; {seed} in a value is replaced by the seed")
     parser.add_argument("--out", default="runs/seeds", help="parent of the run directories")
     parser.add_argument("--summary-only", action="store_true", help="only summarise the existing run directories")
     args = parser.parse_args(argv)
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.summary_only or (run / "final").exists() or (run / "rl" / "final").exists():
             continue
         command = [sys.executable, "-m", "lmrl", args.verb, *(["--config", args.config] if args.config else []),
-                   f"seed={seed}", f"output_dir={run}", *args.set]
+                   f"seed={seed}", f"output_dir={run}", *(value.replace("{seed}", str(seed)) for value in args.set)]
         print("running:", " ".join(command[2:]), flush=True)
         out.mkdir(parents=True, exist_ok=True)
         with open(f"{run}.log", "w") as log:
