@@ -63,13 +63,24 @@ def shard(items: Sequence, index: int | None = None, count: int | None = None) -
     return list(items[index * size : (index + 1) * size])
 
 
-def all_sum(value: float | torch.Tensor) -> float | torch.Tensor:
-    """Sum over ranks (a float or a tensor, returned as the same kind)."""
+def all_sum(value: float | torch.Tensor, op: str = "sum") -> float | torch.Tensor:
+    """Sum (``op="max"``: maximum) over ranks of a float or a tensor, returned as the same kind."""
     if world() == 1:
         return value
-    tensor = value.detach().clone().double() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)
-    dist.all_reduce(tensor)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
+    tensor = (value.detach().clone().double() if torch.is_tensor(value)
+              else torch.tensor(float(value), dtype=torch.float64, device=device))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return tensor.to(value.dtype) if torch.is_tensor(value) else tensor.item()
+
+
+def all_max(value: float | torch.Tensor) -> float | torch.Tensor:
+    return all_sum(value, op="max")
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on some rank (e.g. a step every rank must skip because one rank's rewards failed)."""
+    return all_sum(float(flag)) > 0
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:

@@ -51,6 +51,7 @@ from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.rollout.tool_config import build_env_factory
 from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ptx import PretrainingMix
@@ -78,10 +79,9 @@ def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=No
         return engine.sample_step(step)
     if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
         return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
-    per_rank = (config.sampling_shards or runtime.world()) // runtime.world()
-    batches = [sample_shard(engine, tokenizer, runtime.shard(rows, j, per_rank), config, step,
-                            runtime.rank() * per_rank + j, record=per_rank == 1 and runtime.world() == 1)
-               for j in range(per_rank)]
+    shards = rank_shards(rows, config.sampling_shards)
+    batches = [sample_shard(engine, tokenizer, part, config, step, k, record=len(shards) == 1 and runtime.world() == 1)
+               for k, part in shards]
     return concat_batches(batches, tokenizer.pad_token_id)
 
 
@@ -90,8 +90,7 @@ def sample_shard(engine, tokenizer, rows, config: RLConfig, step: int, shard: in
     draws as a single-process run always did."""
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step
-                                                                             + shard * 2**32)
+    generator = shard_generator(config.seed, step, shard, getattr(engine, "device", "cpu"))
     # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
     # gradient checkpointing turns off), and only from one unsharded rollout
     record = (record and config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
@@ -258,14 +257,16 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
         batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
     t_rollout = time.perf_counter() - t0
-    parts.group_rewards = None
+    parts.group_rewards = failure = None
     try:
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
         parts.group_rewards = rewards.view(-1, G).mean(dim=1)
     except RewardError as exc:
         if not exc.skippable:
             raise
-        tracker.print(f"[yellow]step {step} skipped: {exc}")
+        failure = exc
+    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
+        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
         return {"reward/errors": float(parts.reward_set.errors)}
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),

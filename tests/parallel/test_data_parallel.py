@@ -1,5 +1,5 @@
 """Several processes (gloo, 2 CPU processes forked from the test) train exactly like one process on the same global
-batch: after 3 steps of SFT, DPO, GRPO and pretraining (and LoRA SFT) the final weights agree to 1e-5 (measured:
+batch: after 3 steps of SFT, DPO (offline and online), GRPO and pretraining (and LoRA SFT) the final weights agree to 1e-5 (measured:
 ~1e-7, float rounding of summing two half-batch gradients instead of one full-batch gradient), FSDP2 and DDP."""
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ RUNS = {
     "dpo": (preference.DPOConfig, preference.train, ["data_args.digits=1", "train_rows=48", "eval_rows=8",
                                                      "batch_size=8", "eval_max_new_tokens=4", "eval_samples=2",
                                                      "lr=1e-3"]),
+    # min_gap makes ties: an odd number of kept pairs leaves the ranks with different counts (pads, weight 0)
+    "online_dpo": (preference.DPOConfig, preference.train, ["online=true", "rewards=[gold]", "min_gap=1.3",
+                                                            "data_args.digits=1", "train_rows=48", "eval_rows=4",
+                                                            "batch_size=4", "grad_accum=2", "samples_per_prompt=4",
+                                                            "max_new_tokens=6", "sampling_shards=2",
+                                                            "eval_max_new_tokens=4", "eval_samples=1", "lr=1e-3"]),
     "grpo": (online.RLConfig, online.train, ["algorithm=grpo", "task_args.digits=1", "train_rows=64", "eval_rows=4",
                                              "prompts_per_step=4", "samples_per_prompt=4", "max_new_tokens=6",
                                              "rewards=[dist_helpers:digit_fraction]", "sampling_shards=2", "lr=1e-3",
@@ -50,7 +56,8 @@ def run(tmp_path, method, name, *overrides):
 
 @pytest.mark.parametrize("method,parallel", [("sft", "fsdp"), ("dpo", "ddp"), ("grpo", "fsdp"), ("sft", "ddp"),
                                              ("dpo", "fsdp"), ("grpo", "ddp"), ("pretrain", "fsdp"),
-                                             ("reward", "fsdp"), ("reward", "ddp")])
+                                             ("reward", "fsdp"), ("reward", "ddp"), ("online_dpo", "fsdp"),
+                                             ("online_dpo", "ddp")])
 def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method, parallel):
     config, train = run(tmp_path, method, "one")
     train(config)
@@ -76,6 +83,12 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method,
     assert [m["step"] for m in one] == [m["step"] for m in two]  # rank 0 alone logged, once per step
     first = next(m for m in one if m["step"] == 1), next(m for m in two if m["step"] == 1)
     assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5, abs=1e-6)  # reduced over ranks
+    if method == "online_dpo":  # uneven ranks were tested, and the label counts and means are global
+        counted = [(a, b) for a, b in zip(one, two) if "label/pairs" in a]
+        assert any(a["label/pairs"] % 2 for a, _ in counted)
+        for a, b in counted:
+            for key in ("label/pairs", "label/gap", "rewards/margin", "rewards/accuracy"):
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
 
 
 def test_lora_with_ddp_trains_like_one_process_and_saves_the_merged_model(tmp_path):
