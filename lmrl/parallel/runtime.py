@@ -78,6 +78,15 @@ def all_max(value: float | torch.Tensor) -> float | torch.Tensor:
     return all_sum(value, op="max")
 
 
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` (the same shape on each), concatenated in rank order along dim 0."""
+    if world() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` is true on some rank (e.g. a step every rank must skip because one rank's rewards failed)."""
     return all_sum(float(flag)) > 0

@@ -285,7 +285,9 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     adv = None
     if parts.value_model is None:  # group advantages need whole groups: compute before any drop
         kwargs = {"scale": config.adv_scale} if config.advantage == "grpo" else {}
-        adv = advantages(config.advantage, rewards, G, **kwargs)
+        # on every rank's rewards: REINFORCE's baseline and adv_scale=batch are statistics of the whole batch
+        adv = advantages(config.advantage, runtime.all_gather(rewards), G, **kwargs)
+        adv = adv.view(runtime.world(), -1)[runtime.rank()]  # (N,) this rank's rows
     if (config.dynamic_sampling or config.preset.dynamic_sampling) == "drop" and zero_var.any():
         keep = (~zero_var).repeat_interleave(G).nonzero().squeeze(1)
         if len(keep) == 0:

@@ -73,9 +73,19 @@ def run(tmp_path, method, name, *overrides):
                                              ("reward", "fsdp"), ("reward", "ddp"), ("online_dpo", "fsdp"),
                                              ("online_dpo", "ddp"), ("distill", "fsdp"), ("distill", "ddp")])
 def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method, parallel):
-    config, train = run(tmp_path, method, "one")
+    two_like_one(tmp_path, method, parallel)
+
+
+@pytest.mark.parametrize("overrides", [["algorithm=reinforce"], ["adv_scale=batch"]])
+def test_rl_batch_statistics_are_over_every_rank(tmp_path, overrides):
+    """REINFORCE's batch-mean baseline and GRPO's adv_scale=batch use every rank's rewards."""
+    two_like_one(tmp_path, "grpo", "fsdp", *overrides)
+
+
+def two_like_one(tmp_path, method, parallel, *overrides):
+    config, train = run(tmp_path, method, "one", *overrides)
     train(config)
-    config, train = run(tmp_path, method, "two", f"parallel={parallel}")
+    config, train = run(tmp_path, method, "two", f"parallel={parallel}", *overrides)
     run_ranks(train, config)
     diff = max_weight_diff(tmp_path / "one", tmp_path / "two")
     print(f"max |w_one - w_two| = {diff:.2e}")
@@ -97,6 +107,8 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method,
     assert [m["step"] for m in one] == [m["step"] for m in two]  # rank 0 alone logged, once per step
     first = next(m for m in one if m["step"] == 1), next(m for m in two if m["step"] == 1)
     assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-5, abs=1e-6)  # reduced over ranks
+    # the global gradient before any update: Adam's first steps are ~lr*sign(g), blind to a wrongly scaled gradient
+    assert first[0]["grad_norm"] == pytest.approx(first[1]["grad_norm"], rel=1e-4)
     if method == "online_dpo":  # an odd number of pairs: the ranks had different counts
         assert any(m["label/pairs"] % 2 for m in one if "label/pairs" in m)
     assert all(any(key in m for m in one) for key in GLOBAL_METRICS.get(method, ()))
