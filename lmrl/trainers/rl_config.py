@@ -146,7 +146,6 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
                               f"rows, which must split into minibatches*grad_accum ({self.minibatches}*"
                               f"{self.grad_accum}). Fix: raise prompts_per_step or lower grad_accum.")
         unsupported = {"advantage=gae (PPO's value model)": self.advantage == "gae",
-                       "dynamic_sampling=drop": (self.dynamic_sampling or self.preset.dynamic_sampling) == "drop",
                        "multi-turn tools/environments": bool(self.multi_turn),
                        "curriculum (the data order depends on every rank's rewards)": self.curriculum is not None}
         for name, used in unsupported.items():

@@ -76,9 +76,14 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method,
     two_like_one(tmp_path, method, parallel)
 
 
-@pytest.mark.parametrize("overrides", [["algorithm=reinforce"], ["adv_scale=batch"]])
+DROPS = ["algorithm=dapo", "rewards=[dist_helpers:has_digit]"]  # steps 1-2 drop 1 of 4 groups: one rank's
+
+
+@pytest.mark.parametrize("overrides", [["algorithm=reinforce"], ["adv_scale=batch"], DROPS,
+                                       [*DROPS, "loss_agg=seq_mean"]])
 def test_rl_batch_statistics_are_over_every_rank(tmp_path, overrides):
-    """REINFORCE's batch-mean baseline and GRPO's adv_scale=batch use every rank's rewards."""
+    """REINFORCE's batch-mean baseline and GRPO's adv_scale=batch use every rank's rewards; DAPO's dropped groups
+    leave the ranks with different numbers of trained rows (token and row means over every rank's)."""
     two_like_one(tmp_path, "grpo", "fsdp", *overrides)
 
 
