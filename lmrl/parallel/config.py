@@ -43,6 +43,8 @@ def check_world(config, world: int) -> None:
             f"(e.g. {key}={max(need, batch // need * need)}), or change nproc."
         )
     shards = getattr(config, "sampling_shards", 0) or world
-    if shards % world or batch % shards:
+    key = getattr(config, "sampled_key", key)  # what is sampled in shards, if not the batch (rejection: the prompts)
+    sampled = getattr(config, key)
+    if shards % world or (sampled is not None and sampled % shards):
         raise ConfigError(f"sampling_shards={shards} must be a multiple of the {world} processes and divide "
-                          f"{key}={batch}. Fix: sampling_shards=0 (one per process).")
+                          f"{key}={sampled}. Fix: sampling_shards=0 (one per process), or a multiple of it.")

@@ -96,14 +96,20 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Every rank's metrics, combined: the mean over the ranks that have a key (``tokens_per_s``: the sum)."""
     if world() == 1:
         return metrics
-    gathered: list[Any] = [None] * world()
-    dist.all_gather_object(gathered, metrics)
+    gathered = gather_objects(metrics)
     keys = dict.fromkeys(k for m in gathered for k in m)
     out = {}
     for key in keys:
         values = [m[key] for m in gathered if key in m]
         out[key] = sum(values) if key in SUMMED_METRICS else sum(values) / len(values)
     return out
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj`` (CPU tensors only), in rank order, on every rank."""
+    gathered: list[Any] = [None] * world()
+    dist.all_gather_object(gathered, obj) if world() > 1 else gathered.__setitem__(0, obj)
+    return gathered
 
 
 def broadcast_object(obj: Any) -> Any:

@@ -14,7 +14,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model, load_model_and_tokenizer
 from lmrl.tracking import read_jsonl
 from lmrl.data.corpus import builtin_corpus
-from lmrl.trainers import distill, online, preference, pretrain, reward, sft
+from lmrl.trainers import distill, online, preference, pretrain, rejection, reward, sft
 
 TOL = 1e-5
 
@@ -157,3 +157,27 @@ def test_sampling_shards_make_samples_independent_of_the_process_count(tmp_path)
     """One process with sampling_shards=2 draws shard k with the generator rank k of two processes uses."""
     config, _ = run(tmp_path, "grpo", "x")
     assert config.sampling_shards == 2 and torch.distributed.is_available()
+
+
+def test_rejection_sampling_on_two_processes_selects_and_trains_like_one(tmp_path):
+    """Each rank samples and scores half the prompts; the gathered pool gives the same selection, and each round's
+    SFT is data-parallel: 2 rounds end at the one-process weights."""
+    args = ["precision=fp32", *TINY, "task_args.digits=1", "rewards=[dist_helpers:digit_fraction]", "train_rows=16",
+            "eval_rows=4", "eval_samples=2", "samples_per_prompt=4", "max_new_tokens=6", "max_steps=3",
+            "batch_size=8", "lr=1e-3", "warmup_steps=0", "rounds=2", "save_every=0", "sampling_shards=2",
+            "check_contamination=false"]
+    for name in ("one", "two"):
+        config = load_config(rejection.RejectionConfig, None, [f"output_dir={tmp_path / name}", *args])
+        rejection.train(config) if name == "one" else run_ranks(rejection.train, config, timeout=120)
+    for r in (1, 2):
+        one, two = (read_jsonl(tmp_path / name / f"round-{r}" / "selection.jsonl") for name in ("one", "two"))
+        assert [(x["prompt"], x["completion"]) for x in one] == [(x["prompt"], x["completion"]) for x in two]
+    diff = max_weight_diff(tmp_path / "one", tmp_path / "two")
+    print(f"max |w_one - w_two| = {diff:.2e}")
+    assert diff < TOL
+    one, two = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("one", "two"))
+    assert [m["step"] for m in one] == [m["step"] for m in two]  # rank 0 alone logged
+    compared = [(a[key], b[key]) for a, b in zip(one, two)
+                for key in ("rs/reward_all", "rs/reward_selected", "rs/selected", "eval/reward") if key in a]
+    assert len(compared) == 3 * 2 + 3  # rs/* of rounds 1-2, eval/reward of steps 0-2
+    assert all(a == pytest.approx(b, rel=1e-5) for a, b in compared), compared
