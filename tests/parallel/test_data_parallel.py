@@ -181,3 +181,19 @@ def test_rejection_sampling_on_two_processes_selects_and_trains_like_one(tmp_pat
                 for key in ("rs/reward_all", "rs/reward_selected", "rs/selected", "eval/reward") if key in a]
     assert len(compared) == 3 * 2 + 3  # rs/* of rounds 1-2, eval/reward of steps 0-2
     assert all(a == pytest.approx(b, rel=1e-5) for a, b in compared), compared
+
+
+def test_methods_without_a_data_parallel_step_refuse_several_processes(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from lmrl.parallel import runtime
+    from lmrl.trainers import loop, selfplay
+
+    monkeypatch.setattr(runtime, "world", lambda: 2)
+    config = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path}"])
+    run_ = SimpleNamespace(tracker=runtime.NullTracker(), checkpoint=None)
+    with pytest.raises(ValueError, match="SelfPlay does not run on several processes yet.*online.*Fix: nproc=1"):
+        loop.run(config, object.__new__(selfplay.SelfPlay), run_)
+    # rejection sampling shards its prompts: they must split evenly
+    with pytest.raises(ConfigError, match="divide train_rows=15"):
+        load_config(rejection.RejectionConfig, None, [f"output_dir={tmp_path}", "nproc=2", "train_rows=15"])
