@@ -88,7 +88,8 @@ def run(tmp_path, method, name, *overrides):
                                              ("dpo", "fsdp"), ("grpo", "ddp"), ("pretrain", "fsdp"),
                                              ("reward", "fsdp"), ("reward", "ddp"), ("online_dpo", "fsdp"),
                                              ("online_dpo", "ddp"), ("distill", "fsdp"), ("distill", "ddp"),
-                                             ("selfplay", "fsdp"), ("selfplay", "ddp"), ("selfplay_lsp", "fsdp")])
+                                             ("selfplay", "fsdp"), ("selfplay", "ddp"),
+                                             pytest.param("selfplay_lsp", "fsdp", marks=pytest.mark.slow)])
 def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method, parallel):
     two_like_one(tmp_path, method, parallel)
 
