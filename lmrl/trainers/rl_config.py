@@ -138,7 +138,7 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
 
     def check_processes(self, world: int) -> None:
         """Several processes: each samples whole groups of its shards and every rank runs the same number of
-        forwards (FSDP), so what needs statistics of the whole batch or drops rows per rank is refused here."""
+        forwards (FSDP); PPO's value model, multi-turn episodes and the curriculum are refused here."""
         if world == 1:
             return
         if (self.prompts_per_step // world * self.samples_per_prompt) % (self.minibatches * self.grad_accum):
@@ -150,8 +150,8 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
                        "curriculum (the data order depends on every rank's rewards)": self.curriculum is not None}
         for name, used in unsupported.items():
             if used:
-                raise ConfigError(f"{name} does not run on several processes yet (it needs the whole batch on one "
-                                  f"rank). Fix: nproc=1, or a group-baseline algorithm (grpo, rloo, dr_grpo, gspo).")
+                raise ConfigError(f"{name} does not run on several processes yet (docs/scale.md). Fix: nproc=1 "
+                                  f"(PPO: or a group-baseline algorithm: grpo, rloo, dr_grpo, gspo, dapo).")
 
     @property
     def preset(self) -> Preset:
