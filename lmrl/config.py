@@ -36,9 +36,8 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 
 
 def load_yaml(text: str) -> Any:
@@ -411,12 +410,13 @@ class DecodingSection(Section):
     temperature: float = field(1.0, "sampling temperature")
     top_p: float = field(1.0, "nucleus sampling")
     top_k: int = field(0, "top-k sampling (0: off)")
+    sampling_shards: int = field(0, "a step's batch is sampled in this many shards (whole prompt groups), each with its own seeded generator (0: one per process); fixed, it makes the samples independent of the number of processes")
 
     def __post_init__(self) -> None:
         check_at_least(self, ("temperature",), 0, inclusive=False)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"'top_p' must be in (0, 1], got {self.top_p}.")
-        check_at_least(self, ("top_k",), 0)
+        check_at_least(self, ("top_k", "sampling_shards"), 0)
         super().__post_init__()
 
 

@@ -26,16 +26,13 @@ class ParallelSection(Section):
 
 
 def check_world(config, world: int) -> None:
-    """Every rank gets an equal share of the global batch, split evenly into its grad_accum micro-batches."""
-    if world == 1:
-        return
+    """Every rank gets an equal share of the global batch, split evenly into its grad_accum micro-batches and into
+    its ``sampling_shards`` (`lmrl.parallel.shards`)."""
     key = next((k for k in BATCH_KEYS if hasattr(config, k)), None)
-    if key is None:
-        return
-    batch, accum = getattr(config, key), getattr(config, "grad_accum", 1)
+    batch, accum = getattr(config, key) if key else 0, getattr(config, "grad_accum", 1)
     unit = "prompts (each rank samples whole groups)" if key == "prompts_per_step" else "examples"
     per_rank = batch // world
-    if batch % world or (key == "batch_size" and per_rank % accum):
+    if key and world > 1 and (batch % world or (key == "batch_size" and per_rank % accum)):
         need = world * (accum if key == "batch_size" else 1)
         raise ConfigError(
             f"{key}={batch} does not split over {world} processes"
@@ -43,3 +40,9 @@ def check_world(config, world: int) -> None:
             + f": {key} is the global batch in {unit}. Fix: make {key} a multiple of {need} "
             f"(e.g. {key}={max(need, batch // need * need)}), or change nproc."
         )
+    shards = getattr(config, "sampling_shards", 0) or world
+    key = getattr(config, "sampled_key", key)  # what is sampled in shards, if not the batch (rejection: the prompts)
+    sampled = getattr(config, key) if key else None
+    if shards % world or (sampled is not None and sampled % shards):
+        raise ConfigError(f"sampling_shards={shards} must be a multiple of the {world} processes and divide "
+                          f"{key}={sampled}. Fix: sampling_shards=0 (one per process), or a multiple of it.")

@@ -63,27 +63,53 @@ def shard(items: Sequence, index: int | None = None, count: int | None = None) -
     return list(items[index * size : (index + 1) * size])
 
 
-def all_sum(value: float | torch.Tensor) -> float | torch.Tensor:
-    """Sum over ranks (a float or a tensor, returned as the same kind)."""
+def all_sum(value: float | torch.Tensor, op: str = "sum") -> float | torch.Tensor:
+    """Sum (``op="max"``: maximum) over ranks of a float or a tensor, returned as the same kind."""
     if world() == 1:
         return value
-    tensor = value.detach().clone().double() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)
-    dist.all_reduce(tensor)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
+    tensor = (value.detach().clone().double() if torch.is_tensor(value)
+              else torch.tensor(float(value), dtype=torch.float64, device=device))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return tensor.to(value.dtype) if torch.is_tensor(value) else tensor.item()
+
+
+def all_max(value: float | torch.Tensor) -> float | torch.Tensor:
+    return all_sum(value, op="max")
+
+
+def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` (the same shape on each), concatenated in rank order along dim 0."""
+    if world() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on some rank (e.g. a step every rank must skip because one rank's rewards failed)."""
+    return all_sum(float(flag)) > 0
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Every rank's metrics, combined: the mean over the ranks that have a key (``tokens_per_s``: the sum)."""
     if world() == 1:
         return metrics
-    gathered: list[Any] = [None] * world()
-    dist.all_gather_object(gathered, metrics)
+    gathered = gather_objects(metrics)
     keys = dict.fromkeys(k for m in gathered for k in m)
     out = {}
     for key in keys:
         values = [m[key] for m in gathered if key in m]
         out[key] = sum(values) if key in SUMMED_METRICS else sum(values) / len(values)
     return out
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj`` (CPU tensors only), in rank order, on every rank."""
+    gathered: list[Any] = [None] * world()
+    dist.all_gather_object(gathered, obj) if world() > 1 else gathered.__setitem__(0, obj)
+    return gathered
 
 
 def broadcast_object(obj: Any) -> Any:

@@ -16,6 +16,11 @@ Launch::
     lmrl sft --config sft/demo_arithmetic output_dir=runs/teacher             # a teacher (any trained model)
     lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final  # on-policy, reverse KL
     lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final on_policy_frac=0   # offline KD
+    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final nproc=2    # two processes
+
+With several processes each rank distils its share of the batch (the teacher sharded or replicated like a
+reference model); the student samples in seeded shards (``sampling_shards``: the first ``on_policy_frac`` of each
+shard), and the loss is the mean over every rank's completion tokens.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Literal
 
 import torch
 
-from lmrl.algorithms.distill import token_kl
+from lmrl.algorithms.distill import DIRECTIONS, token_kl
 from lmrl.config import ConfigError, DecodingSection, field
 from lmrl.data.sft import SFTExample, collate_sft
 from lmrl.eval.generation import task_accuracy
@@ -35,6 +40,8 @@ from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
+from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import common, loop, sft
 
 IGNORE = -100
@@ -131,27 +138,44 @@ class Distill(sft.SFT):
         self.initial_metrics = self.teacher_metrics()
 
     def teacher_metrics(self) -> dict[str, float]:
-        """The teacher's held-out accuracy: the level the student is distilled towards."""
+        """The teacher's held-out accuracy: the level the student is distilled towards (rank 0 measures it)."""
         if not (self.eval_rows and "task" in self.eval_rows[0]):
             return {}
-        acc, _ = task_accuracy(self.teacher, self.tokenizer, self.eval_rows, self.config.eval_max_new_tokens,
-                               self.setup.dtype, num_samples=0)
-        return {"teacher/eval_accuracy": acc["accuracy"]}
+        acc = None
+        with runtime.full_params(self.teacher):  # FSDP: generation runs no collective
+            if runtime.is_main():
+                acc, _ = task_accuracy(self.teacher, self.tokenizer, self.eval_rows, self.config.eval_max_new_tokens,
+                                       self.setup.dtype, num_samples=0)
+        return {"teacher/eval_accuracy": runtime.broadcast_object(acc)["accuracy"]}
 
-    def sample(self, examples: list[SFTExample], step: int) -> tuple[list[SFTExample], float]:
-        """The student's own completions of these examples' prompts, as examples (prompt unlearned)."""
+    def sample(self, examples: list[SFTExample], step: int, shard: int) -> tuple[list[SFTExample], float]:
+        """The student's own completions of these examples' prompts, as examples (prompt unlearned), with the
+        generator of ``shard`` of the step (`lmrl.parallel.shards`); and their summed length."""
         if not examples:
             return [], 0.0
         prompts = [ex.input_ids[: prompt_length(ex)] for ex in examples]
-        generator = torch.Generator(device=model_device(self.model)).manual_seed(self.config.seed * 1_000_003 + step)
+        generator = shard_generator(self.config.seed, step, shard, model_device(self.model))
         was_training = self.model.training
         self.model.eval()
-        batch = self.engine.generate(prompts, self.params, n=1, generator=generator)
+        with runtime.full_params(self.model):  # FSDP: each rank samples with the whole student, no lockstep
+            batch = self.engine.generate(prompts, self.params, n=1, generator=generator)
         self.model.train(was_training)
         lengths = batch.completion_lengths.tolist()
         sampled = [SFTExample(p + c[:n], [IGNORE] * len(p) + c[:n])
                    for p, c, n in zip(prompts, batch.completion_ids.tolist(), lengths)]
-        return sampled, sum(lengths) / len(lengths)
+        return sampled, float(sum(lengths))
+
+    def batch(self, rows: list[SFTExample], step: int) -> tuple[list[SFTExample], list[str], int, float]:
+        """This rank's rows, the first ``on_policy_frac`` of each sampling shard completed by the student; their
+        divergence directions, the number of on-policy rows and their summed length."""
+        batch, directions, n_on, length = [], [], 0, 0.0
+        for shard, part in rank_shards(rows, self.config.sampling_shards):
+            k = round(self.config.on_policy_frac * len(part))  # the batch is a random draw: its first rows are too
+            sampled, summed = self.sample(part[:k], step, shard)
+            batch += sampled + part[k:]
+            directions += [self.direction(i < k) for i in range(len(part))]
+            n_on, length = n_on + k, length + summed
+        return batch, directions, n_on, length
 
     def direction(self, on_policy: bool) -> str:
         if self.config.divergence != "auto":
@@ -162,14 +186,12 @@ class Distill(sft.SFT):
         config, t0 = self.config, time.perf_counter()
         rows = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
                                                                      config.seed)]
-        n_on = round(config.on_policy_frac * len(rows))  # the batch is a random draw: its first rows are too
-        sampled, mean_len = self.sample(rows[:n_on], step)
+        batch, directions, n_on, length = self.batch(runtime.shard(rows), step)  # this rank's share
         t_sample = time.perf_counter() - t0
-        batch = sampled + rows[n_on:]
-        directions = [self.direction(i < n_on) for i in range(len(batch))]
-        total_tokens = sum(sum(1 for y in ex.labels[1:] if y != IGNORE) for ex in batch)
+        tokens = sum(sum(1 for y in ex.labels[1:] if y != IGNORE) for ex in batch)
+        total_tokens = runtime.all_sum(tokens)  # the loss is the mean over every rank's learned tokens
         micro = len(batch) // config.grad_accum
-        sums: dict[str, list[float]] = {}
+        sums = torch.zeros(len(DIRECTIONS), 2, dtype=torch.float64)  # (direction, [KL sum, tokens])
         for i in range(config.grad_accum):
             part = slice(i * micro, (i + 1) * micro)
             loss, stats = kl_loss(self.model, self.teacher, batch[part], directions[part], self.tokenizer.pad_token_id,
@@ -177,16 +199,16 @@ class Distill(sft.SFT):
             common.check_finite(loss, step)
             (loss / max(1, total_tokens)).backward()
             for direction, (kl_sum, n) in stats.items():
-                acc = sums.setdefault(direction, [0.0, 0])
-                acc[0], acc[1] = acc[0] + kl_sum, acc[1] + n
+                sums[DIRECTIONS.index(direction)] += torch.tensor([kl_sum, n], dtype=torch.float64)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
-        elapsed = time.perf_counter() - t0
-        metrics = {"loss": sum(s for s, _ in sums.values()) / max(1, total_tokens), "grad_norm": grad_norm,
-                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": total_tokens / elapsed,
-                   "time/train_s": elapsed - t_sample, "on_policy/rows": float(n_on)}
-        metrics.update({f"train/kl_{d}": s / max(1, n) for d, (s, n) in sums.items()})
-        if n_on:
-            metrics.update({"time/rollout_s": t_sample, "on_policy/completion_len": mean_len})
+        elapsed, world = time.perf_counter() - t0, runtime.world()
+        sums = runtime.all_sum(sums)  # every rank's: the logged means are over the whole batch
+        metrics = {"loss": sums[:, 0].sum().item() / max(1, total_tokens), "grad_norm": grad_norm,
+                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens / elapsed,
+                   "time/train_s": elapsed - t_sample, "on_policy/rows": float(n_on * world)}
+        metrics.update({f"train/kl_{d}": s / n for d, (s, n) in zip(DIRECTIONS, sums.tolist()) if n})
+        if n_on:  # every rank samples the same number of rows
+            metrics.update({"time/rollout_s": t_sample, "on_policy/completion_len": length / n_on})
         return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

@@ -19,6 +19,7 @@ from lmrl.data.chat import render_prompt
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.head import DEFAULT_CHUNK_MB
 from lmrl.models.logprobs import completion_logprobs
+from lmrl.parallel import runtime
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.trainers import common
 from lmrl.trainers.dpo_config import DPOConfig
@@ -115,9 +116,12 @@ class Reference:
 
 
 def example_loss(model, examples: list[Example], ref: torch.Tensor | None, config: DPOConfig, pad_id: int, dtype,
-                 bco_delta: float = 0.0) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
-    """Per-example losses (b,), logging stats and the loss batch, for pairs or KTO examples; `ref` (b, 2)."""
+                 bco_delta: float = 0.0, rows: int | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+    """Per-example losses (b,), logging stats (over the first ``rows`` examples, default all) and the loss batch,
+    for pairs or KTO examples; `ref` (b, 2)."""
     b = len(examples)
+    rows = rows or b
     ref = torch.zeros(b, 2) if ref is None else ref
     if config.loss == "kto":
         logp, _ = sequence_logps(model, [e.seqs[0] for e in examples], pad_id, dtype, config.logprob_chunk_mb)  # (b,)
@@ -130,6 +134,7 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
         reward = config.beta * (logp - ref[:, 0]).detach()
         stats = {"kl_ref": float(fields["kl_ref"])}
         for name, sel in (("chosen", label == 1), ("rejected", label == 0)):
+            sel = sel & (torch.arange(b) < rows)
             if sel.any():
                 stats[f"rewards/{name}"], stats[f"logps/{name}"] = reward[sel].mean().item(), logp[sel].mean().item()
         return losses, stats, fields
@@ -143,29 +148,36 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
     if config.loss == "bco":
         fields["delta"] = torch.tensor(bco_delta)
     losses = preference_loss(config.loss, fields, **config.loss_options)
-    return losses, preference_stats(fields, config.beta, reference_free=not config.uses_reference), fields
+    counted = {key: value[:rows] for key, value in fields.items() if value.dim()}
+    return losses, preference_stats(counted, config.beta, reference_free=not config.uses_reference), fields
 
 
 def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, state: dict,
-               batch_size: int | None = None) -> dict[str, float]:
+               batch_size: int | None = None, real: int | None = None) -> dict[str, float]:
     """Forward/backward over grad_accum micro-batches; the loss is the mean over all ``batch_size`` examples of the
-    step (default: ``examples``; with several processes ``examples`` is this rank's share)."""
-    batch_size = batch_size or len(examples)
+    step (default: ``examples``; with several processes ``examples`` is this rank's share). Only the first ``real``
+    examples count (default all; the rest pad a rank's share so that every rank runs the same forwards).
+
+    Stats are this rank's part of the step's mean times the world size (their mean over ranks is the mean)."""
+    batch_size, real = batch_size or len(examples), len(examples) if real is None else real
     sums: dict[str, float] = {}
     for part in torch.arange(len(examples)).tensor_split(config.grad_accum):  # equal parts when divisible
         if not len(part):
             continue
         delta = state["bco"][0] / max(1, state["bco"][1])
+        kept = int((part < real).sum())  # the real examples lead: a part's first `kept` count
         losses, stats, fields = example_loss(model, [examples[i] for i in part], None if ref is None else ref[part],
-                                             config, pad_id, dtype, delta)
-        loss = losses.sum() / batch_size
+                                             config, pad_id, dtype, delta, kept)
+        loss = losses[:kept].sum() / batch_size  # pads: forward and backward (the same collectives), gradient 0
         common.check_finite(loss, step)
         loss.backward()
         if config.loss == "bco":  # δ: running mean of the implicit rewards β·u of chosen and rejected
             u = torch.cat([fields["chosen"] - fields["ref_chosen"], fields["rejected"] - fields["ref_rejected"]])
+            u = u.view(2, -1)[:, :kept]  # (2, kept)
             state["bco"] = (state["bco"][0] + config.beta * u.detach().sum().item(), state["bco"][1] + u.numel())
-        for key, value in {"loss": losses.mean().item(), **stats}.items():
-            sums[key] = sums.get(key, 0.0) + value * len(part) / len(examples)
+        weight = kept * runtime.world() / batch_size
+        for key, value in {"loss": losses[:kept].mean().item() if kept else 0.0, **stats}.items():
+            sums[key] = sums.get(key, 0.0) + (value * weight if kept else 0.0)
     return sums
 
 

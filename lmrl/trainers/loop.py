@@ -67,7 +67,8 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     extra = dict(getattr(method, "initial_metrics", {}))
     if runtime.world() > 1 and not getattr(method, "data_parallel", False):
         raise ValueError(f"{type(method).__name__} does not run on several processes yet (nproc/torchrun); "
-                         "SFT, DPO, reward models, online RL and pretrain do. Fix: nproc=1.")
+                         "SFT, DPO (offline and online), distillation, reward models, online RL, self-play and "
+                         "pretrain do. Fix: nproc=1.")
     setup = getattr(method, "setup", None)
     if run.checkpoint:
         try:

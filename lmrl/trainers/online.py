@@ -51,6 +51,7 @@ from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.rollout.tool_config import build_env_factory
 from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ptx import PretrainingMix
@@ -78,10 +79,9 @@ def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=No
         return engine.sample_step(step)
     if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
         return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
-    per_rank = (config.sampling_shards or runtime.world()) // runtime.world()
-    batches = [sample_shard(engine, tokenizer, runtime.shard(rows, j, per_rank), config, step,
-                            runtime.rank() * per_rank + j, record=per_rank == 1 and runtime.world() == 1)
-               for j in range(per_rank)]
+    shards = rank_shards(rows, config.sampling_shards)
+    batches = [sample_shard(engine, tokenizer, part, config, step, k, record=len(shards) == 1 and runtime.world() == 1)
+               for k, part in shards]
     return concat_batches(batches, tokenizer.pad_token_id)
 
 
@@ -90,8 +90,7 @@ def sample_shard(engine, tokenizer, rows, config: RLConfig, step: int, shard: in
     draws as a single-process run always did."""
     texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    generator = torch.Generator(getattr(engine, "device", "cpu")).manual_seed(config.seed * 1_000_003 + step
-                                                                             + shard * 2**32)
+    generator = shard_generator(config.seed, step, shard, getattr(engine, "device", "cpu"))
     # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
     # gradient checkpointing turns off), and only from one unsharded rollout
     record = (record and config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
@@ -137,6 +136,16 @@ def zero_gradient_rows(adv: torch.Tensor, config: RLConfig, value_model, use_kl_
     return (adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0
 
 
+def drop_groups(batch: RolloutBatch, rewards, adv, dropped: torch.Tensor):
+    """DAPO's dynamic sampling: the batch without the ``dropped`` (B,) groups. Several processes: the groups stay
+    with their loss mask zeroed, so every rank runs the same forwards; the loss weights count trained rows only."""
+    keep = (~dropped).repeat_interleave(batch.group_size)  # (N,) bool
+    if runtime.world() > 1:
+        return dataclasses.replace(batch, loss_mask=batch.train_mask * keep[:, None].to(batch.train_mask)), rewards, adv
+    rows = keep.nonzero().squeeze(1)
+    return batch.select(rows), rewards[rows], adv[rows] if adv is not None else None
+
+
 def completion_values(value_model: ValueModel, batch: RolloutBatch, dtype) -> torch.Tensor:
     """V(s_t) for each completion token t: the value head at the position that predicts token t. (N, T)"""
     p, t = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
@@ -177,7 +186,10 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
             updates += 1
-            mb_tokens = runtime.all_sum(batch.train_mask[mb].sum()).clamp(min=1)  # over every rank's minibatch
+            mb_mask = batch.train_mask[mb]  # (M, T)
+            # over every rank's minibatch: its tokens and its trained rows (dropped groups' rows have none)
+            counts = torch.stack([mb_mask.sum(), mb_mask.any(dim=1).sum().float()])
+            mb_tokens, mb_rows = runtime.all_sum(counts).clamp(min=1)
             for micro in mb.chunk(config.grad_accum):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
@@ -187,7 +199,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                         continue
                 sub = batch.select(micro)
                 mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / (len(mb) * world)
+                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / mb_rows
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
                                                     autocast_dtype=dtype, share_prompts=config.share_prompts,
@@ -258,14 +270,16 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
         batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
     t_rollout = time.perf_counter() - t0
-    parts.group_rewards = None
+    parts.group_rewards = failure = None
     try:
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
         parts.group_rewards = rewards.view(-1, G).mean(dim=1)
     except RewardError as exc:
         if not exc.skippable:
             raise
-        tracker.print(f"[yellow]step {step} skipped: {exc}")
+        failure = exc
+    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
+        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
         return {"reward/errors": float(parts.reward_set.errors)}
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
@@ -284,13 +298,13 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     adv = None
     if parts.value_model is None:  # group advantages need whole groups: compute before any drop
         kwargs = {"scale": config.adv_scale} if config.advantage == "grpo" else {}
-        adv = advantages(config.advantage, rewards, G, **kwargs)
-    if (config.dynamic_sampling or config.preset.dynamic_sampling) == "drop" and zero_var.any():
-        keep = (~zero_var).repeat_interleave(G).nonzero().squeeze(1)
-        if len(keep) == 0:
+        # on every rank's rewards: REINFORCE's baseline and adv_scale=batch are statistics of the whole batch
+        adv = advantages(config.advantage, runtime.all_gather(rewards), G, **kwargs)
+        adv = adv.view(runtime.world(), -1)[runtime.rank()]  # (N,) this rank's rows
+    if (config.dynamic_sampling or config.preset.dynamic_sampling) == "drop" and runtime.any_rank(zero_var.any()):
+        if not runtime.any_rank((~zero_var).any()):  # every group of every rank dropped
             return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
-        batch, rewards = batch.select(keep), rewards[keep]
-        adv = adv[keep] if adv is not None else None
+        batch, rewards, adv = drop_groups(batch, rewards, adv, zero_var)
     t1 = time.perf_counter()
     ref_logp = logprobs_no_grad(parts.ref_model, batch, config, dtype) if parts.ref_model is not None else None
     # on-policy single update: pi_old = pi_theta, so old log-probs come free from the training forward (None)

@@ -24,6 +24,7 @@ fields `precompute_ref`, `ranking_pairs`, `max_length` and `overlong` apply to h
 Launch::
 
     lmrl dpo --config dpo/online_tiny_prefs                       # CPU, built-in model and data, gold-score labels
+    lmrl dpo --config dpo/online_tiny_prefs nproc=2               # two processes, each labelling half the prompts
     lmrl dpo online=true model=runs/sft/final dataset=prompts.jsonl rewards=[model:runs/reward/final] beta=0.1
     lmrl dpo online=true model=runs/sft/final dataset=prompts.jsonl judge=Qwen/Qwen2.5-7B-Instruct
 """
@@ -46,7 +47,9 @@ from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.types import RolloutBatch
+from lmrl.rollout.types import RolloutBatch, concat_batches
+from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import common, loop
 from lmrl.trainers.dpo_common import Example, Reference, build_examples, evaluate, reference_logps, train_step
 from lmrl.trainers.dpo_config import DPOConfig
@@ -101,11 +104,14 @@ def sampling_params(config: DPOConfig) -> SamplingParams:
 
 
 def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tuple[RolloutBatch, list[list[int]]]:
-    """K completions per prompt from the current policy (prompt-major), and the prompts' token ids."""
+    """K completions per prompt from the current policy (prompt-major), and the prompts' token ids. Sampled in this
+    rank's seeded ``sampling_shards`` (`lmrl.parallel.shards`): resume-exact and independent of the process count."""
     ids = [encode_prompt(parts.tokenizer, r["prompt"], config.chat) for r in rows]  # as offline DPO tokenizes
-    params = sampling_params(config)
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)  # resume-exact sampling
-    return parts.engine.generate(ids, params, n=config.samples_per_prompt, generator=generator), ids
+    params, k = sampling_params(config), config.samples_per_prompt
+    with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
+        batches = [parts.engine.generate(part, params, n=k, generator=shard_generator(config.seed, step, index))
+                   for index, part in rank_shards(ids, config.sampling_shards)]
+    return concat_batches(batches, parts.tokenizer.pad_token_id), ids
 
 
 def label(parts: Parts, batch: RolloutBatch, rows: list[dict], config: DPOConfig):
@@ -138,6 +144,17 @@ def label(parts: Parts, batch: RolloutBatch, rows: list[dict], config: DPOConfig
     return pairs, scores, metrics
 
 
+def global_label_metrics(metrics: dict[str, float], pairs: int, total: int, scored: bool) -> dict[str, float]:
+    """This rank's pair count and pair-score means (``scored``: labelled by rewards) as its part of the step's
+    count and means over every rank's ``total`` pairs, times the world size (so their mean over ranks is exact)."""
+    world, share = runtime.world(), pairs * runtime.world() / max(1, total)
+    out = {"label/pairs": float(pairs * world)}
+    if scored and total:  # a rank without pairs of its own adds 0
+        out.update({key: metrics.get(key, 0.0) * share for key in ("label/chosen_score", "label/rejected_score",
+                                                                     "label/gap")})
+    return out
+
+
 def to_examples(batch: RolloutBatch, prompt_ids: list[list[int]], pairs, scores, k: int) -> list[Example]:
     """Pairs as `Example`s of the exact sampled tokens (completion up to and including its stop token)."""
     lengths = batch.completion_lengths.tolist()
@@ -156,12 +173,15 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
     t0 = time.perf_counter()
     batch, prompt_ids = sample(parts, rows, config, step)
     t1 = time.perf_counter()
+    failure = None
     try:
         pairs, scores, metrics = label(parts, batch, rows, config)
     except RewardError as exc:
         if not exc.skippable:
             raise
-        tracker.print(f"[yellow]step {step} skipped: {exc}")
+        failure = exc
+    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
+        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
         return {"reward/errors": float(parts.reward_set.errors)}
     t2 = time.perf_counter()
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
@@ -173,13 +193,18 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
                                     **({} if scores is None else {"chosen_score": scores[c].item(),
                                                                   "rejected_score": scores[r].item()})}
                                    for i, c, r in pairs[: config.num_samples]], "online pairs")
-    if not pairs:  # every prompt tied or failed: nothing to learn from this step
+    total, most = int(runtime.all_sum(len(pairs))), int(runtime.all_max(len(pairs)))  # kept pairs over ranks
+    metrics.update(global_label_metrics(metrics, len(pairs), total, scores is not None))
+    if not total:  # every prompt tied or failed: nothing to learn from this step
         return metrics
-    examples = to_examples(batch, prompt_ids, pairs, scores, config.samples_per_prompt)
-    pad_id = parts.tokenizer.pad_token_id
+    k, pad_id = config.samples_per_prompt, parts.tokenizer.pad_token_id
+    examples = to_examples(batch, prompt_ids, pairs, scores, k)
+    # every rank forwards `most` pairs (FSDP/DDP run collectives in each forward and backward): the pads after this
+    # rank's pairs repeat a sampled pair with loss weight 0
+    examples += to_examples(batch, prompt_ids, [(0, 0, 1)], scores, k) * (most - len(pairs))
     ref = (reference_logps(parts.ref_model, examples, pad_id, dtype, chunk_mb=config.logprob_chunk_mb)
            if parts.ref_model is not None else None)
-    stats = train_step(parts.model, examples, ref, config, pad_id, dtype, step, state)
+    stats = train_step(parts.model, examples, ref, config, pad_id, dtype, step, state, total, len(pairs))
     grad_norm = common.optimizer_step(parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
     metrics.update({**stats, "grad_norm": grad_norm, "time/train_s": time.perf_counter() - t2,
                     "tokens_per_s": batch.completion_mask.sum().item() / (t1 - t0)})
@@ -226,11 +251,14 @@ def evaluate_online(parts: Parts, data, config: DPOConfig, dtype, state) -> tupl
 
 class OnlineDPO:
     """The online DPO method for `loop.run`: one step samples, labels and takes one optimizer step (`online_step`).
+    With several processes each rank samples and labels batch_size/world prompts; the loss is the mean over every
+    rank's pairs.
 
     Everything that can fail on bad input is built here, before the run starts: the label rewards, the prompts,
     the policy, π_ref (the initial policy loaded again, frozen; or `ref_model`) and the judge."""
 
     samples_title = "held-out generations"
+    data_parallel = True  # exact for every loss but BCO, whose running δ stays per rank
 
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
@@ -256,6 +284,7 @@ class OnlineDPO:
     def step(self, step: int) -> dict[str, float]:
         config = self.config
         rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.batch_size, step, config.seed)]
+        rows = runtime.shard(rows)  # this rank's share of the step's prompts
         return online_step(self.parts, rows, config, self.setup.dtype, step, self.state, self.tracker)
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

@@ -48,6 +48,9 @@ from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
+from lmrl.parallel import runtime
+from lmrl.parallel.runtime import env_world_size
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import rundir, sft
 from lmrl.tracking import Tracker
 
@@ -75,6 +78,7 @@ class RejectionConfig(EngineSection, RewardSection, TrainConfig):
     top_p: float = field(1.0, "nucleus sampling")
     sample_top_k: int = field(0, "top-k sampling (0: off); not to be confused with top_k (selection)")
     generation_batch: int = field(64, "prompts per call of the rollout engine")
+    sampling_shards: int = field(0, "the prompts of a round are sampled in this many shards, each with its own seeded generator (0: one per process); fixed, it makes the samples independent of the number of processes")
     on_reward_error: Literal["stop"] = field("stop", "each round's pool is scored once: a failing reward function "
                                                      "stops the run (resume=true redoes the round)")
     select: Literal["best", "top_k"] = field("best", "best: the per_prompt best of each prompt; top_k: the top_k "
@@ -90,9 +94,13 @@ class RejectionConfig(EngineSection, RewardSection, TrainConfig):
     batch_size: int = field(32, "SFT: examples per optimizer step")
     max_steps: int = field(100, "SFT optimizer steps per round")
     output_dir: str = field("runs/rejection", "run directory")
+    sampled_key = "train_rows"  # what sampling_shards divide (`lmrl.parallel.config.check_world`)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.engine == "vllm" and max(self.nproc, env_world_size()) > 1:
+            raise ConfigError("engine=vllm samples in one process here; with several processes each rank samples "
+                              "with engine=hf. Fix: engine=hf, or nproc=1.")
         for name in ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
@@ -137,25 +145,38 @@ class Pool:
 
 
 def sample_and_score(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, n: int,
-                     seed: int, dtype, engine=None) -> Pool:
-    """N completions per row from `model` (batched, seeded) scored by `rewards`. engine: a long-lived engine
-    (engine=vllm: one for the whole run, re-pointed at each round's policy); None: an HF engine on `model`."""
+                     generators: list[torch.Generator], dtype, engine=None) -> Pool:
+    """N completions per row from `model` (batched; the k-th of len(generators) equal shards of `rows` with
+    generator k) scored by `rewards`. engine: a long-lived engine (engine=vllm: one for the whole run, re-pointed at
+    each round's policy); None: an HF engine on `model`."""
     if engine is None:
         engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
     elif engine.model is not model:
         engine.set_model(model)
-    generator = torch.Generator().manual_seed(seed)
     batches = []
-    for start in range(0, len(rows), config.generation_batch):
-        chunk = rows[start : start + config.generation_batch]
-        ids = [encode_prompt(tokenizer, r["prompt"], config.chat) for r in chunk]
-        batches.append(engine.generate(ids, config.sampling, n=n, generator=generator))
+    for k, generator in enumerate(generators):
+        part = runtime.shard(rows, k, len(generators))
+        for start in range(0, len(part), config.generation_batch):
+            ids = [encode_prompt(tokenizer, r["prompt"], config.chat) for r in part[start : start + config.generation_batch]]
+            batches.append(engine.generate(ids, config.sampling, n=n, generator=generator))
     batch = concat_batches(batches, n, tokenizer.pad_token_id)
     keys = [k for k in rows[0] if k not in ("prompt", "completion")]
     columns = {k: [row[k] for row in rows for _ in range(n)] for k in keys}
     result = rewards.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
                              completion_lengths=batch.completion_lengths.tolist(), **columns)
     return Pool(rows, batch, result.total.view(-1, n), result.metrics)
+
+
+def gather_pool(pool: Pool, pad_id: int) -> Pool:
+    """Every rank's pool of its share of the prompts, in rank order, on every rank; the reward metrics are averaged
+    over ranks (`runtime.reduce_metrics`: exact for means over equal shares)."""
+    if runtime.world() == 1:
+        return pool
+    batch = dataclasses.replace(pool.batch, **{k: v.cpu() for k, v in vars(pool.batch).items() if torch.is_tensor(v)})
+    parts = runtime.gather_objects((pool.rows, batch, pool.rewards.cpu()))
+    n = pool.rewards.shape[1]
+    return Pool([row for p in parts for row in p[0]], concat_batches([p[1] for p in parts], n, pad_id),
+                torch.cat([p[2] for p in parts]), runtime.reduce_metrics(pool.metrics))
 
 
 def concat_batches(batches: list[RolloutBatch], n: int, pad_id: int) -> RolloutBatch:
@@ -251,7 +272,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: Rej
         return {}
     was_training = model.training
     model.eval()
-    pool = sample_and_score(model, tokenizer, rows, rewards, config, config.eval_samples, config.seed + 7, dtype, engine)
+    generator = torch.Generator().manual_seed(config.seed + 7)
+    pool = sample_and_score(model, tokenizer, rows, rewards, config, config.eval_samples, [generator], dtype, engine)
     metrics = {"eval/reward": pool.rewards.mean().item(),
                **{f"eval/{k}": v for k, v in pool.metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
     if config.eval_gold:
@@ -284,6 +306,10 @@ def load_prompts(config: RejectionConfig) -> tuple[list[dict], list[dict]]:
     if source:
         args = config.task_args if is_generated(source) else {}
         eval_rows = load_rows(source, split=config.eval_split, limit=config.eval_rows, **args)
+    shards = max(config.sampling_shards, runtime.world())
+    if len(rows) % shards:
+        raise ValueError(f"{config.dataset}: its {len(rows)} prompts do not split into {shards} equal sampling shards "
+                         f"(sampling_shards, processes). Fix: train_rows=<a multiple of {shards}>.")
     if config.select == "top_k" and config.top_k > len(rows) * config.samples_per_prompt:
         raise ValueError(f"top_k={config.top_k} exceeds the {len(rows) * config.samples_per_prompt} completions "
                          f"sampled per round ({len(rows)} prompts x {config.samples_per_prompt}); lower top_k.")
@@ -319,53 +345,72 @@ def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
     return run_dir, (done if config.resume else 0)
 
 
+def evaluate_on_main(model, tokenizer, rows, rewards, config: RejectionConfig, dtype, reference, engine,
+                     evaluator) -> dict[str, float]:
+    """`evaluate` plus the ``eval_metrics``, run by rank 0 (a sharded π_start unsharded meanwhile); on every rank."""
+    result = None
+    with runtime.full_params(reference):
+        if runtime.is_main():
+            result = {**evaluate(model, tokenizer, rows, rewards, config, dtype, reference, engine),
+                      **evals_metrics(evaluator, model, tokenizer, dtype)}
+    return runtime.broadcast_object(result)
+
+
 def train(config: RejectionConfig) -> dict[str, float]:
-    """Run rejection sampling end to end; returns the final eval metrics (plus `initial/...` ones)."""
+    """Run rejection sampling end to end; returns the final eval metrics (plus `initial/...` ones). Several
+    processes: each samples and scores its share of the prompts, every rank selects from the gathered pool, rank 0
+    writes and evaluates, and each round's SFT is data-parallel."""
     setup = ModelSetup.from_config(config)
     rows, eval_rows = load_prompts(config)
     rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
-    model, tokenizer = setup.policy()
+    # samples and is evaluated only (each round's SFT trains its own, distributed copy): a full copy on each rank
+    model, tokenizer = setup.policy(distribute=False)
     evaluator = build_evaluator(config)  # eval_metrics, logged as evals/<name> after every round
-    run_dir, done = prepare_run_dir(config)
+    run_dir, done = runtime.broadcast_object(prepare_run_dir(config) if runtime.is_main() else None)
     dtype = setup.dtype
     reference = model if config.eval_kl else None  # π_start: `model` is rebound to each round's trained policy
-    tracker = Tracker(run_dir, config.rounds, to_dict(config), config.report_to, "rejection sampling", done)
+    tracker = (Tracker(run_dir, config.rounds, to_dict(config), config.report_to, "rejection sampling", done)
+               if runtime.is_main() else runtime.NullTracker())
     policy = config.model if done == 0 else str(run_dir / f"round-{done}" / "sft" / "final")
     if done:
         reference = setup.frozen(config.model, tokenizer) if config.eval_kl else None
-        model, tokenizer = setup.policy(policy)
+        model, tokenizer = setup.policy(policy, distribute=False)
     engine = None  # engine=hf: a fresh HF engine per call; engine=vllm: one engine, synced to each round's policy
     if config.engine == "vllm":
         longest = max(len(encode_prompt(tokenizer, r["prompt"], config.chat)) for r in rows + eval_rows)
         engine = make_engine(config, model, tokenizer, dtype, sampling=config.sampling, longest_prompt=longest)
-    initial = {f"initial/{k}": v for k, v in {**evaluate(model, tokenizer, eval_rows, rewards, config, dtype,
-                                                         engine=engine),
-                                               **evals_metrics(evaluator, model, tokenizer, dtype)}.items()}
+    initial = {f"initial/{k}": v for k, v in evaluate_on_main(model, tokenizer, eval_rows, rewards, config, dtype,
+                                                              None, engine, evaluator).items()}
     if not done:
         tracker.log(0, {k.removeprefix("initial/"): v for k, v in initial.items()})
     final = dict(initial)
     for r in range(done + 1, config.rounds + 1):
-        pool = sample_and_score(model, tokenizer, rows, rewards, config, config.samples_per_prompt,
-                                config.seed * 1_000_003 + r, dtype, engine)
+        share = runtime.shard(rows)  # this rank's prompts, in its seeded sampling shards
+        generators = [shard_generator(config.seed, r, k) for k, _ in rank_shards(share, config.sampling_shards)]
+        pool = gather_pool(sample_and_score(model, tokenizer, share, rewards, config, config.samples_per_prompt,
+                                            generators, dtype, engine), tokenizer.pad_token_id)
         chosen = select(pool, config, tracker)
         if chosen.numel() == 0:
             raise ValueError(f"round {r}: no completion was eligible for selection (all truncated, or below "
                              f"min_reward={config.min_reward}); lower min_reward or raise max_new_tokens.")
-        records = write_selection(run_dir / f"round-{r}" / "selection.jsonl", pool, chosen)
-        tracker.log(r, selection_stats(pool, chosen, config))
-        tracker.log_samples(r, [{k: rec[k] for k in ("prompt", "completion", "reward")}
-                                for rec in records[: config.num_samples]], f"round {r} selection")
-        tracker.progress.stop()  # the SFT trainer shows its own progress bar
+        if runtime.is_main():
+            records = write_selection(run_dir / f"round-{r}" / "selection.jsonl", pool, chosen)
+            tracker.log(r, selection_stats(pool, chosen, config))
+            tracker.log_samples(r, [{k: rec[k] for k in ("prompt", "completion", "reward")}
+                                    for rec in records[: config.num_samples]], f"round {r} selection")
+            tracker.progress.stop()  # the SFT trainer shows its own progress bar
+        runtime.barrier()  # the selection file is written
         sft.train(sft_config(config, run_dir / f"round-{r}" / "selection.jsonl", policy,
                              run_dir / f"round-{r}" / "sft", first=r == 1))
-        tracker.progress.start()
+        if runtime.is_main():
+            tracker.progress.start()
         policy = str(run_dir / f"round-{r}" / "sft" / "final")
-        model, tokenizer = setup.policy(policy)
-        final = {**evaluate(model, tokenizer, eval_rows, rewards, config, dtype, reference, engine),
-                 **evals_metrics(evaluator, model, tokenizer, dtype)}
+        model, tokenizer = setup.policy(policy, distribute=False)
+        final = evaluate_on_main(model, tokenizer, eval_rows, rewards, config, dtype, reference, engine, evaluator)
         tracker.log(r, final)
-    model.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
+    if runtime.is_main():
+        model.save_pretrained(run_dir / "final")
+        tokenizer.save_pretrained(run_dir / "final")
     tracker.close()
     tracker.print(f"Final model: {run_dir / 'final'}  selections: {run_dir}/round-*/selection.jsonl")
     return {**initial, **final}

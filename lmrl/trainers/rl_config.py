@@ -78,7 +78,6 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
     tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off); keep it on with engine=vllm, whose numerics differ from the learner's")
-    sampling_shards: int = field(0, "the prompts of a step are sampled in this many shards of whole groups, each with its own seeded generator (0: one per process); fixed, it makes the samples independent of the number of processes")
     placement: Literal["local", "ray"] = field("local", "local: sample in the trainer process(es); ray: rollout_workers Ray actors sample, this process learns (lmrl[ray])")
     rollout_workers: int = field(2, "placement=ray: rollout-worker actors (each samples prompts_per_step/rollout_workers prompts a step)")
     async_steps: int = field(0, "placement=ray: workers sample up to this many steps ahead, with weights at most this many updates old (0: synchronous)")
@@ -139,11 +138,7 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
 
     def check_processes(self, world: int) -> None:
         """Several processes: each samples whole groups of its shards and every rank runs the same number of
-        forwards (FSDP), so what needs statistics of the whole batch or drops rows per rank is refused here."""
-        shards = self.sampling_shards or world
-        if shards % world or self.prompts_per_step % shards:
-            raise ConfigError(f"sampling_shards={shards} must be a multiple of the {world} processes and divide "
-                              f"prompts_per_step={self.prompts_per_step}. Fix: sampling_shards=0 (one per process).")
+        forwards (FSDP); PPO's value model, multi-turn episodes and the curriculum are refused here."""
         if world == 1:
             return
         if (self.prompts_per_step // world * self.samples_per_prompt) % (self.minibatches * self.grad_accum):
@@ -151,15 +146,12 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
                               f"rows, which must split into minibatches*grad_accum ({self.minibatches}*"
                               f"{self.grad_accum}). Fix: raise prompts_per_step or lower grad_accum.")
         unsupported = {"advantage=gae (PPO's value model)": self.advantage == "gae",
-                       "advantage=reinforce (batch-mean baseline)": self.advantage == "reinforce",
-                       "adv_scale=batch": self.adv_scale == "batch" and self.advantage == "grpo",
-                       "dynamic_sampling=drop": (self.dynamic_sampling or self.preset.dynamic_sampling) == "drop",
                        "multi-turn tools/environments": bool(self.multi_turn),
                        "curriculum (the data order depends on every rank's rewards)": self.curriculum is not None}
         for name, used in unsupported.items():
             if used:
-                raise ConfigError(f"{name} does not run on several processes yet (it needs the whole batch on one "
-                                  f"rank). Fix: nproc=1, or a group-baseline algorithm (grpo, rloo, dr_grpo, gspo).")
+                raise ConfigError(f"{name} does not run on several processes yet (docs/scale.md). Fix: nproc=1 "
+                                  f"(PPO: or a group-baseline algorithm: grpo, rloo, dr_grpo, gspo, dapo).")
 
     @property
     def preset(self) -> Preset:

@@ -58,7 +58,9 @@ from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.types import RolloutBatch
+from lmrl.rollout.types import RolloutBatch, concat_batches
+from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import common, loop
 from lmrl.trainers.online import logprobs_no_grad
 from lmrl.trainers.selfplay_config import SelfPlayConfig
@@ -97,18 +99,21 @@ class Parts:
 
 def update(parts: Parts, roles: list[tuple[str, RolloutBatch | None, torch.Tensor, float]],
            config: SelfPlayConfig, dtype, step: int) -> dict[str, float]:
-    """One optimizer step on sum_role coef * L_role; L_role = policy_loss("pg") with KL, over that role's rows."""
+    """One optimizer step on sum_role coef * L_role; L_role = policy_loss("pg") with KL, over that role's rows of
+    every rank (token and row counts all-reduced; a rank with fewer rows forwards masked pads, `pad_rows`)."""
     totals: dict[str, float] = {"loss": 0.0}
     for name, batch, adv, coef in roles:
-        if batch is None or len(batch) == 0:
+        batch, adv = pad_rows(batch, adv, roles[0][1], parts.tokenizer.pad_token_id)
+        if batch is None:
             continue
         ref_logp = logprobs_no_grad(parts.ref_model, batch, config, dtype) if config.kl_coef > 0 else None  # (n, T)
-        tokens = batch.completion_mask.sum().clamp(min=1)
+        trained = batch.train_mask
+        tokens, rows = runtime.all_sum(torch.stack([trained.sum(), trained.any(dim=1).sum().float()])).clamp(min=1)
         max_len = config.challenger_max_new_tokens if name == "challenger" else config.solver_max_new_tokens
         for micro in torch.arange(len(batch)).chunk(config.grad_accum):
             sub = batch.select(micro)
-            mask = sub.completion_mask
-            weight = float(mask.sum() / tokens) if config.loss_agg == "token_mean" else len(micro) / len(batch)
+            mask = sub.train_mask
+            weight = float(mask.sum() / tokens) if config.loss_agg == "token_mean" else len(micro) / float(rows)
             logp, entropy = completion_logprobs(parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                 temperature=config.temperature, return_entropy=True,
                                                 autocast_dtype=dtype, chunk_mb=config.logprob_chunk_mb)  # (m, T) each
@@ -123,12 +128,27 @@ def update(parts: Parts, roles: list[tuple[str, RolloutBatch | None, torch.Tenso
             for key, value in stats.items():
                 totals[f"{name}/{key}"] = totals.get(f"{name}/{key}", 0.0) + float(value) * weight
             totals["loss"] += coef * weight * loss.item()
+    totals = {key: value * runtime.world() for key, value in totals.items()}  # this rank's part x world (mean)
     totals["grad_norm"] = common.optimizer_step(parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm,
                                                 step)
     for key in ("kl", "entropy"):  # the standard names carry the Solver's values
         if f"solver/{key}" in totals:
             totals[key] = totals[f"solver/{key}"]
     return totals
+
+
+def pad_rows(batch: RolloutBatch | None, adv: torch.Tensor, source: RolloutBatch, pad_id: int):
+    """``batch`` (and its advantages) padded to the most rows any rank has, with masked copies of ``source``'s first
+    row (loss weight 0): every rank runs the same forwards. None when no rank has a row."""
+    n = len(batch) if batch is not None else 0
+    most = int(runtime.all_max(n))
+    if most == n:
+        return (batch, adv) if n else (None, adv)
+    pad = source.select([0] * (most - n))
+    pad = dataclasses.replace(pad, loss_mask=torch.zeros_like(pad.train_mask))
+    if batch is not None:  # its loss mask made explicit, so that the concatenation keeps the pads' zeros
+        batch = concat_batches([dataclasses.replace(batch, loss_mask=batch.train_mask), pad], pad_id)
+    return pad if batch is None else batch, torch.cat([adv, adv.new_zeros(most - n)])
 
 
 def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: SelfPlayConfig):
@@ -148,46 +168,82 @@ def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: Sel
     return rewards, config.self_reward_weight * quality, metrics
 
 
-def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracker) -> dict[str, float]:
-    """Challenger writes, the environment checks, Solver answers, rewards, advantages, one update."""
-    G, tok = config.answers_per_query, parts.tokenizer
-    generator = torch.Generator(parts.engine.device).manual_seed(config.seed * 1_000_003 + step)  # resume-exact
-    sampling = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
-    t0 = time.perf_counter()
+def sample_shard(parts: Parts, config: SelfPlayConfig, step: int, shard: int, n: int):
+    """Shard ``shard`` of the step (`lmrl.parallel.shards`, one seeded generator): ``n`` Challenger queries, their
+    checks, and G Solver answers to each valid one (None if none is valid)."""
+    generator = shard_generator(config.seed, step, shard, parts.engine.device)  # resume-exact
+    sampling, tok = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k), parts.tokenizer
     challenger = parts.engine.generate([parts.challenger_ids], SamplingParams(config.challenger_max_new_tokens,
-                                       **sampling), n=config.queries_per_step, generator=generator)  # (N rows)
+                                       **sampling), n=n, generator=generator)  # (n rows)
     queries = [parts.check(text) for text in challenger.completions]
+    ids = [tok(render_prompt(tok, q.text), add_special_tokens=False)["input_ids"] for q in queries if q is not None]
+    solver = parts.engine.generate(ids, SamplingParams(config.solver_max_new_tokens, **sampling),
+                                   n=config.answers_per_query, generator=generator) if ids else None  # (m*G rows)
+    return challenger, queries, solver
+
+
+def rollout(parts: Parts, config: SelfPlayConfig, step: int):
+    """This rank's queries (its sampling shards) and answers, with the whole policy on each rank (FSDP)."""
+    pad_id = parts.tokenizer.pad_token_id
+    with runtime.full_params(parts.model):
+        shards = [sample_shard(parts, config, step, k, len(part))
+                  for k, part in rank_shards(runtime.shard(range(config.queries_per_step)), config.sampling_shards)]
+    solvers = [solver for _, _, solver in shards if solver is not None]
+    return (concat_batches([c for c, _, _ in shards], pad_id), [q for _, queries, _ in shards for q in queries],
+            concat_batches(solvers, pad_id) if solvers else None)
+
+
+def global_advantages(rewards, self_rewards, valid: torch.Tensor, config: SelfPlayConfig):
+    """Both roles' advantages on every rank's queries (the Challenger's baseline is the mean over all of them),
+    and this rank's Solver and Challenger rows of them."""
+    G, lsp = config.answers_per_query, config.variant == "lsp"  # lsp: self-rewards R_Q of every answer
+    parts = runtime.gather_objects((rewards.tolist(), self_rewards.tolist() if self_rewards is not None else [],
+                                    valid.tolist()))
+    every = lambda i: torch.tensor([x for p in parts for x in p[i]])  # noqa: E731
+    adv = selfplay_advantages(every(0), G, every(1) if lsp else None, every(2).bool(),
+                              malformed_reward=config.malformed_reward, baseline=config.solver_baseline,
+                              scale=config.adv_scale)
+    rank = runtime.rank()
+    start = sum(len(p[0]) for p in parts[:rank])  # this rank's first Solver row, then its first query
+    own = slice(start, start + len(rewards)), slice(rank * len(valid), (rank + 1) * len(valid))
+    return adv, own
+
+
+def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracker) -> dict[str, float]:
+    """Challenger writes, the environment checks, Solver answers, rewards, advantages, one update. Several
+    processes: each rank plays its shard of the queries; the advantages are computed on every rank's rewards."""
+    t0 = time.perf_counter()
+    challenger, queries, solver = rollout(parts, config, step)
     answered = [q for q in queries if q is not None]
     metrics = query_metrics(challenger, queries)
-    solver, rewards, self_rewards = None, torch.zeros(0), None
+    rewards, self_rewards, failure = torch.zeros(0), None, None
     if answered:
-        ids = [tok(render_prompt(tok, q.text), add_special_tokens=False)["input_ids"] for q in answered]
-        solver = parts.engine.generate(ids, SamplingParams(config.solver_max_new_tokens, **sampling), n=G,
-                                       generator=generator)  # (M*G rows)
         metrics.update({"completion_len/mean": solver.completion_lengths.float().mean().item(),
                         "completion/truncated_frac": solver.truncated.float().mean().item()})
     metrics["time/rollout_s"] = time.perf_counter() - t0
-    if answered:
+    with runtime.full_params(parts.ref_model if parts.judge_set is not None else None):  # LSP's judge generates
         try:
-            rewards, self_rewards, reward_metrics = score(parts, answered, solver, config)
+            if answered:
+                rewards, self_rewards, reward_metrics = score(parts, answered, solver, config)
+                metrics.update(reward_metrics)
         except RewardError as exc:
             if not exc.skippable:
                 raise
-            tracker.print(f"[yellow]step {step} skipped: {exc}")
-            judge_errors = parts.judge_set.errors if parts.judge_set is not None else 0
-            return {"reward/errors": float(parts.reward_set.errors + judge_errors)}
-        metrics.update(reward_metrics)
-    valid = torch.tensor([q is not None for q in queries])  # (N,)
-    adv = selfplay_advantages(rewards, G, self_rewards, valid, malformed_reward=config.malformed_reward,
-                              baseline=config.solver_baseline, scale=config.adv_scale)
-    if answered:
+            failure = exc
+    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
+        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
+        judge_errors = parts.judge_set.errors if parts.judge_set is not None else 0
+        return {"reward/errors": float(parts.reward_set.errors + judge_errors)}
+    valid = torch.tensor([q is not None for q in queries], dtype=torch.bool)  # (N,)
+    adv, (own_rows, own_queries) = global_advantages(rewards, self_rewards, valid, config)
+    if adv.query_values.numel():
         metrics["challenger/pass_rate"] = adv.query_values.mean().item()  # the Solver's mean R on valid queries
     metrics["challenger/reward_mean"] = adv.challenger_rewards.mean().item()
-    if step % config.sample_every == 0 or step == 1:
+    if step % config.sample_every == 0 or step == 1:  # rank 0's queries lead every rank's
         log_samples(tracker, step, challenger, queries, solver, rewards, adv, config)
     t1 = time.perf_counter()
-    stats = update(parts, [("challenger", challenger, adv.challenger, config.challenger_coef),
-                           ("solver", solver, adv.solver, 1.0)], config, dtype, step)
+    stats = update(parts, [("challenger", challenger, adv.challenger[own_queries], config.challenger_coef),
+                           ("solver", solver, adv.solver[own_rows], 1.0)], config, dtype, step)
     metrics.update(stats, **{"time/train_s": time.perf_counter() - t1, "lr": parts.scheduler.get_last_lr()[0]})
     return metrics
 
@@ -248,6 +304,8 @@ class SelfPlay:
     warm-start data), before the run directory exists; `start(run)` then runs the warm start on a fresh run and
     builds what depends on it: the reference model (the policy at the start of self-play) and the judge that uses it.
     """
+
+    data_parallel = True  # each rank plays its share of the queries (the warm start runs in one process)
 
     def __init__(self, config: SelfPlayConfig, setup: ModelSetup):
         self.config, self.setup = config, setup

@@ -12,6 +12,7 @@ import re
 from typing import Literal
 
 from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, field
+from lmrl.parallel.runtime import env_world_size
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.trainers.selfplay_env import QUERY_CHECKERS
 
@@ -55,9 +56,13 @@ class SelfPlayConfig(DecodingSection, EngineSection, RewardSection, TrainConfig)
     lr_schedule: Literal["cosine", "linear", "constant"] = field("constant", "decay after warmup")
     sample_every: int = field(10, "log num_samples queries with their answers and rewards every N steps")
     output_dir: str = field("runs/selfplay", "run directory")
+    sampled_key = "queries_per_step"  # what sampling_shards divide (`lmrl.parallel.config.check_world`)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.warm_start_steps and max(self.nproc, env_world_size()) > 1:
+            raise ConfigError("The warm start runs in one process: run it with nproc=1 max_steps=1, then self-play "
+                              "from its saved policy with model=<that run>/reference warm_start_steps=0 nproc=N.")
         for name in ("queries_per_step", "answers_per_query", "challenger_max_new_tokens", "solver_max_new_tokens",
                      "judge_max_new_tokens", "warm_start_batch_size", "sample_every"):
             if getattr(self, name) < 1:

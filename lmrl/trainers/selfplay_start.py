@@ -16,6 +16,7 @@ from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples
 from lmrl.models.lora import is_peft, merged_copy
 from lmrl.models.setup import ModelSetup
+from lmrl.parallel import runtime
 from lmrl.trainers import common
 from lmrl.trainers.selfplay_config import SelfPlayConfig
 from lmrl.trainers.selfplay_env import challenger_text
@@ -58,8 +59,9 @@ def reference_model(setup: ModelSetup, model, tokenizer, run: common.Run, config
             raise FileNotFoundError(f"Resuming {run.dir} needs its reference model in {path}, which is missing. "
                                     "Start a fresh run (overwrite=true).")
         return setup.frozen(str(path), tokenizer)
-    if run.checkpoint or (setup.lora is not None and not config.warm_start_steps):
-        return setup.frozen(config.model, tokenizer)  # with LoRA: the base with adapters disabled, no copy
+    if run.checkpoint or (setup.lora is not None and not config.warm_start_steps) or runtime.world() > 1:
+        # with LoRA: the base with adapters disabled, no copy; several processes (no warm start): sharded like it
+        return setup.frozen(config.model, tokenizer)
     ref = merged_copy(model) if is_peft(model) else copy.deepcopy(model)  # after a LoRA warm start: base + adapters
     if config.warm_start_steps:  # a loadable model dir: model=<run>/reference starts a run from the warm start
         ref.save_pretrained(path)

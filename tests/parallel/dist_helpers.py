@@ -23,6 +23,11 @@ def digit_fraction(prompts, completions, **kwargs):
     return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
 
 
+def has_digit(prompts, completions, **kwargs):
+    """A 0/1 reward (``rewards=[dist_helpers:has_digit]``) whose groups are often all equal (DAPO drops them)."""
+    return [float(any(c.isdigit() for c in text)) for text in completions]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
