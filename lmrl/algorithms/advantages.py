@@ -8,6 +8,8 @@ each docstring.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -177,23 +179,27 @@ def gae(
 
 
 def whiten(
-    x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8
+    x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8,
+    all_sum: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """(x - mean) / (std + eps) over the masked entries (RLHF book §6.2 PPO code, with the
     erratum of §8 applied: padding is excluded from mean and std). std is unbiased.
 
     shift_mean=False adds the mean back (rescale only). Masked-out entries are 0.
+    ``all_sum``: a batch split over processes is whitened as one; the count, sum and sum of
+    squared deviations are summed over every part with it (e.g. `lmrl.parallel.runtime.all_sum`).
     """
+    total = all_sum or (lambda t: t)
     m = torch.ones_like(x, dtype=torch.bool) if mask is None else check_mask(mask, x)
-    count = m.sum()
+    count = total(m.sum())
     if int(count) < 2:
         raise ValueError(
             f"whiten needs at least 2 masked entries to estimate a std, got {int(count)}. "
             "Whiten over a larger batch, or skip whitening for this batch."
         )
     xm = x.masked_fill(~m, 0.0)
-    mean = xm.sum() / count
-    var = ((x - mean).masked_fill(~m, 0.0) ** 2).sum() / (count - 1)
+    mean = total(xm.sum()) / count
+    var = total(((x - mean).masked_fill(~m, 0.0) ** 2).sum()) / (count - 1)
     out = (x - mean) / (var.sqrt() + eps)
     if not shift_mean:
         out = out + mean

@@ -5,9 +5,10 @@ precision (fp32 master weights, bf16 autocast where fast: `lmrl.models.precision
 (`lmrl.models.placement`), LoRA/QLoRA (`lmrl.models.lora`) and gradient checkpointing (`lmrl.models.memory`).
 
     setup = ModelSetup.from_config(config)        # reads model, tokenizer, model_args, seed, precision
-    policy, tokenizer = setup.policy()
+    policy, tokenizer = setup.policy(distribute=False)  # PPO: made data-parallel after the value model copied it
     reference = setup.frozen(config.model, tokenizer)   # KL / DPO reference, avatarl critic, judges
     value = setup.value(policy)                         # PPO value model (a copy of the backbone + a head)
+    policy = setup.distribute(policy)                   # several processes: FSDP2 or DDP (`lmrl.parallel.wrap`)
     with setup.autocast():
         ...
 """
@@ -163,9 +164,11 @@ class ModelSetup:
 
     def value(self, policy: torch.nn.Module, init: str = "policy", tokenizer=None) -> ValueModel:
         """PPO value model: a copy of the backbone of the policy (``init="policy"``; with LoRA, its own copy of the
-        adapters, trained, the base frozen) or of the model at ``init``, plus a zero-initialised scalar head."""
+        adapters, trained, the base frozen) or of the model at ``init``, plus a zero-initialised scalar head. Several
+        processes: made data-parallel like the policy (backbone and head as one module); copy the policy before
+        `distribute` wraps it (``policy(distribute=False)``)."""
         source = policy if init == "policy" else load_model(init, tokenizer)
-        return ValueModel.from_causal_lm(unwrap(source)).to(self.device)
+        return self.distribute(ValueModel.from_causal_lm(unwrap(source)).to(self.device))
 
 
 @dataclass

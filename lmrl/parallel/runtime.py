@@ -141,6 +141,19 @@ def full_params(*models: torch.nn.Module) -> Iterator[None]:
             module.set_reshard_after_forward(reshards, recurse=False)
 
 
+def reshard(*models: torch.nn.Module) -> None:
+    """FSDP2: every unit of ``models`` back to its shards, after a no-grad forward. The root unit keeps its parameters
+    gathered after a forward for the backward that follows; when none follows, the next training backward leaves the
+    root's gradients (embedding, final norm, a value head) unreduced at the optimizer step (seen with torch 2.13). A
+    no-op for unsharded models."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for model in models:
+        for module in (model.modules() if model is not None else ()):
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -10,7 +10,9 @@ A method (SFT, DPO, GRPO, self-play, ...) supplies only what is its own, as an o
 
 The loop gives the method its tracker as ``method.tracker`` (for samples and notices during a step),
 and optionally ``samples_title`` (heading of its evaluation samples), ``initial_metrics`` (logged at step 0 and
-returned, e.g. a warm start's loss) and ``stop(eval_metrics) -> str | None`` (a reason to stop early).
+returned, e.g. a warm start's loss), ``stop(eval_metrics) -> str | None`` (a reason to stop early) and
+``checkpoint_module`` (what a multi-process checkpoint's DCP shards hold, default ``model``: every parameter the
+optimizer steps, e.g. PPO's policy and value model).
 
 With several processes (torchrun, ``nproc=N``) each rank's ``step`` trains on its share of the global batch; the
 loop reduces the metrics over ranks, evaluates on rank 0 (every FSDP-sharded model unsharded meanwhile), saves
@@ -136,13 +138,17 @@ def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, floa
 
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:
     """``checkpoints/step-N``: weights, optimizer, scheduler, RNG, the initial metrics and the method's state."""
-    save_checkpoint = dist_checkpoint.save_checkpoint if runtime.world() > 1 else common.save_checkpoint
-    save_checkpoint(run, step, method.model, method.tokenizer, method.optimizer, method.scheduler,
+    if runtime.world() > 1:
+        save_checkpoint, model = dist_checkpoint.save_checkpoint, getattr(method, "checkpoint_module", method.model)
+    else:
+        save_checkpoint, model = common.save_checkpoint, method.model
+    save_checkpoint(run, step, model, method.tokenizer, method.optimizer, method.scheduler,
                     {"initial": initial, "config": to_dict(config), **method.state_dict()}, config.keep_checkpoints)
 
 
 def restore(checkpoint, method: Method, config: TrainConfig) -> dict[str, Any]:
     """One process: `common.restore_checkpoint` (a changed lr applied, fixed keys refused); several: DCP."""
     if runtime.world() > 1:
-        return dist_checkpoint.restore_checkpoint(checkpoint, method.model, method.optimizer, method.scheduler)
+        model = getattr(method, "checkpoint_module", method.model)
+        return dist_checkpoint.restore_checkpoint(checkpoint, model, method.optimizer, method.scheduler)
     return common.restore_checkpoint(checkpoint, method.model, method.optimizer, method.scheduler, config)

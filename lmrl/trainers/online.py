@@ -29,19 +29,11 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import (
-    advantages,
-    gae,
-    kl_penalized_rewards,
-    policy_loss,
-    value_loss,
-    whiten,
-    zero_variance_groups,
-)
+from lmrl.algorithms import advantages, policy_loss, zero_variance_groups
 from lmrl.data.chat import render_prompt
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, describe_parameters
+from lmrl.models import describe_parameters
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
@@ -53,6 +45,7 @@ from lmrl.rollout.tool_config import build_env_factory
 from lmrl.parallel import runtime
 from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import agentic, common, loop
+from lmrl.trainers.ppo_value import ppo_targets, value_term
 from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ptx import PretrainingMix
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
@@ -110,10 +103,12 @@ def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
 
 @torch.no_grad()
 def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> torch.Tensor:
-    return completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
+    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
                                temperature=config.temperature, autocast_dtype=dtype,
                                share_prompts=getattr(config, "share_prompts", False),
                                chunk_mb=config.logprob_chunk_mb)
+    runtime.reshard(model)  # FSDP: a trained policy's root unit must not stay gathered into its training backward
+    return logp
 
 
 def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.Generator) -> torch.Tensor:
@@ -144,25 +139,6 @@ def drop_groups(batch: RolloutBatch, rewards, adv, dropped: torch.Tensor):
         return dataclasses.replace(batch, loss_mask=batch.train_mask * keep[:, None].to(batch.train_mask)), rewards, adv
     rows = keep.nonzero().squeeze(1)
     return batch.select(rows), rewards[rows], adv[rows] if adv is not None else None
-
-
-def completion_values(value_model: ValueModel, batch: RolloutBatch, dtype) -> torch.Tensor:
-    """V(s_t) for each completion token t: the value head at the position that predicts token t. (N, T)"""
-    p, t = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
-    with autocast(batch.input_ids.device.type, dtype):
-        values = value_model(batch.input_ids, batch.attention_mask)  # (N, P+T)
-    return values[:, p - 1 : p + t - 1].float() * batch.train_mask
-
-
-def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, config: RLConfig, dtype):
-    """GAE advantages (whitened over completion tokens) and returns, on KL-shaped per-token rewards."""
-    mask = batch.train_mask
-    with torch.no_grad():
-        old_values = completion_values(value_model, batch, dtype)
-    kl_tok = (old_logp - ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)  # k1 in the reward
-    token_rewards = kl_penalized_rewards(rewards, kl_tok, mask, config.kl_coef)
-    adv, returns = gae(token_rewards, old_values, mask, config.gamma, config.lam)
-    return whiten(adv, mask), returns, old_values
 
 
 def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_values,
@@ -212,13 +188,15 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                 )
                 stats["loss/policy"] = loss.item()
                 stats["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-                if value_model is not None:
-                    values = completion_values(value_model, sub, dtype)
-                    vloss, vstats = value_loss(values, old_values[micro], returns[micro], mask, clip=config.value_clip)
+                loss = loss * weight
+                if value_model is not None:  # its own normalisation: a mean over every rank's rows
+                    vloss, vstats = value_term(value_model, sub, old_values[micro], returns[micro], config, dtype,
+                                               mb_rows)
                     loss = loss + config.vf_coef * vloss
-                    stats.update(vstats, **{"loss/value": vloss.item()})
+                    stats.update(vstats)
+                    totals["loss/value"] = totals.get("loss/value", 0.0) + vloss.item() / config.updates_per_step
                 common.check_finite(loss, step)
-                (loss * weight).backward()
+                loss.backward()
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step
                 trained_weight += float(weight) / config.updates_per_step
@@ -231,10 +209,12 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                     p.grad = torch.zeros_like(p) if p.requires_grad else None
             norm = common.optimizer_step(params, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm / config.updates_per_step
-    # losses stay sums over all rows (skipped rows add exactly 0); statistics are means over the trained rows
+    # losses stay sums over all rows (skipped rows add exactly 0); statistics are means over every rank's trained
+    # rows: this rank's weighted sum x world / the weight of every rank, whose mean over ranks is the global mean
+    every_rank_weight = runtime.all_sum(trained_weight)
     for key in totals:
-        if trained_weight > 0 and not key.startswith(("loss/", "grad_norm", "train/")):
-            totals[key] /= trained_weight
+        if every_rank_weight > 0 and not key.startswith(("loss/", "grad_norm", "train/")):
+            totals[key] *= world / every_rank_weight
         elif key.startswith("loss/"):  # this rank's share of the loss: world x share averages over ranks to the loss
             totals[key] *= world
     return totals
@@ -358,9 +338,13 @@ class OnlineRL:
         reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error,
                                config.max_skipped_steps)
         self.rows, self.eval_rows = load_prompts(config)
-        self.model, self.tokenizer = setup.policy()
+        self.model, self.tokenizer = setup.policy(distribute=False)
         ref_model = setup.frozen(config.model, self.tokenizer) if config.kl_coef > 0 else None
         value_model = setup.value(self.model, config.value_init, self.tokenizer) if config.advantage == "gae" else None
+        self.model = setup.distribute(self.model)  # after the value model copied its backbone
+        # several processes: the value model's shards and optimizer state are in the DCP checkpoint beside the policy's
+        self.checkpoint_module = (torch.nn.ModuleDict({"policy": self.model, "value": value_model})
+                                  if value_model is not None else self.model)
         params = [*self.model.parameters(), *(value_model.parameters() if value_model is not None else [])]
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
@@ -416,14 +400,14 @@ class OnlineRL:
 
     def state_dict(self) -> dict[str, Any]:
         value_model, state = self.parts.value_model, {}
-        if value_model is not None:
+        if value_model is not None and runtime.world() == 1:  # several processes: in the DCP checkpoint
             state["value_model"] = value_model.state_dict()
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.parts.value_model is not None:
+        if self.parts.value_model is not None and runtime.world() == 1:
             self.parts.value_model.load_state_dict(state["value_model"])
         if self.curriculum is not None:
             self.curriculum.load_state_dict(state["curriculum"])

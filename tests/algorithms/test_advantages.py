@@ -288,6 +288,16 @@ def test_whiten_masks_padding():
     torch.testing.assert_close(whiten(x, mask, shift_mean=False), want_shift, atol=1e-9, rtol=0)
 
 
+def test_whiten_with_all_sum_whitens_a_split_batch_as_one():
+    """A batch split over processes: all_sum sums each part's count, sum and squared deviations. Two equal halves
+    make every sum twice the half's, so all_sum = 2x gives the whole batch's whitening (the half alone differs)."""
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 9.0, 1000.0, -7.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    whole = whiten(torch.cat([x, x]), torch.cat([mask, mask]))[:2]
+    torch.testing.assert_close(whiten(x, mask, all_sum=lambda t: 2 * t), whole, atol=1e-12, rtol=0)
+    assert not torch.allclose(whiten(x, mask), whole)  # the unbiased std of a half differs from the whole's
+
+
 def test_whiten_without_mask_uses_all_entries():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=D)
     torch.testing.assert_close(whiten(x), (x - 3.0) / (math.sqrt(2.5) + 1e-8), atol=1e-9, rtol=0)
