@@ -13,19 +13,26 @@ from typing import Any
 import torch
 
 from lmrl.eval.tools import tool_eval
+from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.rollout.multiturn import run_episodes
-from lmrl.rollout.types import RolloutBatch, SamplingParams
+from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 
 
 def rollout_episodes(engine, tokenizer, rows: list[dict], config, step: int, env_factory) -> RolloutBatch:
-    """G episodes per prompt (prompt-major), resume-exact sampling (seeded by step)."""
+    """G episodes per prompt (prompt-major) of this rank's rows, in its ``sampling_shards`` (whole groups; shard k
+    with the generator of (seed, step, k): resume-exact, and independent of the number of processes). Each rank
+    runs its episodes alone (several processes: the policy is unsharded for the rollout), so episodes of different
+    lengths or turn counts need no padding: every rank's batch has the same number of rows."""
     G = config.samples_per_prompt
-    rep = [row for row in rows for _ in range(G)]
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                             top_p=config.top_p, top_k=config.top_k)
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-    return run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params, config.turn_options(),
-                        generator, group_size=G)
+    batches = []
+    for k, part in rank_shards(rows, config.sampling_shards):
+        rep = [row for row in part for _ in range(G)]
+        batches.append(run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params,
+                                    config.turn_options(), shard_generator(config.seed, step, k), group_size=G))
+    return concat_batches(batches, tokenizer.pad_token_id)
 
 
 def episode_columns(batch: RolloutBatch) -> dict[str, list]:
@@ -34,7 +41,8 @@ def episode_columns(batch: RolloutBatch) -> dict[str, list]:
 
 
 def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """tools/* (per episode) and episode/* metrics of a multi-turn batch; {} for single-turn."""
+    """tools/* (per episode) and episode/* metrics of a multi-turn batch; {} for single-turn. Several processes:
+    every rank calls it (ranks have equal numbers of episodes, so per-episode means average over ranks exactly)."""
     if batch.info is None:
         return {}
     n = len(batch.info)
@@ -45,7 +53,9 @@ def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
     for finish in ("done", "max_turns", "turn_length", "budget"):
         metrics[f"episode/{finish}_frac"] = sum(info["finish"] == finish for info in batch.info) / n
     metrics["episode/turns_mean"] = sum(info["num_turns"] for info in batch.info) / n
-    metrics["episode/trained_tokens_frac"] = float(batch.train_mask.sum() / batch.completion_mask.sum().clamp(min=1))
+    # over every rank's tokens (each rank reports the global share; the metrics' mean over ranks keeps it)
+    trained, total = runtime.all_sum(torch.stack([batch.train_mask.sum(), batch.completion_mask.sum()]).float())
+    metrics["episode/trained_tokens_frac"] = float(trained / total.clamp(min=1))
     return metrics
 
 

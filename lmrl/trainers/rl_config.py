@@ -138,18 +138,16 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
 
     def check_processes(self, world: int) -> None:
         """Several processes: each samples whole groups of its shards and every rank runs the same number of
-        forwards (FSDP); multi-turn episodes and the curriculum are refused here."""
+        forwards (FSDP); the curriculum is refused here."""
         if world == 1:
             return
         if (self.prompts_per_step // world * self.samples_per_prompt) % (self.minibatches * self.grad_accum):
             raise ConfigError(f"each of the {world} processes trains on prompts_per_step/{world} x samples_per_prompt "
                               f"rows, which must split into minibatches*grad_accum ({self.minibatches}*"
                               f"{self.grad_accum}). Fix: raise prompts_per_step or lower grad_accum.")
-        unsupported = {"multi-turn tools/environments": bool(self.multi_turn),
-                       "curriculum (the data order depends on every rank's rewards)": self.curriculum is not None}
-        for name, used in unsupported.items():
-            if used:
-                raise ConfigError(f"{name} does not run on several processes yet (docs/scale.md). Fix: nproc=1.")
+        if self.curriculum is not None:
+            raise ConfigError("curriculum (the data order depends on every rank's rewards) does not run on several "
+                              "processes yet (docs/scale.md). Fix: nproc=1.")
 
     @property
     def preset(self) -> Preset:

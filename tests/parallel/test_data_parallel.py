@@ -5,6 +5,8 @@ batch: after 3 steps of SFT, DPO (offline and online), distillation, self-play, 
 from __future__ import annotations
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from lmrl.tracking import read_jsonl
 from lmrl.data.corpus import builtin_corpus
 from lmrl.trainers import distill, online, preference, pretrain, rejection, reward, selfplay, sft
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "trainers"))  # env=agentic_envs:digits
 TOL = 1e-5
 
 
@@ -133,6 +136,21 @@ def test_ppo_value_model_trains_like_one_process_and_resumes(tmp_path, parallel)
     assert diff < 1e-6
     last = [m for m in read_jsonl(resumed / "metrics.jsonl") if m["step"] == 3 and "value/mean" in m][-1]
     assert last["value/mean"] == pytest.approx(steps[-1][1]["value/mean"], rel=1e-5)  # the value model resumed
+
+
+MULTI_TURN = ["env=agentic_envs:digits", "rewards=[env]", "max_turns=3", "max_total_tokens=40"]
+
+
+def test_multi_turn_episodes_train_like_one_process(tmp_path):
+    """Environment episodes (two turns with user feedback between): each rank runs the episodes of its shards with
+    the policy unsharded, so episodes of different lengths need no lockstep; every rank has the same rows."""
+    two_like_one(tmp_path, "grpo", "fsdp", *MULTI_TURN)
+    one, two = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("one", "two"))
+    steps = [(a, b) for a, b in zip(one, two) if "episode/turns_mean" in a]
+    assert len(steps) == 3 and max(a["episode/turns_mean"] for a, _ in steps) > 1
+    for a, b in steps:
+        for key in ("reward/mean", "episode/turns_mean", "completion_len/mean", "episode/trained_tokens_frac"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), key
 
 
 def two_like_one(tmp_path, method, parallel, *overrides):
