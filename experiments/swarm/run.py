@@ -7,9 +7,9 @@
     python experiments/swarm/run.py --recipe swarm/tiny_sim_learnable --seeds 0 1 2 --out runs/swarm-learnable \
         --results experiments/swarm/learnable                # the mix where every family is learnable
 
-Every simulation is the shipped recipe ``swarm/tiny_sim`` run in-process
-(``lmrl swarm --config swarm/tiny_sim local=I external=J seed=S``): 8 nodes, each
-round every node samples I questions (2 completions each) from the 6-task mix,
+Every simulation is a shipped swarm recipe (``--recipe``, default ``swarm/tiny_sim``) run
+in-process (``lmrl swarm --config <recipe> local=I external=J seed=S``): 8 nodes, each
+round every node samples I questions (2 completions each) from the recipe's task mix,
 publishes them, and trains on its I groups plus J groups from its peers (I+J = 8
 question groups per node and round in every configuration, as in the paper).
 All runs share one warm start (an SFT of the tiny model on the task mix, cached in
@@ -17,9 +17,10 @@ All runs share one warm start (an SFT of the tiny model on the task mix, cached 
 changes the nodes' questions, sampling and peer selection. Simulations whose
 ``swarm_summary.json`` exists are skipped (``--force`` re-runs them), so more seeds
 can be added later. Before the simulations, the warm start's pass rate on each task
-family is measured (sampled with the training settings, `passrates.py`); after them, that
-of every node's final model (``<run>/pass_rates.json``). Workers use one torch thread each (two threads per process are far
-slower on the shared CPU); the default is one worker, to leave a core free.
+family is measured (sampled with the training settings, ``passrates.py``); after them,
+that of every node's final model (``<run>/pass_rates.json``). Workers use one torch
+thread each (two threads per process are far slower on the shared CPU); the default is
+one worker, to leave a core free.
 """
 
 from __future__ import annotations
