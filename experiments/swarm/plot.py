@@ -39,8 +39,30 @@ def node_group_stats(out: Path, name: str, by_seed: dict[int, dict]) -> dict[str
             "groups_external_per_round": round(_mean(external), 3), "updates_per_node": round(_mean(updates), 1)}
 
 
+def paired_t(diffs: list[float]) -> float | None:
+    """Paired t statistic of per-seed differences (n - 1 degrees of freedom); None below 2 seeds or at 0 spread."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = _mean(diffs)
+    sd = (sum((d - mean) ** 2 for d in diffs) / (n - 1)) ** 0.5
+    return mean / (sd / n**0.5) if sd > 0 else None
+
+
+def family_rates(out: Path, name: str, seeds: list[int]) -> dict[str, float] | None:
+    """Pass rate per task family of the final models, mean over nodes and seeds (``<run>/pass_rates.json``)."""
+    per_model = []
+    for s in seeds:
+        path = out / f"{name.replace('/', '-')}-s{s}" / "pass_rates.json"
+        if path.exists():
+            per_model += list(json.loads(path.read_text()).values())
+    if not per_model:
+        return None
+    return {task: round(_mean([m[task] for m in per_model]), 4) for task in per_model[0]}
+
+
 def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], here: Path, command: str,
-                  seconds: float | None) -> dict:
+                  seconds: float | None, recipe: str = "swarm/tiny_sim") -> dict:
     summaries: dict[str, dict[int, dict]] = {}
     for i, j in configs:
         for s in seeds:
@@ -63,6 +85,7 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
             "cumulative_reward_mean": _mean(list(cum.values())),
             "gain_vs_8_0": gains,
             "gain_vs_8_0_mean": _mean(list(gains.values())) if gains else None,
+            "paired_t_vs_8_0": None if name == "8/0" else paired_t([cum[s] - base[s] for s in cum if s in base]),
             "beats_8_0_in_seeds": f"{sum(g > 0 for g in gains.values())}/{len(gains)}",
             "second_half_gain_vs_8_0": {s: _late(v) / base_late[s] - 1 for s, v in by_seed.items()
                                         if base_late.get(s, 0) > 0},
@@ -70,6 +93,7 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
             "mean_reward_last_quarter": _mean([_mean(v["reward_per_round"][-last:]) for v in by_seed.values()]),
             "paper_cumulative_reward": PAPER.get(name),
             **groups[name],
+            "final_pass_rates": family_rates(out, name, list(by_seed)),
         }
     previous = json.loads((here / "results.json").read_text()) if (here / "results.json").exists() else {}
     if seconds is None and previous.get("seconds") is not None:  # --plot-only keeps the measured run's time
@@ -79,14 +103,17 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
         "command": command,
         "seconds": None if seconds is None else round(seconds),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), one torch thread per run",
-        "setup": {"recipe": "swarm/tiny_sim", "nodes": first["nodes"], "rounds": first["rounds"],
+        "setup": {"recipe": recipe, "nodes": first["nodes"], "rounds": first["rounds"],
                   "samples_per_prompt": first["samples_per_prompt"], "seeds": seeds,
                   "metric": "cumulative reward = sum over nodes and rounds of each node's mean reward on its own "
                             "rollouts (0/1 verifier)"},
+        "warm_start_pass_rates": (json.loads((out / "warm_start_pass_rates.json").read_text())["pass_rates"]
+                                  if (out / "warm_start_pass_rates.json").exists() else None),
         "table": table,
         "reward_per_round_mean": {name: [_mean(list(x)) for x in zip(*[v["reward_per_round"] for v in by.values()])]
                                   for name, by in summaries.items()},
     }
+    here.mkdir(parents=True, exist_ok=True)
     (here / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, here / "swarm_configs.png")
     for name, row in table.items():
