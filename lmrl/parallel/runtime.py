@@ -107,8 +107,10 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def gather_objects(obj: Any) -> list[Any]:
     """Every rank's picklable ``obj`` (CPU tensors only), in rank order, on every rank."""
+    if world() == 1:
+        return [obj]
     gathered: list[Any] = [None] * world()
-    dist.all_gather_object(gathered, obj) if world() > 1 else gathered.__setitem__(0, obj)
+    dist.all_gather_object(gathered, obj)
     return gathered
 
 
