@@ -77,6 +77,7 @@ if "test_lora_digits" not in REWARDS:
     register_reward("test_lora_digits")(lambda **_: digit_fraction)
 
 
+@pytest.mark.slow  # ~1-1.5 min; the default suite trains LoRA in test_lora_resume_is_exact
 def test_lora_grpo_learns_and_trains_only_adapters(tmp_path, monkeypatch):
     seen = {}
     real_update = online.update

@@ -113,7 +113,7 @@ def test_rl_batch_statistics_are_over_every_rank(tmp_path, overrides):
 PPO = ["algorithm=ppo", "ppo_epochs=2", "value_clip=0.01"]  # epoch 2 clips some values (vf_clip_frac > 0)
 
 
-@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+@pytest.mark.parametrize("parallel", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
 def test_ppo_value_model_trains_like_one_process_and_resumes(tmp_path, parallel):
     """PPO with a KL reference: the value model is sharded (replicated) like the policy, GAE runs on each rank's
     sequences, the whitening and the value loss use every rank's tokens and rows; a resume from the step-2 DCP

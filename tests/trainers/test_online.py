@@ -52,7 +52,12 @@ def test_every_algorithm_updates_every_parameter(tmp_path, algorithm, monkeypatc
     assert seen["unchanged"] == [], f"{algorithm}: parameters not updated: {seen['unchanged']}"
 
 
-@pytest.mark.parametrize("algorithm", list(online.ALGORITHMS))
+# ~30-80 s each on 2 shared cores: the default suite shows grpo, gspo, rloo and cispo learning, `make test-all` every one
+SLOW_TO_LEARN = {"ppo", "dapo", "dr_grpo", "reinforce"}
+
+
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_TO_LEARN else a
+                                       for a in online.ALGORITHMS])
 def test_every_algorithm_learns_a_trivial_task(tmp_path, algorithm):
     # gspo's default clip (3e-4/4e-4) is for long sequences; a higher lr/clip keeps this test short
     extra = ["clip_low=0.2", "clip_high=0.2"] if algorithm == "gspo" else []
@@ -121,7 +126,7 @@ if "test_digits_on_additions" not in REWARDS:
     register_reward("test_digits_on_additions")(lambda **_: digits_on_additions)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "gspo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", pytest.param("gspo", marks=pytest.mark.slow)])
 def test_shared_prompts_and_skipped_zero_advantage_rows_change_nothing(tmp_path, algorithm):
     from lmrl.models import load_model
 
@@ -141,7 +146,8 @@ def test_shared_prompts_and_skipped_zero_advantage_rows_change_nothing(tmp_path,
         assert torch.allclose(p, finals[1][name], atol=1e-5), name
 
 
-@pytest.mark.parametrize("lora", [[], ["lora_r=4", "lora_alpha=8", "merge_lora=true"]], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [[], pytest.param(["lora_r=4", "lora_alpha=8", "merge_lora=true"], marks=pytest.mark.slow)],
+                         ids=["full", "lora"])
 def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypatch, lora):
     import contextlib
 

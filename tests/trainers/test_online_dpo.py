@@ -175,6 +175,7 @@ def test_odpo_online_uses_label_scores(tmp_path):
     assert metrics["loss"] == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.slow  # ~1 min; the default suite trains online DPO in the log2/resume test
 def test_short_seeded_run_raises_the_label_reward(tmp_path):
     # random tiny model, gold-score labels: it first writes random characters (gold ≈ -1 - 0.05·len); online
     # DPO quickly learns to write digits. Measured (seed 0, this config): mean reward/mean of steps 1-5 = -0.572,

@@ -155,6 +155,7 @@ def test_bco_keeps_a_running_mean_of_implicit_rewards(tmp_path):
     assert total != 0.0
 
 
+@pytest.mark.slow  # ~2-4 min on 2 shared cores: SFT then DPO with sampled held-out answers
 def test_dpo_raises_the_gold_score_of_the_policy(tmp_path):
     """SFT a random tiny model on every completion of the preference data (so π_ref generates the kinds of answers
     the pairs rank: junk, verbose, wrong, right), then DPO: the mean hidden gold score of its sampled answers to

@@ -189,6 +189,7 @@ def pair_accuracy(model, tok, rows):
     return sum(a > b for a, b in zip(s_c, s_r)) / len(rows)
 
 
+@pytest.mark.slow  # ~1 min on 2 shared cores
 def test_reward_model_learns_builtin_preferences(tmp_path):
     """Held-out pairwise accuracy against the hidden gold score (chance: 0.5) after 100 steps (~30 s of one core).
 
