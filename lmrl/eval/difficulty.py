@@ -64,6 +64,17 @@ def spread(rates: list[float], lo: float, hi: float) -> dict[str, int]:
     return bins
 
 
+def empty_message(counts: dict[str, int], lo: float, hi: float, n: int, rated: Path) -> str:
+    """Why no row was kept: which side of [lo, hi] the pass rates fell on, and what to change."""
+    below, above = sum(list(counts.values())[:2]), sum(list(counts.values())[3:])
+    side = (f"min_pass={lo:g} emptied it (all {n} rows are below)" if not above else
+            f"max_pass={hi:g} emptied it (all {n} rows are above)" if not below else
+            f"the range [{lo:g}, {hi:g}] falls between the rates ({below} rows below min_pass, {above} above max_pass)")
+    spread_text = ", ".join(f"{name}: {count}" for name, count in counts.items())
+    return (f"No row has a pass rate in [min_pass={lo:g}, max_pass={hi:g}]: {side}. Pass rates: {spread_text}. "
+            f"Widen min_pass/max_pass, or use a stronger or weaker model. Every row's measured rate is in {rated}.")
+
+
 def run(config: FilterConfig) -> dict[str, float]:
     """Measure every row's pass rate, write the kept rows, print the spread; returns the counts."""
     from lmrl.models.setup import ModelSetup
@@ -79,8 +90,12 @@ def run(config: FilterConfig) -> dict[str, float]:
         rates, tokens = evaluator.pass_rates(model, tokenizer, setup.dtype, progress)
     kept = [{**row, "pass_rate": rate} for row, rate in zip(rows, rates)
             if config.min_pass <= rate <= config.max_pass]
-    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
     counts = spread(rates, config.min_pass, config.max_pass)
+    if not kept:  # keep the measured rates (the costly part) and say which bounds emptied the result
+        rated = path.with_name(path.stem + ".all_rates.jsonl")
+        rated.write_text("".join(json.dumps({**row, "pass_rate": rate}) + "\n" for row, rate in zip(rows, rates)))
+        raise ValueError(empty_message(counts, config.min_pass, config.max_pass, len(rows), rated))
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
     table = Table(title=f"pass rates of {config.model} on {len(rows)} rows of {config.dataset} "
                         f"({config.samples} samples each)")
     table.add_column("pass rate")

@@ -46,3 +46,28 @@ def test_bad_ranges_are_refused():
         load_config(FilterConfig, None, ["min_pass=0.9", "max_pass=0.1"])
     with pytest.raises(ConfigError, match="temperature"):
         load_config(FilterConfig, None, ["temperature=0"])
+
+
+def test_an_empty_result_names_the_bound_that_emptied_it_and_keeps_the_rates(tmp_path, monkeypatch, capsys):
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "task": "arithmetic", "meta": {}} for a in (1, 2)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ScriptedEngine.script = {"1+1=": ["2", "2", "2", "2"], "2+2=": ["4", "4", "4", "1"]}  # pass rates 1 and 0.75
+    monkeypatch.setattr(runner, "HFEngine", ScriptedEngine)
+    out = tmp_path / "kept.jsonl"
+    assert main(["filter", f"dataset={data}", "samples=4", "min_pass=0.1", "max_pass=0.5", "precision=fp32",
+                 f"output_file={out}", "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, "
+                 "num_attention_heads: 2}"]) == 2
+    message = " ".join(capsys.readouterr().out.split())
+    assert "max_pass=0.5 emptied it (all 2 rows are above)" in message, message
+    assert not out.exists()
+    rated = load_rows(str(tmp_path / "kept.all_rates.jsonl"))
+    assert [r["pass_rate"] for r in rated] == [1.0, 0.75]
+
+
+def test_the_empty_message_says_which_side_of_the_range_the_rates_fell_on(tmp_path):
+    from lmrl.eval.difficulty import empty_message
+
+    assert "min_pass=0.2 emptied it (all 3 rows are below)" in empty_message(spread([0, 0, 0.1], 0.2, 0.8), 0.2, 0.8, 3, tmp_path)
+    between = empty_message(spread([0.1, 0.9], 0.4, 0.6), 0.4, 0.6, 2, tmp_path)
+    assert "falls between the rates (1 rows below min_pass, 1 above max_pass)" in between
