@@ -64,13 +64,13 @@ def spread(rates: list[float], lo: float, hi: float) -> dict[str, int]:
     return bins
 
 
-def empty_message(counts: dict[str, int], lo: float, hi: float, n: int, rated: Path) -> str:
+def empty_message(rates: list[float], lo: float, hi: float, rated: Path) -> str:
     """Why no row was kept: which side of [lo, hi] the pass rates fell on, and what to change."""
-    below, above = sum(list(counts.values())[:2]), sum(list(counts.values())[3:])
+    below, above, n = sum(r < lo for r in rates), sum(r > hi for r in rates), len(rates)
     side = (f"min_pass={lo:g} emptied it (all {n} rows are below)" if not above else
             f"max_pass={hi:g} emptied it (all {n} rows are above)" if not below else
             f"the range [{lo:g}, {hi:g}] falls between the rates ({below} rows below min_pass, {above} above max_pass)")
-    spread_text = ", ".join(f"{name}: {count}" for name, count in counts.items())
+    spread_text = ", ".join(f"{name}: {count}" for name, count in spread(rates, lo, hi).items())
     return (f"No row has a pass rate in [min_pass={lo:g}, max_pass={hi:g}]: {side}. Pass rates: {spread_text}. "
             f"Widen min_pass/max_pass, or use a stronger or weaker model. Every row's measured rate is in {rated}.")
 
@@ -94,7 +94,7 @@ def run(config: FilterConfig) -> dict[str, float]:
     if not kept:  # keep the measured rates (the costly part) and say which bounds emptied the result
         rated = path.with_name(path.stem + ".all_rates.jsonl")
         rated.write_text("".join(json.dumps({**row, "pass_rate": rate}) + "\n" for row, rate in zip(rows, rates)))
-        raise ValueError(empty_message(counts, config.min_pass, config.max_pass, len(rows), rated))
+        raise ValueError(empty_message(rates, config.min_pass, config.max_pass, rated))
     path.write_text("".join(json.dumps(row) + "\n" for row in kept))
     table = Table(title=f"pass rates of {config.model} on {len(rows)} rows of {config.dataset} "
                         f"({config.samples} samples each)")

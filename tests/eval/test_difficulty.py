@@ -68,6 +68,6 @@ def test_an_empty_result_names_the_bound_that_emptied_it_and_keeps_the_rates(tmp
 def test_the_empty_message_says_which_side_of_the_range_the_rates_fell_on(tmp_path):
     from lmrl.eval.difficulty import empty_message
 
-    assert "min_pass=0.2 emptied it (all 3 rows are below)" in empty_message(spread([0, 0, 0.1], 0.2, 0.8), 0.2, 0.8, 3, tmp_path)
-    between = empty_message(spread([0.1, 0.9], 0.4, 0.6), 0.4, 0.6, 2, tmp_path)
+    assert "min_pass=0.2 emptied it (all 3 rows are below)" in empty_message([0, 0, 0.1], 0.2, 0.8, tmp_path)
+    between = empty_message([0.1, 0.9], 0.4, 0.6, tmp_path)
     assert "falls between the rates (1 rows below min_pass, 1 above max_pass)" in between
