@@ -90,12 +90,12 @@ def run(config: FilterConfig) -> dict[str, float]:
         rates, tokens = evaluator.pass_rates(model, tokenizer, setup.dtype, progress)
     kept = [{**row, "pass_rate": rate} for row, rate in zip(rows, rates)
             if config.min_pass <= rate <= config.max_pass]
-    counts = spread(rates, config.min_pass, config.max_pass)
     if not kept:  # keep the measured rates (the costly part) and say which bounds emptied the result
         rated = path.with_name(path.stem + ".all_rates.jsonl")
         rated.write_text("".join(json.dumps({**row, "pass_rate": rate}) + "\n" for row, rate in zip(rows, rates)))
         raise ValueError(empty_message(rates, config.min_pass, config.max_pass, rated))
     path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    counts = spread(rates, config.min_pass, config.max_pass)
     table = Table(title=f"pass rates of {config.model} on {len(rows)} rows of {config.dataset} "
                         f"({config.samples} samples each)")
     table.add_column("pass rate")
