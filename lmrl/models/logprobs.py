@@ -8,11 +8,11 @@ so the completion log-probs come from logits P-1 .. P+T-2.
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 
 from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
+from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, new_dynamic_cache, output_cache
 from lmrl.models.memory import is_checkpointing
 from lmrl.models.replay import replaying
 
@@ -93,6 +93,7 @@ def completion_logprobs(
     share_prompts: bool = False,
     linear_outputs=None,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    usage: dict[str, int] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
 
@@ -106,7 +107,7 @@ def completion_logprobs(
     share_prompts: rows with the same prompt (a group of G samples) run their prompt through the model once;
     the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_outputs`). Same
     values and gradients, (G-1)/G fewer prompt FLOPs; ignored when every prompt is distinct or the model takes
-    no `past_key_values`. The entropy is computed without gradient (it is a metric, not a loss term).
+    no KV cache. The entropy is computed without gradient (it is a metric, not a loss term).
 
     linear_outputs: the `LinearOutputs` the sampler recorded for these rows (`RolloutBatch.linear_outputs`); with
     share_prompts, layers return them instead of recomputing (`lmrl.models.replay`: same values and gradients up
@@ -114,7 +115,11 @@ def completion_logprobs(
 
     chunk_mb: when the (N, T, V) fp32 logits would exceed it, the decoder's hidden states go through the LM head
     in chunks of at most that size, forward and backward (`lmrl.models.head`); otherwise one ordinary forward.
-    Gradient checkpointing turns share_prompts off (a checkpointed layer cannot take the prompt's cache).
+    Gradient checkpointing turns share_prompts off (a checkpointed layer cannot take the prompt's cache), and so
+    does a model whose forward takes no KV cache (`lmrl.models.hf_compat.cache_kwarg`).
+
+    usage: a dict that counts what this forward really did (`count_usage`): the metrics that say a speed-up ran
+    are these counts, never the settings that asked for it.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -134,27 +139,35 @@ def completion_logprobs(
     position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (N, P+T)
     device_type = input_ids.device.type
     ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-    share_prompts = share_prompts and not is_checkpointing(model)
+    cache_name = cache_kwarg(model)
+    share_prompts = share_prompts and cache_name is not None and not is_checkpointing(model)
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
     parts = chunked_head(model, targets.numel(), chunk_mb)
+    replay = (replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None
+              else contextlib.nullcontext({}))
+    with ctx, replay as replayed:
+        if parts is not None:
+            with adapters_off(model):
+                hidden = completion_hidden(parts[0], input_ids, attention_mask, position_ids, completion_start, groups)
+                out = head_logprobs(hidden, parts[1], targets, temperature=temperature, chunk_mb=chunk_mb,
+                                    return_entropy=return_entropy)
+        elif groups is not None:
+            logits = shared_prompt_outputs(model, input_ids, attention_mask, position_ids, completion_start, *groups)
+        else:
+            extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
+            if accepts_kwarg(model, "use_cache"):  # else GPT-2 & co. build a KV cache nobody reads
+                extra["use_cache"] = False
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           **extra).logits
+            logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
+    if usage is not None:
+        count_usage(usage, shared=groups is not None, chunked=parts is not None, replayed=replayed)
     if parts is not None:
-        with ctx, adapters_off(model):
-            hidden = completion_hidden(parts[0], input_ids, attention_mask, position_ids, completion_start, groups)
-            out = head_logprobs(hidden, parts[1], targets, temperature=temperature, chunk_mb=chunk_mb,
-                                return_entropy=return_entropy)
         if not return_entropy:
             return torch.where(valid, out, torch.zeros_like(out))
         return tuple(torch.where(valid, x, torch.zeros_like(x)) for x in out)
-    with ctx:
-        if groups is not None and accepts_kwarg(model, "past_key_values"):
-            with replaying(model, linear_outputs, prompt_rows=groups[0]):
-                logits = shared_prompt_outputs(model, input_ids, attention_mask, position_ids, completion_start, *groups)
-        else:
-            extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
-            logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
     logp = selective_log_softmax(logits, targets, temperature=temperature, chunk_size=chunk_size)
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     if not return_entropy:
@@ -162,6 +175,16 @@ def completion_logprobs(
     with torch.no_grad():
         entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
     return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
+
+
+def count_usage(usage: dict[str, int], shared: bool, chunked: bool, replayed: dict[str, int]) -> None:
+    """Add one forward to ``usage``: whether it shared prompts and ran the chunked head, and how many linear-layer
+    calls returned the sampler's recorded outputs ("replayed") or computed them ("computed")."""
+    usage["forwards"] = usage.get("forwards", 0) + 1
+    usage["shared_prompts"] = usage.get("shared_prompts", 0) + int(shared)
+    usage["chunked_head"] = usage.get("chunked_head", 0) + int(chunked)
+    for key in ("replayed", "computed"):
+        usage[key] = usage.get(key, 0) + replayed.get(key, 0)
 
 
 def adapters_off(model) -> contextlib.AbstractContextManager:
@@ -178,7 +201,8 @@ def completion_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Te
     if groups is not None:
         return shared_prompt_outputs(decoder, input_ids, attention_mask, position_ids, completion_start, *groups,
                                      key="last_hidden_state")
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    extra = {"use_cache": False} if accepts_kwarg(decoder, "use_cache") else {}
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra)
     return out.last_hidden_state[:, -(width + 1) : -1]
 
 
@@ -214,19 +238,19 @@ def shared_prompt_outputs(
     Forward 2: the N completions (N, T) on the cache rows `inverse` (indexing is differentiable, so the prompt
     tokens get the gradient of every completion of their group), with the full (N, P+T) attention mask.
     """
-    from transformers.cache_utils import DynamicCache
-
     p = completion_start
+    name = cache_kwarg(model)
     extra = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
     out = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
-                position_ids=position_ids[first, :p], past_key_values=DynamicCache(), use_cache=True, **extra)
-    cache = out.past_key_values
+                position_ids=position_ids[first, :p], use_cache=True, **{name: new_dynamic_cache(model.config)},
+                **extra)
+    cache = output_cache(out)
     _expand_cache(cache, inverse)  # (U, ...) -> (N, ...) per layer
     last_prompt = getattr(out, key)[inverse, -1:]  # (N, 1, V): predicts completion token 0
     if input_ids.shape[1] == p + 1:  # T = 1: the prompt's output is all there is
         return last_prompt
     completion = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
-                       position_ids=position_ids[:, p:-1], past_key_values=cache, use_cache=True)
+                       position_ids=position_ids[:, p:-1], use_cache=True, **{name: cache})
     return torch.cat([last_prompt, getattr(completion, key)], 1)  # (N, T, V)
 
 
@@ -253,16 +277,3 @@ def _expand_cache(cache, inverse: torch.Tensor) -> None:
 def _repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
     """(U, ...) -> (U * times, ...), each row `times` times in a row: repeat_interleave(times, 0), summed backward."""
     return tensor.unsqueeze(1).expand(tensor.shape[0], times, *tensor.shape[1:]).reshape(-1, *tensor.shape[1:])
-
-
-def accepts_kwarg(model, name: str) -> bool:
-    """Whether model.forward (or the base model's, for PEFT wrappers) names the keyword `name`."""
-    for candidate in (model, getattr(model, "get_base_model", lambda: None)()):
-        if candidate is None:
-            continue
-        try:
-            if name in inspect.signature(candidate.forward).parameters:
-                return True
-        except (TypeError, ValueError):
-            continue
-    return False

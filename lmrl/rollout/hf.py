@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmrl.models.logprobs import accepts_kwarg
+from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.replay import BufferPool, LinearRecorder, has_dropout
 
 try:  # transformers >= 4.54 has per-layer caches
@@ -93,7 +93,8 @@ def stop_token_ids(tokenizer, params: SamplingParams) -> tuple[int, ...]:
 class HFEngine:
     """Batched KV-cache sampling from an HF causal LM; returns a `RolloutBatch`.
 
-    model: any HF causal LM taking input_ids, attention_mask, position_ids, past_key_values, use_cache.
+    model: any HF causal LM taking input_ids, attention_mask, position_ids, use_cache and a KV cache (`cache`, or
+    `past_key_values` before transformers 5.2x).
     tokenizer: its tokenizer (pad id, eos id, decoding). autocast_dtype: e.g. torch.bfloat16 to run the
     forwards under autocast, None for the model's own dtype. compact_threshold: when at least this fraction
     of the running rows has finished, drop the finished rows from the batch and the cache (None: never).
@@ -110,6 +111,7 @@ class HFEngine:
         self.compact_threshold = compact_threshold
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
         self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
+        self._cache_kwarg = cache_kwarg(model) or "past_key_values"
         self._record_pool = BufferPool()  # linear-output buffers reused across recording rollouts
 
     @property
@@ -120,6 +122,7 @@ class HFEngine:
         """Sample from `model` from now on (the engine interface's way to follow a replaced policy)."""
         self.model = model
         self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
+        self._cache_kwarg = cache_kwarg(model) or "past_key_values"
 
     @property
     def pad_token_id(self) -> int:
@@ -160,7 +163,7 @@ class HFEngine:
         stop_ids = torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device)
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
         recorder = None
-        if record and not has_dropout(self.model):
+        if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
             recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens,
                                       pool=self._record_pool)
         was_training = self.model.training
@@ -195,13 +198,12 @@ class HFEngine:
         position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (B, P)
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
         cache = _preallocated_cache(model, capacity=p + max_new)
+        if cache is not None:
+            extra[self._cache_kwarg] = cache
         with recorder.prefill() if recorder is not None else contextlib.nullcontext():
-            out = model(
-                input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                **extra,
-            )
+            out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, **extra)
         logits = out.logits[:, -1]  # (B, V)
-        cache = _repeat_cache(out.past_key_values, n)
+        cache = _repeat_cache(output_cache(out), n)
         logits = logits.repeat_interleave(n, dim=0)  # (N, V)
         prompt_len = mask.sum(-1).repeat_interleave(n)  # (N,) real prompt tokens = position of completion token 0
         attn = torch.ones(rows_total, p + max_new, dtype=mask.dtype, device=mask.device)  # (N, P + max_new)
@@ -243,11 +245,9 @@ class HFEngine:
                 tokens, attn, prompt_len, done = tokens[keep], attn[keep], prompt_len[keep], done[keep]
             pos = (prompt_len + step)[:, None]  # (active, 1): position of the token just sampled
             with recorder.decode(step, rows) if recorder is not None else contextlib.nullcontext():
-                out = model(
-                    input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
-                    past_key_values=cache, use_cache=True,
-                )
-            cache = out.past_key_values
+                out = model(input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
+                            use_cache=True, **{self._cache_kwarg: cache})
+            cache = output_cache(out)
             logits = out.logits[:, -1]  # (active, V)
         steps = step + 1
         return out_ids[:, :steps], out_logp[:, :steps], finish_step, steps

@@ -158,6 +158,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
     params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
     updates = 0
+    usage: dict[str, int] = {}  # what the training forwards really did (`completion_logprobs`)
     for _ in range(config.ppo_epochs):
         order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
         for mb in order.chunk(config.minibatches):
@@ -180,7 +181,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                                                     temperature=config.temperature, return_entropy=True,
                                                     autocast_dtype=dtype, share_prompts=config.share_prompts,
                                                     chunk_mb=config.logprob_chunk_mb,
-                                                    linear_outputs=sub.linear_outputs)
+                                                    linear_outputs=sub.linear_outputs, usage=usage)
                 loss, stats = policy_loss(
                     config.preset.loss, logp, logp.detach() if old_logp is None else old_logp[micro], adv[micro], mask,
                     ref_logp=ref_logp[micro] if ref_logp is not None else None,
@@ -209,6 +210,7 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                     p.grad = torch.zeros_like(p) if p.requires_grad else None
             norm = common.optimizer_step(params, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm / config.updates_per_step
+    totals.update(usage_metrics(usage))
     # losses stay sums over all rows (skipped rows add exactly 0); statistics are means over every rank's trained
     # rows: this rank's weighted sum x world / the weight of every rank, whose mean over ranks is the global mean
     every_rank_weight = runtime.all_sum(trained_weight)
@@ -218,6 +220,16 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
         elif key.startswith("loss/"):  # this rank's share of the loss: world x share averages over ranks to the loss
             totals[key] *= world
     return totals
+
+
+def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
+    """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once
+    and through the chunked LM head, and the share of linear-layer calls that returned the sampler's outputs."""
+    forwards = max(usage.get("forwards", 0), 1)
+    calls = usage.get("replayed", 0) + usage.get("computed", 0)
+    return {"train/shared_prompts": usage.get("shared_prompts", 0) / forwards,
+            "train/chunked_head": usage.get("chunked_head", 0) / forwards,
+            "train/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0}
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -264,7 +276,6 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
                     "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
-                    "train/reused_sampling_forward": float(batch.linear_outputs is not None),
                     **agentic.episode_metrics(batch)})
     if hasattr(parts.engine, "last_sync_s"):  # engine=vllm: the weight push that preceded this rollout
         metrics["time/weight_sync_s"] = parts.engine.last_sync_s

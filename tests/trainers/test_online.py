@@ -169,9 +169,14 @@ def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypa
         online.train(rl_config(tmp_path, "grpo", "max_steps=3", "skip_zero_advantage=false", f"output_dir={out}",
                                f"reuse_sampling_forward={reuse}", *lora))
         finals.append(dict(load_model(str(out / "final")).named_parameters()))
+    assert len(counts) == 6, counts  # one shared-prompt training forward per step and run: none silently skipped
     reused, recomputed = counts[:3], counts[3:]
     assert all(c["replayed"] > 0 and c["computed"] == 0 for c in reused), reused  # every layer, every step
     assert all(c["replayed"] == 0 for c in recomputed)
+    for reuse, expected in (("true", 1.0), ("false", 0.0)):  # the metrics are the counts, not the settings
+        rows = [r for r in read_jsonl(tmp_path / reuse / "metrics.jsonl") if "train/shared_prompts" in r]
+        assert len(rows) == 3 and all(r["train/shared_prompts"] == 1.0 for r in rows), rows
+        assert all(r["train/reused_sampling_forward"] == expected for r in rows), rows
     # fp32: the two forwards differ by rounding (~1e-6 in log-probs); after 3 AdamW steps of lr 1e-2 the weights agree
     # to 1% of one step (a wrong replay, e.g. of other rows' outputs, moves them by whole steps)
     for name, p in finals[0].items():
