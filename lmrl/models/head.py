@@ -15,13 +15,17 @@ ordinary forward: same values, same speed.
 
 from __future__ import annotations
 
+import warnings
+import weakref
+from typing import NamedTuple
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_MB = 128
 
-__all__ = ["DEFAULT_CHUNK_MB", "FusedHeadLogprobs", "chunk_tokens", "chunked_head", "decoder_and_head", "fusable",
-           "head_logprobs"]
+__all__ = ["DEFAULT_CHUNK_MB", "FusedHeadLogprobs", "HeadParts", "chunk_tokens", "chunked_head", "decoder_and_head",
+           "fusable", "head_logprobs"]
 
 
 def chunk_tokens(vocab: int, chunk_mb: float) -> int:
@@ -29,40 +33,102 @@ def chunk_tokens(vocab: int, chunk_mb: float) -> int:
     return max(1, int(chunk_mb * 2**20) // (4 * vocab))
 
 
-def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(decoder, lm_head) of an HF causal LM whose logits are exactly ``lm_head(decoder(...).last_hidden_state)``,
-    through a peft wrapper; None for models that post-process logits (soft-capping, logit scales) or lack the parts,
-    which then compute full logits as usual."""
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+class HeadParts(NamedTuple):
+    """An HF causal LM split as logits = post(lm_head(decoder(...).last_hidden_state)), where post multiplies by
+    ``scale`` (Granite's 1 / logits_scaling, Cohere's logit_scale) and then soft-caps, z -> c tanh(z / c), with
+    c = ``softcap`` (Gemma-2/3's final_logit_softcapping; None: no cap)."""
+
+    decoder: torch.nn.Module
+    head: torch.nn.Module
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.scale == 1.0 and self.softcap is None
+
+    def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, **kwargs):
+        """`head_logprobs` through this head and its post-processing."""
+        return head_logprobs(hidden, self.head, targets, scale=self.scale, softcap=self.softcap, **kwargs)
+
+
+_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> HeadParts | None, checked once
+
+
+def decoder_and_head(model, verified: bool = False) -> HeadParts | None:
+    """The decoder, LM head and logit post-processing of an HF causal LM (through a peft wrapper), checked once per
+    model against its own forward on a few tokens; None (full logits, as usual) for models without those parts or
+    whose logits the split does not reproduce (a post-processing lmrl does not know), with a warning.
+    ``verified=True`` skips that check (for a caller that checks only when it will use the split)."""
+    lm = _language_model(model)
     decoder = getattr(lm, "base_model", None)
     get_head = getattr(lm, "get_output_embeddings", None)
     head = get_head() if get_head is not None else None
     config = getattr(lm, "config", None)
-    if decoder is None or decoder is lm or head is None or config is None:
+    if decoder is None or decoder is lm or head is None or config is None or not hasattr(head, "weight"):
         return None
-    if getattr(config, "final_logit_softcapping", None) or hasattr(lm, "logit_scale"):
-        return None
-    return decoder, head
+    scale = float(getattr(lm, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
+    parts = HeadParts(decoder, head, scale, getattr(config, "final_logit_softcapping", None) or None)
+    return parts if verified else _checked(lm, parts)
 
 
-def chunked_head(model, positions: int, chunk_mb: float) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(decoder, lm_head) when ``positions`` rows of fp32 logits would exceed ``chunk_mb`` and the model can run its
-    head apart (`decoder_and_head`); None when one ordinary forward is the way (everything fits in one chunk, or
-    the model is FSDP-sharded: its decoder and head are gathered by the whole model's forward, not apart)."""
+def _language_model(model):
+    """The HF causal LM inside a peft wrapper or `BaseModelView`, or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _checked(lm, parts: HeadParts) -> HeadParts | None:
+    if lm not in _VERIFIED:
+        _VERIFIED[lm] = _reproduces_logits(lm, parts)
+    return parts if _VERIFIED[lm] else None
+
+
+def _reproduces_logits(lm, parts: HeadParts) -> bool:
+    """Whether post(head(decoder(x))) equals lm(x).logits on 4 tokens (fp32, eval mode, modes restored after)."""
+    from lmrl.models.hf_compat import accepts_kwarg
+    from lmrl.models.modes import evaluating
+
+    device = parts.head.weight.device
+    ids = torch.arange(1, 5, device=device)[None] % parts.head.weight.shape[0]  # (1, 4)
+    extra = {"use_cache": False} if accepts_kwarg(lm, "use_cache") else {}
+    with torch.no_grad(), torch.autocast(device.type, enabled=False), evaluating(lm):
+        logits = lm(input_ids=ids, **extra).logits.float()
+        split = _post(parts.head(parts.decoder(input_ids=ids, **extra).last_hidden_state).float(), parts.scale,
+                      parts.softcap)
+    if torch.allclose(logits, split, rtol=1e-4, atol=1e-4):
+        return True
+    warnings.warn(f"{type(lm).__name__}: its logits are not lm_head(hidden states) with a known scale or soft-cap, "
+                  "so log-probs use the full logits (the chunked LM head is off; memory grows with the vocabulary).",
+                  stacklevel=3)
+    return False
+
+
+def _post(z: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """The model's logit post-processing: z * scale, then softcap * tanh(z / softcap)."""
+    if scale != 1.0:
+        z = z * scale
+    return z if softcap is None else torch.tanh(z / softcap) * softcap
+
+
+def chunked_head(model, positions: int, chunk_mb: float) -> HeadParts | None:
+    """The split model (`decoder_and_head`) when ``positions`` rows of fp32 logits would exceed ``chunk_mb``; None
+    when one ordinary forward is the way (everything fits in one chunk, the model cannot be split, or it is
+    FSDP-sharded: its decoder and head are gathered by the whole model's forward, not apart)."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
         return None
-    parts = decoder_and_head(model)
-    if parts is None or positions <= chunk_tokens(parts[1].weight.shape[0], chunk_mb):
+    parts = decoder_and_head(model, verified=True)
+    if parts is None or positions <= chunk_tokens(parts.head.weight.shape[0], chunk_mb):
         return None
-    return parts
+    return _checked(_language_model(model), parts)
 
 
 def _chunk_logprobs(hidden: torch.Tensor, weight_module: torch.nn.Module, targets: torch.Tensor,
-                    temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """log_softmax(head(h) / T)[target] and (no grad) the entropy, for one chunk (m, H) -> (m,), (m,)."""
-    z = weight_module(hidden).float() / temperature  # (m, V)
+                    temperature: float, with_entropy: bool, scale: float = 1.0,
+                    softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """log_softmax(post(head(h)) / T)[target] and (no grad) the entropy, for one chunk (m, H) -> (m,), (m,)."""
+    z = _post(weight_module(hidden).float(), scale, softcap) / temperature  # (m, V)
     lse = torch.logsumexp(z, dim=-1)  # (m,)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not with_entropy:
@@ -144,27 +210,29 @@ def fusable(lm_head: torch.nn.Module) -> bool:
 
 
 def head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
-                  temperature: float = 1.0, chunk_mb: float = DEFAULT_CHUNK_MB,
-                  return_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(lm_head(hidden) / temperature) at ``targets``, in fp32, never holding more than ``chunk_mb`` of
-    fp32 logits (forward and backward). hidden (..., H), targets (...) long -> (...) fp32; with return_entropy also
-    the entropy (...) of the same distributions, without gradient. Gradients reach ``hidden`` and the head's weights
-    and equal those of the unchunked computation."""
+                  temperature: float = 1.0, chunk_mb: float = DEFAULT_CHUNK_MB, return_entropy: bool = False,
+                  scale: float = 1.0, softcap: float | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(post(lm_head(hidden)) / temperature) at ``targets``, in fp32, never holding more than
+    ``chunk_mb`` of fp32 logits (forward and backward); post(z) = softcap tanh(scale z / softcap) (`HeadParts`).
+    hidden (..., H), targets (...) long -> (...) fp32; with return_entropy also the entropy (...) of the same
+    distributions, without gradient. Gradients reach ``hidden`` and the head's weights and equal those of the
+    unchunked computation. The fused path takes a scale as a temperature: scale z / T = z / (T / scale)."""
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"head_logprobs: targets {tuple(targets.shape)} must be hidden {tuple(hidden.shape)} "
                          "without its last dimension.")
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # (M, H), (M,)
     step = chunk_tokens(lm_head.weight.shape[0], chunk_mb)
-    if flat_h.shape[0] > step and fusable(lm_head):  # it holds a chunk's logits and one temporary: half-size chunks
-        logp, entropy = FusedHeadLogprobs.apply(flat_h, lm_head.weight, flat_t, temperature, max(1, step // 2),
+    if flat_h.shape[0] > step and fusable(lm_head) and softcap is None:  # a chunk's logits + one temporary: half-size
+        logp, entropy = FusedHeadLogprobs.apply(flat_h, lm_head.weight, flat_t, temperature / scale, max(1, step // 2),
                                                 return_entropy)
     elif flat_h.shape[0] <= step:  # one chunk: an ordinary forward (nothing to gain from recomputing)
-        logp, entropy = _chunk_logprobs(flat_h, lm_head, flat_t, temperature, return_entropy)
+        logp, entropy = _chunk_logprobs(flat_h, lm_head, flat_t, temperature, return_entropy, scale, softcap)
     else:
         recompute = torch.is_grad_enabled() and (flat_h.requires_grad or lm_head.weight.requires_grad)
         parts = []
         for start in range(0, flat_h.shape[0], step):
-            args = (flat_h[start : start + step], lm_head, flat_t[start : start + step], temperature, return_entropy)
+            args = (flat_h[start : start + step], lm_head, flat_t[start : start + step], temperature, return_entropy,
+                    scale, softcap)
             parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
                          else _chunk_logprobs(*args))
         logp, entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

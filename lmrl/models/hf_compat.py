@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-__all__ = ["accepts_kwarg", "cache_kwarg", "new_dynamic_cache", "output_cache"]
+__all__ = ["accepts_kwarg", "cache_kwarg", "new_dynamic_cache", "no_cache", "output_cache"]
 
 CACHE_KWARGS = ("cache", "past_key_values")  # newest first
 
@@ -30,6 +30,12 @@ def accepts_kwarg(model, name: str) -> bool:
 def cache_kwarg(model) -> str | None:
     """The keyword ``model.forward`` takes its KV cache by ("cache" or "past_key_values"); None if it takes none."""
     return next((name for name in CACHE_KWARGS if accepts_kwarg(model, name)), None)
+
+
+def no_cache(model) -> dict[str, bool]:
+    """``{"use_cache": False}`` for a forward that takes it: a training forward then builds no KV cache that nobody
+    reads (GPT-2 and most HF models build one by default, as large as the keys and values of every layer)."""
+    return {"use_cache": False} if accepts_kwarg(model, "use_cache") else {}
 
 
 def output_cache(output):

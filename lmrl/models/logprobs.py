@@ -11,8 +11,13 @@ import contextlib
 
 import torch
 
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
-from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, new_dynamic_cache, output_cache
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head
+from lmrl.models.hf_compat import (
+    accepts_kwarg,
+    cache_kwarg,
+    new_dynamic_cache,
+    output_cache,
+)
 from lmrl.models.memory import is_checkpointing
 from lmrl.models.replay import replaying
 
@@ -150,9 +155,10 @@ def completion_logprobs(
     with ctx, replay as replayed:
         if parts is not None:
             with adapters_off(model):
-                hidden = completion_hidden(parts[0], input_ids, attention_mask, position_ids, completion_start, groups)
-                out = head_logprobs(hidden, parts[1], targets, temperature=temperature, chunk_mb=chunk_mb,
-                                    return_entropy=return_entropy)
+                hidden = completion_hidden(parts.decoder, input_ids, attention_mask, position_ids, completion_start,
+                                           groups)
+                out = parts.logprobs(hidden, targets, temperature=temperature, chunk_mb=chunk_mb,
+                                     return_entropy=return_entropy)
         elif groups is not None:
             logits = shared_prompt_outputs(model, input_ids, attention_mask, position_ids, completion_start, *groups)
         else:

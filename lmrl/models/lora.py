@@ -56,8 +56,9 @@ def check_target_modules(model: torch.nn.Module, targets: list[str]) -> None:
 
 def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, targets: list[str],
                base: dict[str, Any]) -> torch.nn.Module:
-    """``model`` wrapped with LoRA adapters on ``targets`` (peft `get_peft_model`); only the adapters train.
-    ``base`` ({model, seed, model_args}) is kept with the adapter so it can be loaded again."""
+    """``model`` wrapped with LoRA adapters on ``targets`` (peft `get_peft_model`); only the adapters train. The
+    adapters are initialised from ``base["seed"]`` (the global RNG is left as it was) and every module keeps its
+    train/eval mode. ``base`` ({model, seed, model_args}) is kept with the adapter so it can be loaded again."""
     require_peft()
     from peft import LoraConfig, get_peft_model
 
@@ -65,7 +66,14 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, tar
     target = "all-linear" if targets == ["all-linear"] else list(targets)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target, task_type="CAUSAL_LM",
                         base_model_name_or_path=str(base["model"]))
-    peft_model = get_peft_model(model, config)
+    modes = {name: module.training for name, module in model.named_modules()}
+    with torch.random.fork_rng():  # A's random init from the run's seed: the same adapters every run
+        torch.manual_seed(int(base.get("seed", 0)))
+        peft_model = get_peft_model(model, config)
+    # peft creates its wrapper and adapters in training mode: the model keeps the mode it had (RL: eval, no dropout)
+    peft_model.train(model.training)
+    for name, module in model.named_modules():
+        module.training = modes.get(name, model.training)
     peft_model.lmrl_base = dict(base)
     return peft_model
 

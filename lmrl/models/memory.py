@@ -16,6 +16,9 @@ import ctypes
 import ctypes.util
 import functools
 
+import torch
+from torch.utils.checkpoint import checkpoint
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, glibc <malloc.h>
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 NEVER_TRIM = 2**31 - 1  # mallopt takes an int
@@ -37,27 +40,42 @@ def keep_freed_memory() -> bool:
 
 
 def enable_gradient_checkpointing(model) -> None:
-    """Recompute each decoder layer's activations in the backward instead of keeping them (HF's
-    `gradient_checkpointing_enable`, non-reentrant), also when the model is in eval mode.
+    """Recompute each decoder layer's activations in the backward instead of keeping them (non-reentrant
+    `torch.utils.checkpoint`), in training and in eval mode alike. Saves about (layers - 1) x the activations of
+    one layer.
 
-    HF checkpoints a layer only when that layer's `training` flag is set, and RL trainers keep the policy in eval
-    mode (no dropout). A pre-hook sets the flag on the layer module alone: its children (attention, MLP) keep their
-    own flags, so no dropout is switched on. Saves about (layers - 1) x the activations of one layer.
+    HF's own `gradient_checkpointing_enable` checkpoints a layer only while its `training` flag is set, and RL
+    keeps the policy in eval mode (no dropout); setting the flag on the layer switches on the dropout that layers
+    such as OPT's apply themselves. So each decoder layer's ``forward`` is wrapped here instead: with gradients on,
+    it runs under `checkpoint` with its KV cache dropped (the backward's recompute would write it a second time, as
+    GPT-2's blocks do); without gradients (sampling) it runs as is.
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer):
-            module.register_forward_pre_hook(_checkpoint_always)
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"gradient_checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
+                         "checkpointable (GradientCheckpointingLayer). Fix: gradient_checkpointing=false.")
+    for layer in layers:
+        if not getattr(layer, "lmrl_checkpointed", False):
+            layer.forward = functools.partial(_checkpointed_forward, layer.forward)
+            layer.lmrl_checkpointed = True
 
 
-def _checkpoint_always(module, args) -> None:
-    module.training = True
+CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")  # names across transformers versions
+
+
+def _checkpointed_forward(forward, *args, **kwargs):
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    for name in CACHE_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            kwargs[name] = None
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def is_checkpointing(model) -> bool:
     """Whether the layers of ``model`` recompute activations in the backward (`enable_gradient_checkpointing`)."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return any(isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing for m in model.modules())
+    return any(getattr(m, "lmrl_checkpointed", False) for m in model.modules())

@@ -154,7 +154,7 @@ class LinearRecorder:
         self._seen.add(name)
         phase, step, rows = self._where
         if phase == "prefill":
-            self.prefill_out[name] = output.detach()
+            self.prefill_out[name] = output.detach().clone()  # a copy: the model may modify its output in place
             return
         buf = self.decode_out.get(name)
         if buf is None:  # (steps - 1, N, out): the last token is never an input; `drop` zeroes unreached positions
@@ -184,13 +184,14 @@ class LinearRecorder:
 
 
 class _ReplayedLinear(torch.autograd.Function):
-    """y = the recorded x W^T + b; backward as F.linear's: g W, g^T x, sum g."""
+    """y = the recorded x W^T + b (a copy: models such as Falcon modify a layer's output in place, which must
+    change neither the record nor an alias autograd forbids); backward as F.linear's: g W, g^T x, sum g."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, recorded):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return recorded
+        return recorded.clone()
 
     @staticmethod
     def backward(ctx, grad):

@@ -120,8 +120,8 @@ def load_reward_model(path: str | Path):
     """(RewardModel in eval mode, tokenizer) from a directory written by `RewardModel.save_pretrained`."""
     from safetensors.torch import load_file
 
-    from lmrl.models.loading import load_model
     from lmrl.data.tokenizers import load_tokenizer
+    from lmrl.models.loading import load_model
 
     path = Path(path)
     if not is_reward_model(path):

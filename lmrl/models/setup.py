@@ -113,7 +113,8 @@ class ModelSetup:
             if self.load_in_4bit:
                 from peft import prepare_model_for_kbit_training
 
-                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=self.gradient_checkpointing)
+                # checkpointing is already lmrl's (`enable_gradient_checkpointing`): HF's would checkpoint twice
+                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
             lora = self.lora
             model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
                                {"model": base or self.model, "seed": self.seed, "model_args": self.model_args})

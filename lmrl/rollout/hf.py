@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
+from lmrl.models.modes import evaluating
 from lmrl.models.replay import BufferPool, LinearRecorder, has_dropout
 
 try:  # transformers >= 4.54 has per-layer caches
@@ -166,14 +167,11 @@ class HFEngine:
         if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
             recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens,
                                       pool=self._record_pool)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._grad_mode(recording=recorder is not None), self._autocast():
+        try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)
+            with evaluating(self.model), self._grad_mode(recording=recorder is not None), self._autocast():
                 out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher,
                                                                      recorder)
         finally:
-            self.model.train(was_training)
             if recorder is not None:
                 recorder.close()
         # Clone out of inference mode so that learners can use the tensors in autograd graphs.

@@ -36,12 +36,13 @@ from lmrl.config import ConfigError, DecodingSection, field
 from lmrl.data.sft import SFTExample, collate_sft
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import autocast, describe_parameters
+from lmrl.models.hf_compat import no_cache
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
-from lmrl.rollout.hf import HFEngine
-from lmrl.rollout.types import SamplingParams
 from lmrl.parallel import runtime
 from lmrl.parallel.shards import rank_shards, shard_generator
+from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.types import SamplingParams
 from lmrl.trainers import common, loop, sft
 
 IGNORE = -100
@@ -82,9 +83,9 @@ def paired_logits(student, teacher, examples: list[SFTExample], pad_id: int, dty
     batch = to_device(collate_sft(examples, pad_id), device)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with autocast(device.type, dtype):
-        logits = student(**inputs).logits[:, :-1]
+        logits = student(**inputs, **no_cache(student)).logits[:, :-1]
         with torch.no_grad():
-            teacher_logits = teacher(**inputs).logits[:, :-1]
+            teacher_logits = teacher(**inputs, **no_cache(teacher)).logits[:, :-1]
     return logits, teacher_logits, batch["labels"][:, 1:] != IGNORE
 
 

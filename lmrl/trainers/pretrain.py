@@ -42,14 +42,21 @@ import torch.nn.functional as F
 from lmrl.algorithms import AvatarlOptions, avatarl_loss, avatarl_rewards
 from lmrl.algorithms.avatarl_head import avatarl_head_loss
 from lmrl.data.tokenizers import load_tokenizer
-from lmrl.models.placement import model_device
 from lmrl.models import autocast, describe_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, chunked_head, decoder_and_head, fusable, head_logprobs
-from lmrl.models.loading import default_tokenizer_name
+from lmrl.models.head import (
+    DEFAULT_CHUNK_MB,
+    chunk_tokens,
+    chunked_head,
+    decoder_and_head,
+    fusable,
+)
+from lmrl.models.hf_compat import no_cache
+from lmrl.models.loading import default_tokenizer_name, load_hf_config
+from lmrl.models.placement import model_device
 from lmrl.models.setup import ModelSetup
-from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.parallel import runtime
+from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.trainers import common, loop
 from lmrl.trainers.pretrain_config import PretrainConfig
 from lmrl.trainers.pretrain_data import Windows, load_windows  # noqa: F401 - re-exported
@@ -62,10 +69,10 @@ def build_student(config: PretrainConfig, setup: ModelSetup):
     weights (``from_scratch``)."""
     if not config.from_scratch or is_builtin(config.model):
         return setup.policy()
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(config.tokenizer or default_tokenizer_name(config.model))
-    hf_config = AutoConfig.from_pretrained(config.model)
+    hf_config = load_hf_config(config.model)  # an HF model's config.json, or a GGUF file's metadata
     unknown = sorted(set(config.model_args) - set(hf_config.to_dict()))
     if unknown:
         raise ValueError(f"model_args {unknown} are not fields of {config.model}'s {type(hf_config).__name__}; "
@@ -151,10 +158,10 @@ def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: flo
     parts = chunked_head(model, targets.numel(), chunk_mb)
     if parts is None:
         return None
-    hidden = parts[0](input_ids=inputs).last_hidden_state  # (b, L, H)
+    hidden = parts.decoder(input_ids=inputs, use_cache=False).last_hidden_state  # (b, L, H)
     if not with_entropy:
-        return -head_logprobs(hidden, parts[1], targets, chunk_mb=chunk_mb), None
-    logp, entropy = head_logprobs(hidden, parts[1], targets, chunk_mb=chunk_mb, return_entropy=True)
+        return -parts.logprobs(hidden, targets, chunk_mb=chunk_mb), None
+    logp, entropy = parts.logprobs(hidden, targets, chunk_mb=chunk_mb, return_entropy=True)
     return -logp, entropy
 
 
@@ -165,14 +172,15 @@ def chunked_avatarl(model, critic, inputs: torch.Tensor, targets: torch.Tensor, 
     None when the logits fit in one chunk or a head is not a plain bias-free linear layer (then full logits)."""
     parts = chunked_head(model, targets.numel(), chunk_mb)
     critic_parts = decoder_and_head(critic) if critic is not None else None
-    if parts is None or critic_parts is None or not (fusable(parts[1]) and fusable(critic_parts[1])):
+    if parts is None or critic_parts is None or not all(p.plain and fusable(p.head) for p in (parts, critic_parts)):
         return None
-    hidden = parts[0](input_ids=inputs).last_hidden_state  # (b, L, H)
+    hidden = parts.decoder(input_ids=inputs, use_cache=False).last_hidden_state  # (b, L, H)
     with torch.no_grad():
-        critic_hidden = critic_parts[0](input_ids=inputs).last_hidden_state  # (b, L, H_c)
+        critic_hidden = critic_parts.decoder(input_ids=inputs, use_cache=False).last_hidden_state  # (b, L, H_c)
     # a chunk holds student and critic logits, log-probs and the gradient: four (m, V) fp32 tensors
-    rows = chunk_tokens(parts[1].weight.shape[0], chunk_mb) // 4
-    return avatarl_head_loss(hidden, parts[1].weight, critic_hidden, critic_parts[1].weight, targets, options, rows)
+    rows = chunk_tokens(parts.head.weight.shape[0], chunk_mb) // 4
+    return avatarl_head_loss(hidden, parts.head.weight, critic_hidden, critic_parts.head.weight, targets, options,
+                             rows)
 
 
 def train_step(model, critic, windows: torch.Tensor, objective: str, options: AvatarlOptions, grad_accum: int,
@@ -197,11 +205,11 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
             fused = chunked_avatarl(model, critic, inputs, targets, options, chunk_mb) if objective == "avatarl" \
                 else None
             if nll is None and fused is None:
-                logits = model(input_ids=inputs).logits  # (b, L, V)
+                logits = model(input_ids=inputs, **no_cache(model)).logits  # (b, L, V)
                 critic_logits = None
                 if critic is not None:
                     with torch.no_grad():
-                        critic_logits = critic(input_ids=inputs).logits  # (b, L, V)
+                        critic_logits = critic(input_ids=inputs, **no_cache(critic)).logits  # (b, L, V)
         if nll is not None:
             loss, stats = nll[0].mean(), {}
             ce = loss.detach()
@@ -239,7 +247,7 @@ def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype,
         with autocast(device.type, dtype):
             nll = chunked_ce(model, inputs, targets, chunk_mb, with_entropy=True)
             if nll is None:
-                log_p = model(input_ids=inputs).logits.float().log_softmax(-1)  # (b, L, V)
+                log_p = model(input_ids=inputs, **no_cache(model)).logits.float().log_softmax(-1)  # (b, L, V)
                 nll = (-log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1))
         ce += nll[0].sum().item()
         entropy += nll[1].sum().item()

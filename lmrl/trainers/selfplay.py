@@ -52,15 +52,16 @@ from lmrl.data.loading import load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import autocast, describe_parameters
+from lmrl.models.hf_compat import no_cache
 from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
 from lmrl.models.setup import ModelSetup
+from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch, concat_batches
-from lmrl.parallel import runtime
-from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import common, loop
 from lmrl.trainers.online import logprobs_no_grad
 from lmrl.trainers.selfplay_config import SelfPlayConfig
@@ -276,7 +277,8 @@ def answer_probability(model, examples: list[SFTExample], pad_id: int, temperatu
     for start in range(0, len(examples), batch_size):
         batch = {k: v.to(device) for k, v in collate_sft(examples[start : start + batch_size], pad_id).items()}
         with autocast(device.type, dtype):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           **no_cache(model)).logits
         targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
         logp = selective_log_softmax(logits[:, :-1], targets.clamp(min=0), temperature=temperature)  # (B, L-1)
         total += (logp * (targets != IGNORE_INDEX)).sum(dim=1).exp().sum().item()

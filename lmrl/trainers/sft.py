@@ -24,12 +24,13 @@ from lmrl.config import ConfigError, TrainConfig, field
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head, head_logprobs
-from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, describe_parameters
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head
+from lmrl.models.hf_compat import no_cache
+from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
-from lmrl.rollout.tool_config import ToolSection, build_env_factory
 from lmrl.parallel import runtime
+from lmrl.rollout.tool_config import ToolSection, build_env_factory
 from lmrl.trainers import agentic, common, loop
 
 
@@ -76,10 +77,11 @@ def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtyp
     parts = chunked_head(model, targets.numel(), chunk_mb)
     with autocast(device.type, dtype):
         if parts is not None:
-            hidden = parts[0](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-            logp = head_logprobs(hidden[:, :-1], parts[1], targets.clamp(min=0), chunk_mb=chunk_mb)  # (B, L-1)
+            hidden = parts.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   use_cache=False).last_hidden_state
+            logp = parts.logprobs(hidden[:, :-1], targets.clamp(min=0), chunk_mb=chunk_mb)  # (B, L-1)
             return -(logp * labelled).sum(), int(labelled.sum())
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **no_cache(model)).logits
     loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
     return loss, int(labelled.sum())
 

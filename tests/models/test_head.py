@@ -158,11 +158,11 @@ def test_pretrain_avatarl_chunked_equals_full_logits():
 
 
 def test_dpo_sequence_log_probs_take_the_configured_chunk(monkeypatch):
-    import lmrl.models.logprobs as logprobs
+    import lmrl.models.head as head
     from lmrl.trainers import dpo_common
 
     seen = []
-    monkeypatch.setattr(logprobs, "head_logprobs", lambda *a, **kw: seen.append(kw["chunk_mb"]) or
+    monkeypatch.setattr(head, "head_logprobs", lambda *a, **kw: seen.append(kw["chunk_mb"]) or
                         torch.zeros(a[2].shape))
     model = qwen()
     seq = dpo_common.prefs.Tokenized(prompt_ids=[5, 6, 7], completion_ids=[8, 9, 10, 11], learn=[1, 1, 1, 1])
@@ -171,11 +171,31 @@ def test_dpo_sequence_log_probs_take_the_configured_chunk(monkeypatch):
     assert seen == [0.05]
 
 
-def test_models_that_post_process_logits_use_full_logits():
+def test_a_logit_post_processing_lmrl_does_not_know_falls_back_to_full_logits_with_a_warning():
     model = qwen()
-    assert decoder_and_head(model) is not None
-    model.config.final_logit_softcapping = 30.0
-    assert decoder_and_head(model) is None
+    parts = decoder_and_head(model)
+    assert parts is not None and parts.plain
+    other = qwen()
+    other.config.final_logit_softcapping = 0.01  # the config says soft-capping, the model's forward does none
+    with pytest.warns(UserWarning, match="chunked LM head is off"):
+        assert decoder_and_head(other) is None
+
+
+def test_scaled_and_soft_capped_heads_match_the_full_logits():
+    """post(z) = c tanh(s z / c): the chunked paths (fused and checkpointed) against log_softmax of the full logits."""
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(6, 16, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 50, (6,), generator=gen)
+    for scale, softcap in ((0.25, None), (1.0, 2.0), (3.0, 1.5)):
+        z = head(hidden) * scale
+        z = z if softcap is None else torch.tanh(z / softcap) * softcap
+        expected = torch.log_softmax(z / 0.7, -1).gather(-1, targets[:, None])[:, 0]
+        grad_expected = torch.autograd.grad(expected.sum(), hidden)[0]
+        got = head_logprobs(hidden, head, targets, temperature=0.7, chunk_mb=50 * 4 * 2 / 2**20, scale=scale,
+                            softcap=softcap)  # chunks of 2 rows
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), hidden)[0], grad_expected, atol=1e-5, rtol=1e-5)
 
 
 def test_selective_log_softmax_and_entropy_still_match_the_definitions():
