@@ -1,30 +1,27 @@
-"""Dtype policy: fp32 master weights and optimizer state, bf16 autocast for matmuls where it is fast.
+"""Dtype policy: fp32 master weights and optimizer state, bf16 autocast for matmuls where the hardware has it.
 
-``precision=auto`` uses bf16 autocast on GPUs with bf16, on CPUs with AMX tiles, and on other CPUs where a
-probe matmul (128x1024 @ 1024x1024, best of 3, once per process) runs at least 1.25x faster in bf16 than in fp32.
-CPUs with AVX512-BF16 differ: on a 2-core Xeon bf16 was *slower* (that matmul 10 ms vs 6 ms; an SFT step of
-``builtin:tiny`` 0.087 s vs 0.044 s), on a 2-core AMD EPYC it is faster (2048x384 @ 384x1536: 5.6 ms vs 12.9 ms; an
-SFT step of ``builtin:tiny`` 0.10 s vs 0.15 s), so auto measures instead of reading CPU flags.
-``precision=bf16`` forces autocast, ``fp32`` turns it off.
+``precision=auto`` is decided from the device alone, so the same config gives the same numbers on a quiet or a
+loaded machine: bf16 autocast on GPUs with bf16 and on CPUs with AMX tiles (Intel Sapphire Rapids and later, where
+bf16 matmuls run on the tile unit), fp32 elsewhere. (A timing probe decided it before: on a 2-core machine it picked
+bf16 when quiet and fp32 under load, so results depended on what else ran.) CPUs with AVX512-BF16 but no AMX are
+left at fp32: bf16 was slower there on a 2-core Xeon and faster on a 2-core AMD EPYC; ``precision=bf16`` forces
+autocast where it pays, ``fp32`` turns it off.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import time
 from pathlib import Path
 
 import torch
 
-CPU_BF16_MIN_SPEEDUP = 1.25
 RUN_FILE = "run.json"  # in a run directory: {"precision": "bf16" | "fp32"}, what the run computed in
 
 
 def recorded_precision(run_dir: str | Path) -> str | None:
     """The precision a run in ``run_dir`` resolved to ("bf16" or "fp32"), so ``precision=auto`` resumes exactly
-    (the probe of `cpu_bf16_speedup` may decide otherwise on another day or machine); None if not recorded."""
+    (another machine may decide otherwise); None if not recorded."""
     try:
         value = json.loads((Path(run_dir) / RUN_FILE).read_text()).get("precision")
     except (OSError, ValueError, AttributeError):
@@ -38,32 +35,14 @@ def precision_of(dtype) -> str:
 
 
 def bf16_supported(device: torch.device | str = "cpu") -> bool:
-    """True when bf16 matmuls are fast on ``device``: CUDA with bf16, a CPU with AMX tiles, or a CPU where the
-    probe matmul is at least ``CPU_BF16_MIN_SPEEDUP`` times faster in bf16 (`cpu_bf16_speedup`)."""
+    """True when ``device`` computes bf16 matmuls in hardware: CUDA with bf16, or a CPU with AMX tiles."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
         amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-        return bool(amx and amx()) or cpu_bf16_speedup() >= CPU_BF16_MIN_SPEEDUP
+        return bool(amx and amx())
     return False
-
-
-@functools.cache
-def cpu_bf16_speedup() -> float:
-    """fp32 time / bf16 time of a 128x1024 @ 1024x1024 matmul on this CPU (best of 3 after a warm-up; ~10-50 ms)."""
-
-    def best_time(dtype: torch.dtype) -> float:
-        a, b = torch.ones(128, 1024, dtype=dtype), torch.ones(1024, 1024, dtype=dtype)
-        a @ b  # warm-up (kernel selection, packing)
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best_time(torch.float32) / best_time(torch.bfloat16)
 
 
 def autocast_dtype(precision: str, device: torch.device | str = "cpu") -> torch.dtype | None:

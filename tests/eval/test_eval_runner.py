@@ -15,6 +15,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.eval import runner
 from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.models import load_model
+from lmrl.models.precision import autocast_dtype
 from lmrl.models.reward import RewardModel, load_reward_model
 from lmrl.rewards.reward_model import score_texts
 
@@ -109,7 +110,8 @@ def test_reward_metric_is_the_reward_models_mean_score(tmp_path):
     full = Evaluator(["reward"], rows, EvalOptions(reward_model=str(tmp_path / "rm"), max_new_tokens=5,
                                                    num_samples=6), "rows")(policy, tok)[1]
     model, rm_tok = load_reward_model(tmp_path / "rm")
-    expected = score_texts(model, rm_tok, [r["prompt"] for r in rows], [s["completion"] for s in full])
+    dtype = autocast_dtype("auto", "cpu")  # the reward function's precision (auto: bf16 on AMX CPUs, else fp32)
+    expected = score_texts(model, rm_tok, [r["prompt"] for r in rows], [s["completion"] for s in full], dtype=dtype)
     assert [s["reward"] for s in full] == pytest.approx(expected, abs=1e-5)
     assert metrics["reward/mean"] == pytest.approx(sum(expected) / len(expected), abs=1e-5)
 

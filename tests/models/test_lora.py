@@ -201,3 +201,29 @@ def test_the_linear_module_list_names_the_models_layers():
 def test_device_auto_is_cpu_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
+
+
+ADAPTER_CHECKSUM = """
+import sys, torch
+from lmrl.models.setup import LoraSettings, ModelSetup
+torch.manual_seed(int(sys.argv[1]))  # whatever the process drew before: the run's seed alone decides the adapters
+torch.rand(int(sys.argv[1]) + 1)
+setup = ModelSetup("builtin:tiny", seed=int(sys.argv[2]), precision="fp32", device="cpu",
+                   lora=LoraSettings(4, 8, 0.0, ["all-linear"], False))
+model, _ = setup.policy()
+print(repr(sum(float(p.double().sum()) for n, p in model.named_parameters() if "lora_A" in n)))
+"""
+
+
+def test_lora_adapters_are_initialised_from_the_runs_seed_in_fresh_processes():
+    import subprocess
+    import sys
+
+    def checksum(global_seed: int, seed: int) -> str:
+        out = subprocess.run([sys.executable, "-c", ADAPTER_CHECKSUM, str(global_seed), str(seed)], check=True,
+                             capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        return out.stdout.strip().splitlines()[-1]
+
+    first = checksum(1, 7)
+    assert checksum(2, 7) == first  # same seed: the same adapters, bit for bit
+    assert checksum(1, 8) != first  # another seed: other adapters

@@ -85,7 +85,7 @@ def test_precision_auto_resumes_in_the_recorded_precision(tmp_path, monkeypatch)
     run = tmp_path / "run"
     run.mkdir()
     (run / precision.RUN_FILE).write_text(json.dumps({"precision": "bf16"}))
-    monkeypatch.setattr(precision, "bf16_supported", lambda device="cpu": False)  # today's probe says fp32
+    monkeypatch.setattr(precision, "bf16_supported", lambda device="cpu": False)  # another machine: fp32
     cfg = sft.SFTConfig(output_dir=str(run), precision="auto", resume=True)
     assert ModelSetup.from_config(cfg).dtype == torch.bfloat16
     fresh = sft.SFTConfig(output_dir=str(run), precision="auto")
