@@ -303,7 +303,7 @@ class ModelSection(Section):
     keep_freed_memory: bool = field(True, "CPU: keep freed memory in the process instead of page-faulting it in again every step (glibc mallopt)")
     device: str = field("auto", "auto (CUDA when available, else CPU) | cpu | cuda | cuda:N: every model of the run goes there")
     gradient_checkpointing: bool = field(False, "recompute each layer's activations in the backward (less memory, ~30% more compute)")
-    logprob_chunk_mb: int = field(128, "most memory one chunk of fp32 logits may take: the LM head, log-softmax and entropy run chunk by chunk in forward and backward")
+    logprob_chunk_mb: float = field(128, "most memory one chunk of fp32 logits may take: the LM head, log-softmax and entropy run chunk by chunk in forward and backward")
     lora_r: int = field(0, "LoRA rank (0: train every weight); with r > 0 only the adapters (and value/reward heads) train")
     lora_alpha: float = field(32.0, "LoRA scale numerator: the update is (lora_alpha / lora_r) B A x")
     lora_dropout: float = field(0.0, "dropout on the LoRA input (0 keeps the sampler's and learner's forward identical)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_zoo import ARCHITECTURES, build_model
+from arch_zoo import ARCHITECTURES, CONV1D, build_model
 from support_table import record
 
 from lmrl.data.tokenizers import load_tokenizer
@@ -22,7 +22,7 @@ from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
 
 OPTIONS = ["plain", "share_prompts", "reuse_sampling_forward", "chunked_head", "gradient_checkpointing", "lora"]
-CONV1D = {"gpt2"}  # GPT-2's layers are transformers' Conv1D, not nn.Linear: nothing to record or replay
+
 TOLERANCE = 1e-4
 
 
