@@ -21,11 +21,28 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException
-
 from lmrl.rewards.columns import get_column
 from lmrl.rewards.registry import register_reward
+
+try:  # only this reward needs math-verify: the rest of lmrl (every trainer) imports without it
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+except ImportError as _missing:
+    parse = verify = None
+    _IMPORT_ERROR: ImportError | None = _missing
+
+    class TimeoutException(BaseException):  # stands in for math-verify's in `except` clauses; never raised
+        pass
+else:
+    _IMPORT_ERROR = None
+
+
+def require_math_verify() -> None:
+    """Raise an ImportError naming the fix when math-verify is not installed."""
+    if _IMPORT_ERROR is not None:
+        raise ImportError("the `math` reward needs math-verify, which is not installed. "
+                          "Fix: pip install 'math-verify>=0.7'.") from _IMPORT_ERROR
+
 
 _BOXED = "\\boxed"
 _NUMBER = re.compile(r"-?(?:\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?|\.\d+)")
@@ -63,7 +80,9 @@ def _timeout_s(timeout_s: int | None) -> int | None:
 
 
 def math_score(completion: str, gold: str, timeout_s: int | None = 5) -> tuple[float, str]:
-    """(reward, status) for one sample; status is "ok", "no_answer" or "error: <why>". Never raises."""
+    """(reward, status) for one sample; status is "ok", "no_answer" or "error: <why>". Never raises (except
+    ImportError when math-verify is not installed)."""
+    require_math_verify()
     timeout = _timeout_s(timeout_s)
     try:
         gold_parsed = parse(gold, parsing_timeout=timeout, raise_on_error=True)
@@ -114,4 +133,5 @@ def make_math_reward(timeout_s: int | None = 5) -> MathReward:
         raise ValueError(
             f"Reward 'math': timeout_s must be a positive integer of seconds or None, got {timeout_s!r}."
         )
+    require_math_verify()
     return MathReward(timeout_s)

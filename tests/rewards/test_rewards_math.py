@@ -108,3 +108,12 @@ def test_math_reward_needs_the_answer_column_and_a_valid_timeout():
         make_reward("math")(["q"], ["1"])
     with pytest.raises(ValueError, match="timeout_s"):
         make_reward("math", timeout_s=0)
+
+
+def test_without_math_verify_the_math_reward_stops_at_start_up_naming_the_fix(monkeypatch):
+    # lmrl imports without math-verify (benchmarks/gpu_check.py runs on images that lack it); only `math` needs it
+    monkeypatch.setattr(mv, "_IMPORT_ERROR", ImportError("No module named 'math_verify'"))
+    with pytest.raises(ImportError, match="pip install 'math-verify"):
+        make_reward("math")
+    with pytest.raises(ImportError, match="math-verify"):
+        math_score(r"\boxed{1}", "1")
