@@ -54,6 +54,25 @@ def check_target_modules(model: torch.nn.Module, targets: list[str]) -> None:
         )
 
 
+def expert_parameters(model: torch.nn.Module) -> list[str]:
+    """The fused MoE expert weights of ``model`` (3-D parameters such as ``experts.gate_up_proj`` (E, 2I, H)), by
+    ``module.parameter`` name: not nn.Linear layers, so peft's "all-linear" leaves them out and LoRA targets them
+    as parameters (peft >= 0.17 `target_parameters`); without that, the experts would stay frozen."""
+    names: dict[str, None] = {}
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.dim() == 3:
+                names[f"{module_name.rsplit('.', 1)[-1]}.{name}"] = None
+    if names:
+        import peft
+        from packaging.version import Version
+
+        if Version(peft.__version__) < Version("0.17"):
+            raise ValueError(f"LoRA on this MoE model needs peft >= 0.17 to train its experts {list(names)} "
+                             f"(peft {peft.__version__} would leave them frozen). Fix: pip install -U peft.")
+    return list(names)
+
+
 def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, targets: list[str],
                base: dict[str, Any]) -> torch.nn.Module:
     """``model`` wrapped with LoRA adapters on ``targets`` (peft `get_peft_model`); only the adapters train. The
@@ -64,8 +83,11 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, tar
 
     check_target_modules(model, targets)
     target = "all-linear" if targets == ["all-linear"] else list(targets)
+    extra = {"target_parameters": expert_parameters(model)} if targets == ["all-linear"] else {}
+    if extra and not extra["target_parameters"]:
+        extra = {}
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target, task_type="CAUSAL_LM",
-                        base_model_name_or_path=str(base["model"]))
+                        base_model_name_or_path=str(base["model"]), **extra)
     modes = {name: module.training for name, module in model.named_modules()}
     with torch.random.fork_rng():  # A's random init from the run's seed: the same adapters every run
         torch.manual_seed(int(base.get("seed", 0)))

@@ -2,9 +2,10 @@
 
 Sampling a completion runs the policy forward on every token: prefill on the B distinct prompts, then one token
 per step. An on-policy update runs the same forward again, with autograd, on the same tokens and the same weights,
-only batched. ``LinearRecorder`` keeps the output of every ``nn.Linear`` during sampling; ``replaying`` makes the
-training forward return those outputs instead of multiplying again. Everything else (embeddings, norms, RoPE,
-attention, activations) is recomputed, so autograd has its graph, and the backward is the usual one:
+only batched. ``LinearRecorder`` keeps the output of every ``nn.Linear`` (and GPT-2's ``Conv1D``) during sampling;
+``replaying`` makes the training forward return those outputs instead of multiplying again. Everything else
+(embeddings, norms, RoPE, attention, activations) is recomputed, so autograd has its graph, and the backward is the
+usual one:
 
     y = x W^T + b  (the recorded y),   dL/dx = g W,   dL/dW = g^T x,   dL/db = sum g
 
@@ -16,7 +17,8 @@ A recorded output is used only when it is certainly the same computation; otherw
 every parameter's in-place version (bumped by every optimizer step) must be the one seen while sampling, the input
 shape must be the recorded one (prompt forward (U, P), completion forward (N, T-1), as in
 ``shared_prompt_outputs``), the dtype the one the layer would produce, and each layer must have run once per
-forward. Models with active dropout are not recorded (sampling runs in eval mode, training does not).
+forward. Models whose forward would drop anything in their current modes (a policy in training mode with
+dropout) are not recorded: sampling runs in eval mode, so the learner's outputs would differ.
 """
 
 from __future__ import annotations
@@ -30,15 +32,29 @@ import torch.nn.functional as F
 __all__ = ["BufferPool", "LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
 
 
+def is_linear(module) -> bool:
+    """An affine layer y = x W^T + b: ``nn.Linear`` (and subclasses), or transformers' ``Conv1D`` (GPT-2's layers,
+    y = x W + b with W stored (in, out))."""
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def linear_weight(module) -> torch.Tensor:
+    """W as ``F.linear`` takes it, (out, in): a Conv1D's weight transposed (a view: gradients reach the parameter)."""
+    return module.weight if isinstance(module, torch.nn.Linear) else module.weight.t()
+
+
 def parameter_versions(model) -> dict[str, int]:
     """Each parameter's in-place version counter (an optimizer step bumps every updated parameter's)."""
     return {name: p._version for name, p in model.named_parameters()}
 
 
 def has_dropout(model) -> bool:
-    """Whether training-mode forwards of ``model`` drop anything: an nn.Dropout with p > 0, or a module attribute
-    named *dropout* > 0 (HF attention passes ``attention_dropout`` to its kernel in training mode)."""
+    """Whether a forward of ``model`` in its current modes drops anything: a module in training mode that is an
+    nn.Dropout with p > 0, or has an attribute named *dropout* > 0 (HF attention passes ``attention_dropout`` to its
+    kernel in training mode). An RL policy in eval mode (GPT-2's 0.1 dropouts included) drops nothing."""
     for module in model.modules():
+        if not module.training:
+            continue
         if isinstance(module, torch.nn.Dropout) and module.p > 0:
             return True
         if any("dropout" in key and isinstance(v, float) and v > 0 for key, v in vars(module).items()):
@@ -115,7 +131,7 @@ class LinearRecorder:
     def __init__(self, model, rows: int, steps: int, pool: BufferPool | None = None):
         self.n_rows, self.steps = rows, steps
         self.pool = pool if pool is not None else BufferPool()
-        self.names = {m: name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        self.names = {m: name for name, m in model.named_modules() if is_linear(m)}
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if isinstance(head, torch.nn.Linear) and head.out_features > MAX_RECORDED_VOCAB:
             self.names.pop(head, None)  # its record would be the logits of every step: the layer is recomputed
@@ -124,6 +140,7 @@ class LinearRecorder:
         self.decode_out: dict[str, torch.Tensor] = {}
         self._where: tuple[str, int, torch.Tensor | None] | None = None  # (phase, step, rows) of the current call
         self._seen: set[str] = set()
+        self.unrecorded: set[str] = set()  # layers whose outputs are not (rows, tokens, out)
         self.valid = True
         self._handles = [m.register_forward_hook(self._hook) for m in self.names]
 
@@ -153,6 +170,13 @@ class LinearRecorder:
             self.valid = False
         self._seen.add(name)
         phase, step, rows = self._where
+        if name in self.unrecorded:
+            return
+        if output.dim() != 3 or (phase == "decode" and output.shape[1] != 1):  # e.g. OPT's MLP on (rows x tokens, H)
+            self.unrecorded.add(name)  # not (rows, tokens, out): this layer is computed in training, the others replay
+            self.prefill_out.pop(name, None)
+            self.decode_out.pop(name, None)
+            return
         if phase == "prefill":
             self.prefill_out[name] = output.detach().clone()  # a copy: the model may modify its output in place
             return
@@ -222,8 +246,7 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
         yield counts
         return
     # layers whose forward someone else already replaced on the instance (e.g. accelerate hooks) are left alone
-    modules = [(name, m) for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
+    modules = [(name, m) for name, m in model.named_modules() if is_linear(m) and "forward" not in vars(m)]
     rows = _index_or_none(outputs.rows)
     prompts = None if prompt_rows is None else outputs.rows[prompt_rows.to(outputs.rows.device)] // outputs.group_size
     prompt_index = None if prompts is None else _index_or_none(prompts)
@@ -256,10 +279,10 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
             out = recorded_output(name, module, x, call)
             if out is None:
                 counts["computed"] += 1
-                return F.linear(x, module.weight, module.bias)
+                return F.linear(x, linear_weight(module), module.bias)
             counts["replayed"] += 1
             if name not in casts:  # what autocast does to F.linear's arguments (differentiable casts)
-                casts[name] = (module.weight.to(out.dtype),
+                casts[name] = (linear_weight(module).to(out.dtype),
                                None if module.bias is None else module.bias.to(out.dtype))
             weight, bias = casts[name]
             return _ReplayedLinear.apply(x.to(out.dtype), weight, bias, out)

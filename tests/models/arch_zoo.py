@@ -70,5 +70,3 @@ def save_model_dir(name: str, directory: Path, seed: int = 0) -> Path:
     build_model(name, tokenizer, seed).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
-
-CONV1D = {"gpt2"}  # layers are transformers' Conv1D, not nn.Linear: nothing for the sampler to record or replay

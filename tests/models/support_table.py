@@ -57,7 +57,8 @@ def main() -> int:
         lines = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
     import transformers
 
-    table = render(lines) + f"\n\nMade by `python tests/models/support_table.py` with transformers {transformers.__version__}."
+    table = (render(lines) + "\n\nMade by `python tests/models/support_table.py` with transformers "
+             f"{transformers.__version__}.")
     text = DOC.read_text()
     head, rest = text.split(BEGIN)
     DOC.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END)[1])

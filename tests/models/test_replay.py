@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_outputs
-from lmrl.models.replay import LinearRecorder, has_dropout, replaying
+from lmrl.models.replay import LinearRecorder, has_dropout, is_linear, replaying
 from lmrl.rollout import HFEngine, SamplingParams
 
 VOCAB = 50
@@ -78,7 +78,7 @@ def test_replayed_forward_gives_the_recomputed_logprobs_and_gradients(arch):
     assert len(set(lengths)) >= 3 and max(lengths) == batch.completion_ids.shape[1]  # rows end at different steps
     model.train()
     assert_same(model, batch)
-    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())  # GPT-2: only the LM head (Conv1D)
+    linears = sum(is_linear(m) for m in model.modules())  # GPT-2: its Conv1D layers and the LM head
     assert replay_counts(model, batch) == {"replayed": 2 * linears, "computed": 0}
     # the learner's log-probs are the sampler's own
     logp, _ = logprobs_and_grads(model, batch, True)
@@ -111,8 +111,10 @@ def test_changed_weights_or_shapes_are_computed_not_replayed():
 
 
 def test_models_with_dropout_or_a_layer_used_twice_are_not_recorded():
-    assert sample(tiny_llama(attention_dropout=0.1)).linear_outputs is None
-    assert has_dropout(tiny_llama(attention_dropout=0.1)) and not has_dropout(tiny_llama())
+    assert sample(tiny_llama(attention_dropout=0.1).train()).linear_outputs is None
+    assert has_dropout(tiny_llama(attention_dropout=0.1).train()) and not has_dropout(tiny_llama().train())
+    assert not has_dropout(tiny_llama(attention_dropout=0.1).eval())  # eval mode (an RL policy): nothing dropped
+    assert sample(tiny_llama(attention_dropout=0.1).eval()).linear_outputs is not None
     model = tiny_llama()
     recorder = LinearRecorder(model, rows=1, steps=2)
     with recorder.prefill():
