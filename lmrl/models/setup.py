@@ -28,6 +28,7 @@ from lmrl.models.lora import BaseModelView, apply_lora, unwrap
 from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.placement import resolve_device
 from lmrl.models.precision import autocast, autocast_dtype, recorded_precision
+from lmrl.models.support import check_causal_lm
 from lmrl.models.value import ValueModel
 from lmrl.parallel import runtime
 from lmrl.parallel.wrap import wrap
@@ -89,6 +90,7 @@ class ModelSetup:
         name = name or self.model
         model, tokenizer = load_model_and_tokenizer(name, self.tokenizer, self.seed, self.model_args if own else None,
                                                     self.load_in_4bit)
+        check_causal_lm(model, name)
         model = self.prepare(model, base=name)
         self.trained = model
         return (self.distribute(model) if distribute else model), tokenizer
