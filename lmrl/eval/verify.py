@@ -42,12 +42,12 @@ def scorer(verifier: str, answer_column: str = "answer") -> Scorer:
 
     def score(completion: str, row: dict[str, Any]) -> tuple[Any, float]:
         if verifier in ("auto", "task") and "task" in row:
-            task = get_task(row["task"])
+            task, meta = get_task(row["task"]), row.get("meta") or {}
             try:
-                parsed = task.parse(completion)
+                parsed = task.parse_answer(completion, dict(meta))
             except Exception:  # a parser must survive any string a model emits
                 parsed = None
-            return parsed, task.score(completion, row["answer"], row.get("meta") or {})
+            return parsed, task.score(completion, row["answer"], meta)
         gold = str(row[answer_column])
         if verifier == "math":
             from lmrl.rewards.math_verifier import extract_answer as math_extract, math_score

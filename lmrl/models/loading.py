@@ -1,4 +1,7 @@
-"""Load any HF causal LM (local path, checkpoint dir or hub id) or build a built-in tiny one.
+"""Load any HF causal LM (local path, checkpoint dir, hub id or GGUF file) or build a built-in tiny one.
+
+A ``.gguf`` file, or a folder holding one and no config.json, loads through transformers' GGUF reader as a plain fp32
+model (`lmrl.models.gguf`).
 
 Built-in models are Llama-style decoders with random init, sized for CPU work:
 
@@ -17,10 +20,16 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
 
 from lmrl.data.tokenizers import BUILTIN_TOKENIZERS, load_tokenizer
 from lmrl.models.attention import use_fp32_cpu_attention
+from lmrl.models.gguf import check_gguf, gguf_file, load_gguf_config, load_gguf_model
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS: dict[str, dict] = {
@@ -75,8 +84,36 @@ def check_model_path(name: str) -> None:
             f"Model path '{name}' does not exist. Give an existing local directory (for example "
             f"runs/sft/final), a Hugging Face hub id (org/name), or a built-in model ({_builtin_names()})."
         )
+    if Path(name).expanduser().exists():
+        check_local_model(name)
     if not looks_local and not Path(name).exists() and not _hub_cached(name) and not _hub_reachable():
         raise FileNotFoundError(_not_found(name, "the hub is unreachable (no network or HF_HUB_OFFLINE=1)"))
+
+
+def check_local_model(name: str) -> None:
+    """An existing local model path is a .gguf file that transformers reads, or a folder with config.json (an HF
+    model), adapter_config.json (a LoRA adapter) or exactly one .gguf file."""
+    path = Path(name).expanduser()
+    gguf = gguf_file(name)  # raises on a folder with several
+    if gguf is not None:
+        check_gguf(gguf)
+    elif path.is_file():
+        raise FileNotFoundError(f"Model path '{name}' is a file but not a .gguf file. Fix: give a model folder "
+                                "(config.json and weights, for example runs/sft/final) or a .gguf file.")
+    elif not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
+        raise FileNotFoundError(f"Model folder '{name}' holds neither config.json (an HF model) nor a .gguf file. "
+                                "Fix: give a folder with config.json and weights (for example runs/sft/final), a "
+                                ".gguf file, or a folder holding one.")
+
+
+def load_hf_config(name: str):
+    """The transformers config of an HF model (folder or hub id) or of a GGUF file, without loading weights."""
+    gguf = gguf_file(name)
+    if gguf is not None:
+        return load_gguf_config(gguf)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(name)
 
 
 def _is_repo_id(name: str) -> bool:
@@ -130,8 +167,9 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     """A causal LM in fp32 (weights are the master copy; compute runs under autocast).
 
     ``builtin:<size>`` builds a fresh random model for ``tokenizer`` (seeded by ``seed``); a LoRA adapter directory
-    loads as its base with the adapter merged (`lmrl.models.lora`); anything else goes to
-    ``AutoModelForCausalLM.from_pretrained`` (``load_in_4bit``: NF4 weights via bitsandbytes, QLoRA's base).
+    loads as its base with the adapter merged (`lmrl.models.lora`); a GGUF file de-quantized (`lmrl.models.gguf`);
+    anything else goes to ``AutoModelForCausalLM.from_pretrained`` (``load_in_4bit``: NF4 weights via
+    bitsandbytes, QLoRA's base).
     """
     from lmrl.models import lora
 
@@ -153,12 +191,26 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     if model_args:
         raise ValueError("model_args only apply to built-in models; edit the model's config.json instead.")
     check_model_path(name)
+    gguf = gguf_file(name)
+    if gguf is not None:
+        if load_in_4bit:
+            raise ValueError(f"load_in_4bit=true quantizes an HF model folder; '{name}' is a GGUF file, which loads "
+                             "de-quantized. Fix: drop load_in_4bit, or give an HF folder (e.g. the final/ of a run on it).")
+        model = load_gguf_model(gguf)
+    else:
+        model = _from_pretrained(name, load_in_4bit)
+    fit_added_tokens(model, tokenizer)
+    use_fp32_cpu_attention(model)
+    return model
+
+
+def _from_pretrained(name: str, load_in_4bit: bool) -> PreTrainedModel:
     extra = {}
     if load_in_4bit:  # placed on the current GPU by from_pretrained, as TRL's get_kbit_device_map does
         extra = {"quantization_config": four_bit_config(), "dtype": torch.bfloat16,
                  "device_map": {"": torch.cuda.current_device()}}
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, **{"dtype": torch.float32, **extra})
+        return AutoModelForCausalLM.from_pretrained(name, **{"dtype": torch.float32, **extra})
     except OSError as exc:
         first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
         if Path(name).expanduser().exists():
@@ -167,9 +219,6 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
                 "Fix: point at a directory with config.json and weights (for example runs/sft/final)."
             ) from exc
         raise FileNotFoundError(_not_found(name, f"loading it failed ({first})")) from exc
-    fit_added_tokens(model, tokenizer)
-    use_fp32_cpu_attention(model)
-    return model
 
 
 def fit_added_tokens(model: PreTrainedModel, tokenizer) -> None:

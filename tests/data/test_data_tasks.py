@@ -104,6 +104,32 @@ def test_arithmetic_formats_and_options():
         get_task("arithmetic", ops="+^")
 
 
+def test_arithmetic_chat_style_asks_a_question_and_scores_the_last_number():
+    plain, chat = (make_rows(get_task("arithmetic", digits=2, **args), 50, seed=3) for args in ({}, {"style": "chat"}))
+    assert all(r["meta"] == {"expression": r["prompt"][:-1]} for r in plain)  # the default rows are unchanged
+    for row in chat:
+        expression = row["meta"]["expression"]
+        assert row["prompt"] == f"What is {expression}? Answer with the number only."
+        assert row["meta"]["style"] == "chat" and row["completion"] == row["answer"]
+        assert int(row["answer"]) == eval(expression)  # noqa: S307 - digits and +/- only
+    t, meta = get_task("arithmetic"), {"expression": "3+4", "style": "chat"}  # re-scored from the row alone
+    for ok in ["7", "3 + 4 = 7", "The answer is 7.", "3 + 4 = 7.0", "<answer>7</answer>", "Sum: 0,007"]:
+        assert t.score(ok, "7", meta) == 1.0, ok
+    for bad in ["3 + 4 = 8", "seven", "", "7 or 8", "7.5", "3+4"]:
+        assert t.score(bad, "7", meta) == 0.0, bad
+    assert t.score("12-54 = -42", "-42", {"style": "chat"}) == 1.0  # a minus after a digit is no sign
+    assert t.score("3 + 4 = 7", "7", {"expression": "3+4"}) == 0.0  # plain rows still want the number alone
+    with pytest.raises(ValueError, match=r"style must be one of \('plain', 'chat'\)"):
+        get_task("arithmetic", style="prose")
+
+
+def test_eval_verifier_parses_chat_rows_the_chat_way():
+    from lmrl.eval.verify import scorer
+
+    row = {"task": "arithmetic", "answer": "7", "meta": {"expression": "3+4", "style": "chat"}}
+    assert scorer("auto")("3 + 4 = 7.", row) == ("7", 1.0)  # maj@k votes on the parsed "7"
+
+
 def test_countdown_verifier():
     t = get_task("countdown")
     meta = {"numbers": [3, 5, 7], "target": 22}

@@ -61,8 +61,8 @@ class Task:
     """Base of task families: subclasses are dataclasses whose fields are the generation parameters.
 
     Subclasses set `name` and implement `sample`, `parse` and `is_correct`;
-    `completion` defaults to the answer and `score` wraps parse + is_correct so
-    that it never raises.
+    `completion` defaults to the answer and `score` wraps parse_answer (by default
+    parse) + is_correct so that it never raises.
     """
 
     name: ClassVar[str] = ""
@@ -79,6 +79,11 @@ class Task:
         """The normalised answer extracted from a completion, or None if there is none."""
         raise NotImplementedError
 
+    def parse_answer(self, completion: str, meta: dict) -> str | None:
+        """The normalised answer of a completion to the row with `meta` (default: `parse`; a task whose rows ask
+        for different answer formats, like arithmetic's chat style, reads `meta`)."""
+        return self.parse(completion)
+
     def messages(self, example: Example) -> list[dict] | None:
         """A multi-turn SFT trace (e.g. tool use, OpenAI message format) for `example`; None (default): none."""
         return None
@@ -92,10 +97,11 @@ class Task:
         try:
             if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
                 return 0.0
-            parsed = self.parse(completion)
+            meta = dict(meta or {})
+            parsed = self.parse_answer(completion, meta)
             if parsed is None:
                 return 0.0
-            return 1.0 if self.is_correct(parsed, answer, dict(meta or {})) else 0.0
+            return 1.0 if self.is_correct(parsed, answer, meta) else 0.0
         except Exception:  # a verifier must survive any string a policy can emit
             return 0.0
 
