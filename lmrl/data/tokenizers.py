@@ -9,6 +9,7 @@ ChatML template and need no network.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from typing import Iterable
@@ -133,7 +134,26 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return ensure_chat_template(tokenizer)
 
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _saved_class(path: str) -> str | None:
+    """The tokenizer_class a local folder's tokenizer_config.json names (None: no such file or key)."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            return json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _from_pretrained(name_or_path: str, path: str) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer`, except for a folder whose tokenizer was saved as a generic `tokenizers` tokenizer (the
+    built-in ones, or any tokenizer.json without a model-specific class): that loads as saved. AutoTokenizer would
+    take the class of the folder's model type instead (transformers 5 turns a built-in tokenizer saved beside a
+    qwen2 config.json into a Qwen2Tokenizer, which splits text differently)."""
+    if os.path.isdir(path) and _saved_class(path) in GENERIC_TOKENIZER_CLASSES \
+            and os.path.exists(os.path.join(path, "tokenizer.json")):
+        return PreTrainedTokenizerFast.from_pretrained(path)
     try:
         return AutoTokenizer.from_pretrained(path if os.path.exists(path) else name_or_path)
     except (OSError, ValueError) as e:

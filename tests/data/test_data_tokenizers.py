@@ -122,3 +122,18 @@ def test_load_tokenizer_adds_pad_and_chatml(tmp_path):
     assert len(tok) == n_before + 2
     assert len(tok("<|im_start|>", add_special_tokens=False)["input_ids"]) == 1
     assert len(tok("<|im_end|>", add_special_tokens=False)["input_ids"]) == 1
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_a_builtin_tokenizer_saved_beside_any_model_config_reloads_as_saved(tmp_path, model_type):
+    """transformers 5 maps a qwen2 config.json to Qwen2Tokenizer, which splits text otherwise: lmrl loads the
+    tokenizer the folder holds."""
+    from transformers import AutoConfig
+
+    tok = load_tokenizer("builtin:char")
+    AutoConfig.for_model(model_type, vocab_size=len(tok)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    text = "12+34=\n<|im_start|>user hi there<|im_end|>"
+    reloaded = load_tokenizer(str(tmp_path))
+    assert reloaded(text)["input_ids"] == tok(text)["input_ids"]
+    assert reloaded.decode(tok(text)["input_ids"]) == tok.decode(tok(text)["input_ids"])
