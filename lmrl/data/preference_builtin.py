@@ -87,7 +87,8 @@ def _prompts(n: int, split: str, seed: int, **arithmetic: Any) -> list[dict]:
 
 
 def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions: int = 2,
-                    kinds: Sequence[str] = CANDIDATE_KINDS, digits: int = 1, **arithmetic: Any) -> list[dict]:
+                    kinds: Sequence[str] = CANDIDATE_KINDS, digits: int = 1, always_correct: bool = False,
+                    **arithmetic: Any) -> list[dict]:
     """Rows of the built-in preference task: K = `num_completions` completions per arithmetic prompt,
     distinct in gold score, ranked by `gold_score`.
 
@@ -95,7 +96,10 @@ def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions
     rows (prompt, completions in random order, scores). Every row also has answer, meta and task, so
     the same prompts serve `gold_score`, the `task` reward and generation evals. `digits` (default 1:
     learnable by the tiny built-in model in a minute) and `arithmetic` (ops, n_operands) configure the
-    arithmetic task's prompts.
+    arithmetic task's prompts (`style="chat"` asks them as questions for an instruct model). `always_correct`
+    puts the correct answer (the bare integer, the best gold score) among every row's completions: with only
+    wrong kinds (`kinds=("near", "far")`) the chosen completion is then always the correct answer and the rejected
+    a wrong one.
     """
     if num_completions < 2:
         raise ValueError(f"builtin:prefs: num_completions must be >= 2, got {num_completions}.")
@@ -107,6 +111,8 @@ def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions
         answer = int(base["answer"])
         meta = {**base["meta"], "answer": answer}
         texts: dict[str, float] = {}
+        if always_correct:
+            texts[str(answer)] = round(gold_score(base["prompt"], str(answer), meta), 9)
         for _ in range(200):
             text = candidate(rng.choice(list(kinds)), answer, rng)
             score = round(gold_score(base["prompt"], text, meta), 9)

@@ -30,7 +30,8 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
     precompute_ref: bool = field(True, "cache π_ref log-probs once (memory + <output_dir>/reference_logps.pt); "
                                        "false: a frozen reference model recomputes them every step")
     dataset: str = field("builtin:prefs", "builtin:prefs, or a .jsonl/.json/.parquet/.csv file or HF dataset")
-    data_args: dict = field({}, "arguments of the built-in source (digits, num_completions, kinds, seed)")
+    data_args: dict = field({}, "arguments of the built-in source (digits, num_completions, kinds, always_correct, "
+                                "seed, and the arithmetic task's ops, negative, style: chat, ...)")
     split: str = field("train", "dataset split")
     train_rows: int | None = field(2000, "rows generated for the built-in source, or the first N rows (null: all)")
     eval_dataset: str | None = field(None, "held-out data; default: the built-in source's test split, none for files")

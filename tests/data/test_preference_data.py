@@ -114,6 +114,20 @@ def test_prm_rows_labels_follow_the_first_error():
         assert (expected_total == int(r["answer"])) == (not wrong_seen)
 
 
+def test_chat_style_rows_and_always_correct_pairs_the_correct_answer_with_a_wrong_one():
+    chat = prefs.load_preference_rows("builtin:prefs", "train", 40, digits=2, style="chat")
+    assert chat[0]["prompt"].startswith("What is ") and all(r["meta"]["style"] == "chat" for r in chat)
+    for r in chat:  # ranked by the gold score of the answer in meta, the prompt being no expression
+        assert r["chosen_score"] == round(prefs.gold_score(r["prompt"], r["chosen"], r["meta"]), 9) > r["rejected_score"]
+    default = prefs.preference_rows(200, seed=2)
+    assert prefs.preference_rows(200, seed=2, always_correct=False) == default  # default rows unchanged
+    assert any(not re.fullmatch(str(r["answer"]), r["chosen"]) for r in default)  # a ranking, not right vs wrong
+    for r in prefs.preference_rows(200, seed=2, kinds=("near", "far"), always_correct=True):
+        assert r["chosen"] == str(r["answer"]) and int(r["rejected"]) != r["meta"]["answer"]
+    for r in prefs.preference_rows(50, num_completions=4, kinds=("near", "far", "garbage"), always_correct=True):
+        assert str(r["answer"]) in r["completions"] and max(r["scores"]) == 2.0
+
+
 def test_load_preference_rows_builtin_and_files(tmp_path):
     assert len(prefs.load_preference_rows("builtin:prefs", "train", 7)) == 7
     assert len(prefs.load_preference_rows("builtin:orm", "test", 5, digits=1)) == 5
