@@ -29,6 +29,11 @@ def record(arch: str, check: str, **values) -> None:
             f.write(json.dumps({"arch": arch, "check": check, **values}, default=str) + "\n")
 
 
+LABELS = {"test_grpo_runs_with_every_speed_up_used_and_final_loads_in_transformers": "rl grpo, final/ loads",
+          "test_lora_grpo_with_gradient_checkpointing": "rl grpo lora + checkpointing",
+          "test_ppo": "rl ppo", "test_sft": "sft", "test_dpo": "dpo", "test_eval": "eval"}
+
+
 def render(lines: list[dict]) -> str:
     """Markdown: a row per architecture, a column per check, ✓ / ✗ from the tests' outcomes and the largest
     sampler/learner gap each architecture showed."""
@@ -40,7 +45,7 @@ def render(lines: list[dict]) -> str:
         elif "gap" in line:
             gaps[line["arch"]] = max(gaps.get(line["arch"], 0.0), float(line["gap"]))
     checks = list(dict.fromkeys(c for row in outcomes.values() for c in row))
-    out = ["| architecture | " + " | ".join(checks) + " | max fp32 sampler/learner gap |",
+    out = ["| architecture | " + " | ".join(LABELS.get(c, c) for c in checks) + " | max fp32 sampler/learner gap |",
            "|---" * (len(checks) + 2) + "|"]
     for arch, row in outcomes.items():
         cells = [("✓" if all(row[c]) else "✗") if c in row else "" for c in checks]
