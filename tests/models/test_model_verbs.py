@@ -99,22 +99,21 @@ def test_ppo(arch, model_dirs, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_sft(arch, model_dirs, tmp_path):
-    run = tmp_path / "sft"
-    sft.train(load_config(sft.SFTConfig, None, [f"model={model_dirs[arch]}", f"output_dir={run}", "max_steps=2",
-                                                "task_args.digits=1", "train_rows=16", "eval_rows=4", "batch_size=4",
-                                                "logprob_chunk_mb=0.0001", *COMMON]))
-    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
-    assert rows and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows), rows
-    loads_and_generates(run / "final")
+    offline_run(sft.train, sft.SFTConfig, tmp_path / "sft", f"model={model_dirs[arch]}", "task_args.digits=1",
+                "logprob_chunk_mb=0.0001")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_dpo(arch, model_dirs, tmp_path):
-    run = tmp_path / "dpo"
-    preference.train(load_config(preference.DPOConfig, None, [f"model={model_dirs[arch]}", f"output_dir={run}",
-                                                              "max_steps=2", "data_args.digits=1", "train_rows=16",
-                                                              "eval_rows=4", "batch_size=4", *COMMON]))
+    offline_run(preference.train, preference.DPOConfig, tmp_path / "dpo", f"model={model_dirs[arch]}",
+                "data_args.digits=1")
+
+
+def offline_run(train, config_class, run, *overrides) -> None:
+    """Two steps of an offline trainer: finite losses, and a final/ that plain transformers loads and runs."""
+    train(load_config(config_class, None, [f"output_dir={run}", "max_steps=2", "train_rows=16", "eval_rows=4",
+                                           "batch_size=4", *COMMON, *overrides]))
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert rows and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows), rows
     loads_and_generates(run / "final")
