@@ -5,15 +5,28 @@
     python benchmarks/grpo_vs_trl.py --trl-gradient-checkpointing      # TRL's own default (recomputes activations)
     python benchmarks/grpo_vs_trl.py --qwen2-vocab 151936 --prompts 16 --samples 8 --max-new-tokens 256 \
         --trl-micro-batch 8 --lmrl-set gradient_checkpointing=true    # Qwen2 architecture, Qwen2.5's vocabulary size
+    python benchmarks/grpo_vs_trl.py --model path/to/SmolLM2-135M-Instruct.Q4_1.gguf --prompts 8 --samples 4 \
+        --max-new-tokens 64 --trl-gradient-checkpointing --rounds 5   # a real instruct model (`make smollm2`)
+    python benchmarks/grpo_vs_trl.py --gpt2 --hidden 128 --layers 4 --prompts 16 --samples 8 \
+        --trl-gradient-checkpointing --rounds 5                        # a tiny GPT-2 (builtin:bpe tokenizer)
+
+(docs/benchmarks.md, "Real models", has the exact commands with their step counts.)
+
+``--model`` is a built-in model (random init, seed 0), an HF model folder or a GGUF file: the parent loads it with
+lmrl's loader (a GGUF de-quantized to fp32 by ``lmrl.models.gguf``) and its own tokenizer and chat template, and
+saves both as a plain HF folder that the two frameworks load. Prompts follow the model: a folder or GGUF file (an
+instruct model) gets chat questions (``task_args.style=chat``: "What is 12+34? Answer with the number only.",
+scored on the last number of the reply), a built-in model the plain ``12+34=`` (``--task-style`` overrides).
+``--gpt2`` builds a GPT-2 locally (``transformers.GPT2Config``, random init, seed 0; ``--hidden``, ``--layers``,
+heads of 32 dimensions) with the ``builtin:bpe`` tokenizer (1,024 ids, ChatML).
 
 ``--qwen2-vocab V`` builds a Qwen2-architecture model locally (random init, seed 0; ``--hidden``, ``--layers``) whose
 vocabulary has V entries, with the ``builtin:char`` tokenizer extended by added tokens ``<x0>``, ``<x1>``, ... to V
 entries (so every sampled id has text, and the digit reward varies): what costs memory in a big-vocabulary model is
 the LM head and its logits, which this reproduces at a size that runs on a CPU.
 
-The parent process builds the model once (``lmrl.models.load_model(model, char tokenizer, seed=0)``) and saves it
-with the ``builtin:char`` tokenizer to a temporary directory, writes the prompt rows (built-in arithmetic task, train
-split) to a JSONL file, then runs each framework in its own subprocess, one after the other, so that each one's peak
+The parent process builds or loads the model once (``build_model``) and saves it with its tokenizer to a temporary
+directory, writes the prompt rows (built-in arithmetic task, train split) to a JSONL file, then runs each framework in its own subprocess, one after the other, so that each one's peak
 memory is its own. Both load the saved directory in fp32 (master weights) and train with:
 
 - B prompts x G samples per prompt = B*G completions per optimizer step, one optimizer step per generation batch
@@ -35,9 +48,19 @@ right after its optimizer step). A step's time is the wall time between consecut
 everything the framework does per step (generation, rewards, forward/backward, optimizer, its per-step logging).
 Steady state drops the first ``--warmup`` steps: steps/s = (steps - warmup) / (end of last step - end of step
 ``warmup``). Completion tokens/s counts the sampled tokens of those steps (up to and including the stop token).
-Peak memory: the process's peak RSS (``VmHWM``) read at the end of the last training step, and that peak minus the RSS
-just before the model is loaded (after every import); the peak at process exit (``ru_maxrss``) is printed too.
+Peak memory: the process's peak RSS (``VmHWM``; for lmrl the largest of its phase peaks, below) at the end of the last
+training step, and that peak minus the RSS just before the model is loaded (after every import); the peak at process
+exit (final save included) is printed too.
 Generation time per step: lmrl's ``time/rollout_s``; TRL's ``_generate_single_turn`` (wrapped with a timer).
+``--rounds N`` alternates the frameworks N times and reports, for each, the round of median steps/s, and the median
+of the per-round lmrl/TRL ratios; the run ends with one markdown row per framework to paste.
+
+The lmrl child also prints a model of its peak memory (``MemoryModel``): each phase's own peak RSS (the kernel's
+``VmHWM``, reset through ``/proc/self/clear_refs`` at each phase boundary), next to what each part of the step holds,
+in MiB: fp32 weights, gradients, AdamW's two moments, the sampler's recorded layer outputs, the rollout's KV cache,
+the autocast cache of bf16 weight copies, the tensors the training forward saves for the backward (unique storages,
+from ``torch.autograd.graph.saved_tensors_hooks``), the LM-head logits, the free memory glibc's malloc holds, and the
+RSS before loading; their sums against the measured peaks; and the fresh pages (minor faults) of each phase.
 
 This is a benchmark, not a test: results depend on the machine and its load (the load average is printed).
 """
@@ -45,6 +68,8 @@ This is a benchmark, not a test: results depend on the machine and its load (the
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import platform
@@ -91,25 +116,32 @@ def digit_share(completion: str) -> float:
 
 
 class DtypeProbe:
-    """Records the output dtype of the first nn.Linear call with grad off (generation) and on (training).
-
-    A global module forward hook that removes itself once both phases are seen, so it costs only the first step.
+    """The most common output dtype of the first ``CALLS`` linear-layer calls (nn.Linear, GPT-2's Conv1D) with grad
+    off (generation) and on (training): the compute dtype, whatever a few fp32 calls (a start-up check of the LM head)
+    say. A global module forward hook that removes itself once both phases are counted, so it costs the first step.
     """
+
+    CALLS = 500
 
     def __init__(self) -> None:
         import torch
 
-        self.seen: dict[str, str] = {}
+        self.counts: dict[str, collections.Counter] = {"generate": collections.Counter(), "train": collections.Counter()}
         self._torch = torch
         self._handle = torch.nn.modules.module.register_module_forward_hook(self)
 
     def __call__(self, module, inputs, output) -> None:
         torch = self._torch
-        if isinstance(module, torch.nn.Linear) and isinstance(output, torch.Tensor):
-            phase = "train" if torch.is_grad_enabled() else "generate"
-            self.seen.setdefault(phase, str(output.dtype).removeprefix("torch."))
-            if len(self.seen) == 2:
+        if (isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D") and isinstance(output, torch.Tensor):
+            counts = self.counts["train" if torch.is_grad_enabled() else "generate"]
+            if sum(counts.values()) < self.CALLS:
+                counts[str(output.dtype).removeprefix("torch.")] += 1
+            elif all(sum(c.values()) >= self.CALLS for c in self.counts.values()):
                 self._handle.remove()
+
+    @property
+    def seen(self) -> dict[str, str]:
+        return {phase: c.most_common(1)[0][0] for phase, c in self.counts.items() if c}
 
 
 def steady_state(step_ends: list[float], tokens: list[float], warmup: int) -> dict[str, float]:
@@ -124,49 +156,296 @@ def steady_state(step_ends: list[float], tokens: list[float], warmup: int) -> di
     return {"steps_per_s": steps / seconds, "s_per_step": seconds / steps, "tokens_per_s": sum(tokens[warmup:]) / seconds}
 
 
+# ----------------------------------------------------------------------------- lmrl's memory model
+
+MIB = 2**20
+
+
+def storage_mib(tensors) -> float:
+    """MiB of the distinct storages under ``tensors`` (views of one buffer count once)."""
+    sizes = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        sizes[storage.data_ptr()] = storage.nbytes()
+    return sum(sizes.values()) / MIB
+
+
+def reset_peak() -> bool:
+    """Reset the kernel's peak RSS (VmHWM) to the current RSS (Linux: ``5`` into /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def malloc_free_mib() -> float:
+    """MiB that glibc's malloc holds free in its heap (``mallinfo2().fordblks``): resident once touched, but no
+    tensor's; 0 where malloc is not glibc >= 2.33."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return 0.0
+    mallinfo2.restype = Info
+    return mallinfo2().fordblks / MIB
+
+
+PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak of `MemoryModel`
+    "rollout (step 1)": ("RSS before", "weights", "KV cache", "autocast", "recorded layer outputs (after"),
+    "backward": ("RSS before", "weights", "AdamW", "gradients", "saved for backward: activations",
+                 "saved for backward: bf16", "LM head", "recorded layer outputs, still", "malloc free"),
+}
+
+
+class MemoryModel:
+    """lmrl's peak RSS by phase of a step, next to the size of each part the step holds (MiB, largest over steps).
+
+    Read-only wrappers mark the phases: ``rollout`` (sampling), ``score`` (rewards, advantages), ``forward`` (the
+    training forward, under ``saved_tensors_hooks``), ``backward`` (loss and backward), ``optimizer`` (clip, AdamW),
+    ``log`` (the step's metrics), ``after step`` (the training loop's own work; after the last step: the final save);
+    ``load`` is everything before the first rollout. A phase's peak is VmHWM at its end, reset at its start,
+    so the process's peak is the largest phase peak. Parts: fp32 weights and gradients (4 bytes per parameter each),
+    AdamW (exp_avg and exp_avg_sq: 8 bytes per parameter), the sampler's recorded layer outputs
+    (``RolloutBatch.linear_outputs``; what of it the training forward leaves is held through the backward), the KV
+    cache (after repeating the prompts' cache to the B*G rows), the autocast cache (a bf16 copy of every linear
+    layer's weight, kept while sampling: 2 bytes per parameter), the training forward's saved tensors by kind
+    (activations; bf16 weight copies; fp32 weights, already counted), the LM head's fp32 logits when the chunked head
+    runs (``logprob_chunk_mb``; otherwise they are among the saved tensors), and the memory glibc's malloc holds free
+    (resident, reusable, but no tensor's) when the training forward ends.
+
+    Two sums model the two peaks: the first rollout's (before any gradient or AdamW state exists) and the training
+    step's, at the start of the backward (everything the forward saved, plus the gradients, which the backward
+    allocates while it frees the activations: an upper bound).
+    """
+
+    def __init__(self, model_dtype: str):
+        import torch
+
+        from lmrl.rollout import hf
+        from lmrl.trainers import common, online
+
+        self.bf16 = model_dtype == "bf16"
+        self.peaks: dict[str, float] = {}
+        self.parts: dict[str, float] = {}
+        self.phase, self.rollouts = "load", 0
+        self.faults: dict[str, int] = {}  # minor page faults by phase, all steps
+        self.step_peaks: list[float] = []  # the largest phase peak of each step
+        self.last_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.resets = reset_peak()
+        rollout, logprobs, step, repeat = online.rollout, online.completion_logprobs, common.optimizer_step, hf._repeat_cache
+
+        def timed_rollout(*a, **kw):
+            self.mark("rollout")
+            self.step_peaks.append(0.0)
+            self.rollouts += 1
+            batch = rollout(*a, **kw)
+            self.mark("score")
+            self.record("recorded layer outputs (after sampling)", record_mib(batch.linear_outputs))
+            return batch
+
+        def measured_logprobs(model, input_ids, attention_mask, completion_start, *a, **kw):
+            if not torch.is_grad_enabled():
+                return logprobs(model, input_ids, attention_mask, completion_start, *a, **kw)
+            self.see(model, kw["chunk_mb"], input_ids.shape[0] * (input_ids.shape[1] - completion_start))
+            self.mark("forward")
+            with saved_tensor_sizes(model) as saved:
+                out = logprobs(model, input_ids, attention_mask, completion_start, *a, **kw)
+            for kind, mib in saved.items():
+                self.record(f"saved for backward: {kind}", mib)
+            self.record("recorded layer outputs, still held in the backward", record_mib(kw.get("linear_outputs")))
+            self.record("malloc free memory at the end of the forward", malloc_free_mib())
+            self.mark("backward")
+            return out
+
+        def measured_step(params, optimizer, *a, **kw):
+            params = list(params)
+            self.record("gradients (fp32)", storage_mib([p.grad for p in params if p.grad is not None]))
+            self.mark("optimizer")
+            norm = step(params, optimizer, *a, **kw)
+            self.mark("log")
+            self.record("AdamW exp_avg + exp_avg_sq (fp32)", storage_mib(
+                [t for state in optimizer.state.values() for k, t in state.items() if k in ("exp_avg", "exp_avg_sq")]))
+            return norm
+
+        def measured_repeat(cache, n):
+            cache = repeat(cache, n)
+            layers = getattr(cache, "layers", [])
+            self.record("KV cache (rollout)", storage_mib(
+                [getattr(layer, name) for layer in layers for name in ("_kbuf", "_vbuf") if hasattr(layer, name)]
+                or [t for layer in layers for t in (layer.keys, layer.values)]))
+            return cache
+
+        online.rollout, online.completion_logprobs, common.optimizer_step = timed_rollout, measured_logprobs, measured_step
+        hf._repeat_cache = measured_repeat
+
+    def mark(self, next_phase: str) -> None:
+        """End the current phase (its peak: VmHWM since its start) and start ``next_phase`` with a fresh peak."""
+        phases = [self.phase] + (["rollout (step 1)"] if self.phase == "rollout" and self.rollouts == 1 else [])
+        for phase in phases:
+            self.peaks[phase] = max(self.peaks.get(phase, 0.0), peak_rss_mb())
+        if self.step_peaks and self.phase != "after step":  # a step: from its rollout to the end of rl_step
+            self.step_peaks[-1] = max(self.step_peaks[-1], peak_rss_mb())
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.faults[self.phase] = self.faults.get(self.phase, 0) + faults - self.last_faults
+        self.last_faults = faults
+        reset_peak()
+        self.phase = next_phase
+
+    def record(self, part: str, mib: float) -> None:
+        self.parts[part] = max(self.parts.get(part, 0.0), mib)
+
+    def see(self, model, chunk_mb: float, positions: int) -> None:
+        """The policy's parameter sizes, and the LM head's logits if the chunked head runs for ``positions``."""
+        from lmrl.models.head import chunked_head
+        from lmrl.models.replay import is_linear
+
+        self.record("weights (fp32)", storage_mib(model.parameters()))
+        if self.bf16:  # autocast's cache while sampling: one bf16 copy of every linear layer's weight
+            linear = {id(m.weight): m.weight for m in model.modules() if is_linear(m)}
+            self.record("autocast bf16 weight copies (sampling)", sum(w.numel() for w in linear.values()) * 2 / MIB)
+        if chunked_head(model, positions, chunk_mb) is not None:
+            self.record("LM head logits chunk (logprob_chunk_mb)", chunk_mb)
+
+    def table(self, baseline: float) -> list[str]:
+        """The parts, the sums that model the first rollout's and the training step's peaks, and the peaks."""
+        parts = {"RSS before loading (python, torch, imports)": baseline, **self.parts}
+        lines = [f"  {name:52s} {mib:9.0f}" for name, mib in parts.items()]
+        for phase, names in PEAK_MODELS.items():
+            total = sum(mib for part, mib in parts.items() if part.startswith(names))
+            measured = self.peaks.get(phase, float("nan"))
+            lines.append(f"  {'model of the ' + phase + ' peak (sum)':52s} {total:9.0f}   measured {measured:6.0f} "
+                         f"({(total - measured) / measured:+.0%})")
+        lines.append("  phase peaks: " + ", ".join(f"{k} {v:.0f}" for k, v in self.peaks.items()))
+        lines.append("  peak of each step: " + ", ".join(f"{v:.0f}" for v in self.step_peaks))
+        steps = max(1, self.rollouts)
+        lines.append("  minor page faults per step (fresh 4 KiB pages, MiB): " + ", ".join(
+            f"{k} {v * 4 / 1024 / steps:.0f}" for k, v in self.faults.items() if k not in ("load", "after step")))
+        return lines
+
+
+def record_mib(record) -> float:
+    """MiB of a `LinearOutputs` record's tensors (0 for None)."""
+    return 0.0 if record is None else storage_mib([*record.prefill.values(), *record.decode.values()])
+
+
+@contextlib.contextmanager
+def saved_tensor_sizes(model):
+    """Yields a dict filled at the block's end: MiB of the distinct storages autograd saved for the backward inside
+    the block, by kind: the model's parameters, bf16 copies of its weights (a bf16 storage of a weight's shape), and
+    activations (the rest)."""
+    import torch
+
+    params = list(model.parameters())
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    weight_shapes = {s for p in params if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
+    storages: dict[int, tuple[str, int]] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() in param_ptrs:
+            kind = "fp32 weights (counted above)"
+        elif t.dtype == torch.bfloat16 and tuple(t.shape) in weight_shapes:
+            kind = "bf16 weight copies"
+        else:
+            kind = "activations"
+        storages.setdefault(storage.data_ptr(), (kind, storage.nbytes()))
+        return t
+
+    sizes: dict[str, float] = {}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield sizes
+    for kind, nbytes in storages.values():
+        sizes[kind] = sizes.get(kind, 0.0) + nbytes / MIB
+
+
 # ----------------------------------------------------------------------------- setup (parent)
 
 
-def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """Save the shared model + tokenizer and the prompt rows; check both frameworks' prompts tokenize the same."""
-    from lmrl.data.chat import render_prompt
-    from lmrl.data.tasks import get_task, make_rows
-    from lmrl.data.tokenizers import build_char_tokenizer, load_tokenizer
-    from lmrl.models import count_parameters, is_builtin, load_model
-    from transformers.utils import logging as hf_logging
+def build_model(args: argparse.Namespace):
+    """The model (fp32) and tokenizer both frameworks train: built here (``--qwen2-vocab``, ``--gpt2``, a built-in
+    model), or loaded with lmrl's loader (an HF folder, or a GGUF file de-quantized by ``lmrl.models.gguf``)."""
+    import torch
 
-    hf_logging.disable_progress_bar()
-    model_dir = workdir / "model"
+    from lmrl.data.tokenizers import build_char_tokenizer, load_tokenizer
+    from lmrl.models import is_builtin, load_model
+
     if args.qwen2_vocab:
-        import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
         tokenizer = build_char_tokenizer()  # + added tokens <x0>, <x1>, ... up to the vocabulary size
         tokenizer.add_tokens([f"<x{i}>" for i in range(args.qwen2_vocab - len(tokenizer))])
         torch.manual_seed(0)
-        model = Qwen2ForCausalLM(Qwen2Config(
+        return Qwen2ForCausalLM(Qwen2Config(
             vocab_size=args.qwen2_vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
             num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=1,
             tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id, max_position_embeddings=4096))
-    elif is_builtin(args.model):
+            bos_token_id=tokenizer.bos_token_id, max_position_embeddings=4096)), tokenizer
+    if args.gpt2:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        tokenizer = load_tokenizer("builtin:bpe")
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config(
+            vocab_size=len(tokenizer), n_embd=args.hidden, n_layer=args.layers, n_head=max(1, args.hidden // 32),
+            n_positions=1024, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.eos_token_id)), tokenizer
+    if is_builtin(args.model):
         tokenizer = build_char_tokenizer()
-        model = load_model(args.model, tokenizer, seed=0)
-    else:  # an existing checkpoint (e.g. an SFT run's final/), so that rewards are not all zero
-        tokenizer = load_tokenizer(args.model)
-        model = load_model(args.model, tokenizer)
+        return load_model(args.model, tokenizer, seed=0), tokenizer
+    tokenizer = load_tokenizer(args.model)  # an HF folder or GGUF file: its own tokenizer and chat template
+    return load_model(args.model, tokenizer), tokenizer
+
+
+def task_style(args: argparse.Namespace) -> str:
+    """--task-style auto: chat questions for a model folder or GGUF file (an instruct model), plain otherwise."""
+    if args.task_style != "auto":
+        return args.task_style
+    from lmrl.models import is_builtin
+
+    return "plain" if args.qwen2_vocab or args.gpt2 or is_builtin(args.model) else "chat"
+
+
+def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Save the shared model + tokenizer (a plain HF folder) and the prompt rows; check both frameworks' prompts
+    tokenize the same."""
+    from lmrl.data.chat import render_prompt
+    from lmrl.data.tasks import get_task, make_rows
+    from lmrl.models import count_parameters
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader's own progress bars
+    model_dir = workdir / "model"
+    model, tokenizer = build_model(args)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    rows = make_rows(get_task("arithmetic"), args.prompts * args.steps, split="train", seed=0)
+    style = task_style(args)
+    rows = make_rows(get_task("arithmetic", style=style), args.prompts * args.steps, split="train", seed=0)
     rows_path = workdir / "prompts.jsonl"
     rows_path.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "answer", "task", "meta")}) + "\n" for r in rows))
+    prompt_tokens = []
     for row in rows[:4]:
         ours = tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
         theirs = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
                                                tokenize=True, return_dict=True)["input_ids"]
         if list(ours) != list(theirs):
             raise RuntimeError(f"prompt token ids differ between lmrl and the chat template: {ours} vs {theirs}")
-    return {"model_dir": str(model_dir), "rows": str(rows_path), "params_m": count_parameters(model) / 1e6}
+        prompt_tokens.append(len(ours))
+    return {"model_dir": str(model_dir), "rows": str(rows_path), "params_m": count_parameters(model) / 1e6,
+            "name": model_name(args, model), "style": style, "prompt_tokens": prompt_tokens}
+
+
+def model_name(args: argparse.Namespace, model) -> str:
+    if args.qwen2_vocab:
+        return f"Qwen2 vocab {args.qwen2_vocab} hidden {args.hidden} x{args.layers}"
+    if args.gpt2:
+        return f"GPT-2 n_embd {args.hidden} x{args.layers} layers, vocab {model.config.vocab_size} (builtin:bpe)"
+    return Path(args.model).name if Path(args.model).exists() else args.model
 
 
 # ----------------------------------------------------------------------------- children
@@ -201,17 +480,21 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
     original_step = online.rl_step
+    memory = MemoryModel(args.precision)
 
     def timed_step(*a, **kw):  # read-only wrapper: the step's end time and peak RSS so far
         metrics = original_step(*a, **kw)
         step_ends.append(time.perf_counter())
-        peak_at_last_step[:] = [peak_rss_mb()]
+        memory.mark("after step")  # then the loop's own work: logging, checkpoints, and at the end the final save
+        peak_at_last_step[:] = [max(memory.peaks.values())]
         return metrics
 
     online.rl_step = timed_step
     probe = DtypeProbe()
     baseline = rss_mb()
     online.train(config)
+    memory.mark("exit")
+    print("lmrl memory model (MiB):", *memory.table(baseline), sep="\n", flush=True)
     records = [r for r in read_jsonl(out / "metrics.jsonl") if "reward/mean" in r]
     n = args.prompts * args.samples
     return {
@@ -221,8 +504,9 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "rewards": [r["reward/mean"] for r in records],
         "losses": [r["loss"] for r in records],
         "skipped_rows": sum(r.get("train/skipped_rows_frac", 0.0) for r in records) / len(records),
-        "baseline_mb": baseline, "peak_mb": peak_at_last_step[0], "exit_peak_mb": peak_rss_mb(),
-        "dtypes": probe.seen, "threads": torch.get_num_threads(),
+        "baseline_mb": baseline, "peak_mb": peak_at_last_step[0], "exit_peak_mb": max(memory.peaks.values()),
+        "dtypes": probe.seen, "threads": torch.get_num_threads(), "memory_model": memory.table(baseline),
+        "resets_peak": memory.resets,
     }
 
 
@@ -341,14 +625,7 @@ def machine() -> str:
 
 
 def run_child(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", name, "--workdir", str(workdir), "--model", args.model,
-           "--prompts", str(args.prompts), "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--precision", args.precision,
-           "--threads", str(args.threads), "--reward", args.reward, "--qwen2-vocab", str(args.qwen2_vocab),
-           "--hidden", str(args.hidden), "--layers", str(args.layers), "--trl-micro-batch", str(args.trl_micro_batch)]
-    cmd += [f"--lmrl-set={kv}" for kv in args.lmrl_set]
-    if args.trl_gradient_checkpointing:
-        cmd.append("--trl-gradient-checkpointing")
+    cmd = [sys.executable, __file__, *args.argv, "--child", name, "--workdir", str(workdir)]  # the parent's options
     log = workdir / f"{name}.log"
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
@@ -363,29 +640,46 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
     return result
 
 
-def report(results: dict[str, dict], args: argparse.Namespace, info: dict) -> None:
+def median_round(rounds: list[dict]) -> dict:
+    """The round of median steps/s (the lower middle one of an even number; the first when unmeasured)."""
+    if any(r["steps_per_s"] != r["steps_per_s"] for r in rounds):  # NaN: a memory-only run
+        return rounds[0]
+    return sorted(rounds, key=lambda r: r["steps_per_s"])[(len(rounds) - 1) // 2]
+
+
+def framework_label(name: str, args: argparse.Namespace) -> str:
+    if name == "lmrl":
+        return "lmrl"
+    from importlib.metadata import version
+
+    return f"TRL {version('trl')}" + (" (grad. ckpt)" if args.trl_gradient_checkpointing else "")
+
+
+def report(rounds: dict[str, list[dict]], args: argparse.Namespace, info: dict) -> None:
+    """The table of each framework's median round, lmrl's memory model, and markdown rows to paste."""
+    results = {name: median_round(rs) for name, rs in rounds.items()}
     print(f"\nmachine: {machine()}; torch threads {next(iter(results.values()))['threads']}")
-    name = f"Qwen2 vocab {args.qwen2_vocab} hidden {args.hidden} x{args.layers}" if args.qwen2_vocab else args.model
     print(f"lmrl overrides: {' '.join(args.lmrl_set) or 'none'}; TRL micro-batch {args.trl_micro_batch or 'B*G'}")
-    print(f"model {name} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
-          f"{args.max_new_tokens} new tokens, {args.steps} steps ({args.warmup} warm-up), {args.precision}, "
-          f"reward {args.reward}, fastest of {args.rounds} round(s)"
+    print(f"model {info['name']} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
+          f"{args.max_new_tokens} new tokens, {info['style']} prompts of {min(info['prompt_tokens'])}-"
+          f"{max(info['prompt_tokens'])} tokens, {args.steps} steps ({args.warmup} warm-up), {args.precision}, "
+          f"reward {args.reward}, median of {args.rounds} round(s)"
           + (", TRL gradient checkpointing on" if args.trl_gradient_checkpointing else ""))
-    head = f"{'framework':10s} {'steps/s':>8s} {'s/step':>7s} {'gen s/step':>10s} {'tok/s':>7s} " \
+    head = f"{'framework':10s} {'steps/s':>8s} {'s/step':>7s} {'gen s/step':>10s} {'tok/s':>7s} {'len':>5s} " \
            f"{'peak RSS MB':>11s} {'peak-base MB':>12s} {'exit MB':>8s} {'reward':>7s} {'loss':>9s}  dtypes (gen/train), load"
     print(head)
     print("-" * len(head))
     for name, r in results.items():
-        gen = sum(r["generate_s"][args.warmup:]) / max(1, len(r["generate_s"][args.warmup:]))
         dtypes = f"{r['dtypes'].get('generate', '?')}/{r['dtypes'].get('train', '?')}"
-        print(f"{name:10s} {r['steps_per_s']:8.3f} {r['s_per_step']:7.2f} {gen:10.2f} {r['tokens_per_s']:7.0f} "
-              f"{r['peak_mb']:11.0f} {r['peak_mb'] - r['baseline_mb']:12.0f} {r['exit_peak_mb']:8.0f} "
+        print(f"{name:10s} {r['steps_per_s']:8.3f} {r['s_per_step']:7.2f} {generate_s(r, args):10.2f} "
+              f"{r['tokens_per_s']:7.0f} {completion_len(r, args):5.1f} {r['peak_mb']:11.0f} "
+              f"{r['peak_mb'] - r['baseline_mb']:12.0f} {r['exit_peak_mb']:8.0f} "
               f"{sum(r['rewards']) / len(r['rewards']):7.3f} {sum(r['losses']) / len(r['losses']):9.2e}  "
               f"{dtypes}, {r['load'][0]:.1f}->{r['load'][1]:.1f}")
     if {"lmrl", "trl"} <= set(results):
         a, b = results["lmrl"], results["trl"]
         print(f"{'lmrl/TRL':10s} {a['steps_per_s'] / b['steps_per_s']:7.2f}x {'':7s} {'':10s} "
-              f"{a['tokens_per_s'] / b['tokens_per_s']:6.2f}x {a['peak_mb'] / b['peak_mb']:10.2f}x "
+              f"{a['tokens_per_s'] / b['tokens_per_s']:6.2f}x {'':5s} {a['peak_mb'] / b['peak_mb']:10.2f}x "
               f"{(a['peak_mb'] - a['baseline_mb']) / (b['peak_mb'] - b['baseline_mb']):11.2f}x "
               f"{a['exit_peak_mb'] / b['exit_peak_mb']:7.2f}x")
     for name, r in results.items():
@@ -394,11 +688,62 @@ def report(results: dict[str, dict], args: argparse.Namespace, info: dict) -> No
         if "skipped_rows" in r:  # zero-advantage rows lmrl did not forward (their gradient is exactly 0)
             extra += f", rows skipped as zero-advantage {100 * r['skipped_rows']:.0f}%"
         print(f"{name}: {len(r['step_ends'])} steps, losses finite: {finite}{extra}, child wall time {r['wall_s']:.0f} s")
+    if "lmrl" in results:
+        print(f"lmrl memory model, median round (MiB; peak RSS resets per phase: {results['lmrl']['resets_peak']}):")
+        print(*results["lmrl"]["memory_model"], sep="\n")
+    report_rounds(rounds)
+    print("\nsummary (markdown):")
+    print("| framework | steps/s | s/step | gen s/step | completion tok/s | mean len | peak RSS MiB | peak − base MiB | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        peaks = [x["peak_mb"] for x in rounds[name]]
+        print(f"| {framework_label(name, args)} | {r['steps_per_s']:.3f} | {r['s_per_step']:.2f} | "
+              f"{generate_s(r, args):.2f} | {r['tokens_per_s']:.0f} | {completion_len(r, args):.1f} | "
+              f"{r['peak_mb']:,.0f} ({min(peaks):,.0f}-{max(peaks):,.0f}) | {r['peak_mb'] - r['baseline_mb']:,.0f} | "
+              f"{r['load'][0]:.1f} |")
+    if {"lmrl", "trl"} <= set(results):
+        a, b = results["lmrl"], results["trl"]
+        print(f"| **lmrl/TRL** | **{median_ratio(rounds):.2f}x** | | | | | **{a['peak_mb'] / b['peak_mb']:.2f}x** | "
+              f"{(a['peak_mb'] - a['baseline_mb']) / (b['peak_mb'] - b['baseline_mb']):.2f}x | |")
+
+
+def generate_s(r: dict, args: argparse.Namespace) -> float:
+    """Mean generation seconds of the steady steps."""
+    steady = r["generate_s"][args.warmup:]
+    return sum(steady) / max(1, len(steady))
+
+
+def completion_len(r: dict, args: argparse.Namespace) -> float:
+    """Mean completion tokens per row over all steps."""
+    return sum(r["tokens"]) / max(1, len(r["tokens"])) / (args.prompts * args.samples)
+
+
+def median_ratio(rounds: dict[str, list[dict]]) -> float:
+    """Median over rounds of lmrl/TRL steps/s, each round's two runs adjacent in time."""
+    return statistics.median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(rounds["lmrl"], rounds["trl"]))
+
+
+def report_rounds(rounds: dict[str, list[dict]]) -> None:
+    """lmrl/TRL steps/s of each round (the two runs closest in time, so the least affected by the machine's drift)
+    and their median, when there are several rounds of both."""
+    if min(len(rounds.get("lmrl", [])), len(rounds.get("trl", []))) < 2:
+        return
+    ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(rounds["lmrl"], rounds["trl"])]
+    print(f"lmrl/TRL steps/s per round (same round = adjacent runs): {', '.join(f'{r:.2f}x' for r in ratios)}; "
+          f"median {statistics.median(ratios):.2f}x")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin:medium", help="built-in model (random init, seed 0) or a checkpoint dir")
+    parser.add_argument("--model", default="builtin:medium",
+                        help="built-in model (random init, seed 0), an HF model folder or a .gguf file (de-quantized "
+                             "to fp32 by lmrl's loader, saved once as an HF folder that both frameworks load)")
+    parser.add_argument("--gpt2", action="store_true",
+                        help="build a GPT-2 instead (random init, seed 0; --hidden, --layers, heads of 32) with the "
+                             "builtin:bpe tokenizer")
+    parser.add_argument("--task-style", choices=("auto", "plain", "chat"), default="auto",
+                        help="arithmetic prompts: plain '12+34=', or chat 'What is 12+34? Answer with the number "
+                             "only.'; auto: chat for a model folder or GGUF file, plain otherwise")
     parser.add_argument("--prompts", type=int, default=8, help="distinct prompts per step (B)")
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (G); a step trains on B*G")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap")
@@ -411,13 +756,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "frameworks train on every row); task: the arithmetic verifier (0 for a random model)")
     parser.add_argument("--frameworks", default="lmrl,trl", help="comma-separated, run in this order")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="run the frameworks this many times, alternating; report each one's fastest round")
+                        help="run the frameworks this many times, alternating; report each one's median round")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in each run (0: torch's default)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="TRL's default; off by default so that both do the same forward/backward work")
     parser.add_argument("--qwen2-vocab", type=int, default=0, help="build a Qwen2-architecture model with this vocabulary")
-    parser.add_argument("--hidden", type=int, default=128, help="--qwen2-vocab: hidden size")
-    parser.add_argument("--layers", type=int, default=2, help="--qwen2-vocab: decoder layers")
+    parser.add_argument("--hidden", type=int, default=128, help="--qwen2-vocab, --gpt2: hidden size")
+    parser.add_argument("--layers", type=int, default=2, help="--qwen2-vocab, --gpt2: decoder layers")
     parser.add_argument("--trl-micro-batch", type=int, default=0,
                         help="TRL per_device_train_batch_size (with gradient accumulation to B*G; 0: B*G at once)")
     parser.add_argument("--lmrl-set", action="append", default=[], metavar="KEY=VALUE",
@@ -425,6 +770,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", help="keep the model, prompts, logs and run dirs here (default: a temp dir)")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.qwen2_vocab and args.gpt2:
+        parser.error("--qwen2-vocab and --gpt2 each build a model: give one.")
     if not (args.warmup == 0 or 1 <= args.warmup < args.steps):
         parser.error(f"--warmup must be at least 1 and less than --steps ({args.steps}), or 0 for peak memory only; "
                      f"got {args.warmup}. Steady state is measured from the end of the last warm-up step.")
@@ -447,29 +795,14 @@ def main(argv: list[str] | None = None) -> None:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         info = prepare(args, workdir)
-        results: dict[str, dict] = {}
-        per_round: dict[str, list[float]] = {}
+        rounds: dict[str, list[dict]] = {}
         for round_ in range(1, args.rounds + 1):
             for name in args.frameworks.split(","):
                 result = run_child(name, args, workdir)
                 print(f"round {round_} {name}: {result['steps_per_s']:.3f} steps/s, peak {result['peak_mb']:.0f} MB, "
                       f"load {result['load'][0]:.1f}", flush=True)
-                per_round.setdefault(name, []).append(result["steps_per_s"])
-                if name not in results or result["steps_per_s"] > results[name]["steps_per_s"]:
-                    results[name] = result
-        report(results, args, info)
-        report_rounds(per_round)
-
-
-def report_rounds(per_round: dict[str, list[float]]) -> None:
-    """lmrl/TRL steps/s of each round (the two runs closest in time, so the least affected by the machine's drift)
-    and their median, when there are several rounds of both."""
-    lmrl, trl = per_round.get("lmrl", []), per_round.get("trl", [])
-    if min(len(lmrl), len(trl)) < 2:
-        return
-    ratios = sorted(a / b for a, b in zip(lmrl, trl))
-    print(f"lmrl/TRL steps/s per round (same round = adjacent runs): {', '.join(f'{r:.2f}x' for r in ratios)}; "
-          f"median {statistics.median(ratios):.2f}x")
+                rounds.setdefault(name, []).append(result)
+        report(rounds, args, info)
 
 
 if __name__ == "__main__":

@@ -143,16 +143,40 @@ def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else weight.dtype
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """z = h W^T / T in fp32 (m, V); hidden and weight already in the compute dtype."""
-    z = (hidden @ weight.T).float()
-    return z.div_(temperature) if temperature != 1.0 else z
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, out: torch.Tensor,
+            low: torch.Tensor | None) -> torch.Tensor:
+    """z = h W^T / T in fp32 (m, V), written into ``out``; hidden and weight already in the compute dtype, whose
+    matmul result goes through ``low`` (m, V) first when that dtype is not fp32."""
+    if low is None:
+        torch.mm(hidden, weight.T, out=out)
+    else:
+        out.copy_(torch.mm(hidden, weight.T, out=low))
+    return out.div_(temperature) if temperature != 1.0 else out
+
+
+class _ChunkBuffers:
+    """The (rows, V) buffers one call of `FusedHeadLogprobs` reuses for every chunk: fp32 logits, one fp32
+    temporary and the compute-dtype matmul output (and, for dW, one (V, H) product). Fresh tensors per chunk would
+    each be a new allocation, and above glibc's mmap threshold (32 MiB) a new mapping whose pages fault in again:
+    a 49,152-token vocabulary at 341 rows is 64 MiB of fp32 logits per chunk."""
+
+    def __init__(self, rows: int, weight: torch.Tensor, dtype: torch.dtype, with_part: bool = False):
+        vocab, device = weight.shape[0], weight.device
+        self.z = torch.empty(rows, vocab, device=device)
+        self.tmp = torch.empty(rows, vocab, device=device)
+        self.low = None if dtype == torch.float32 else torch.empty(rows, vocab, dtype=dtype, device=device)
+        self.part = torch.empty(weight.shape, dtype=dtype, device=device) if with_part and self.low is not None else None
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+        m = hidden.shape[0]
+        return _logits(hidden, weight, temperature, self.z[:m], None if self.low is None else self.low[:m])
 
 
 class FusedHeadLogprobs(torch.autograd.Function):
     """logp_i = z_i[y_i] - logsumexp(z_i) and (no gradient) H_i = logsumexp(z_i) - sum_v p_iv z_iv, z_i = h_i W^T / T,
     over row chunks of ``rows``; the backward recomputes each chunk's z and applies d logp_i / d z_i = (onehot(y_i)
-    - p_i) / T, then dh = dz W and dW = sum over chunks of dz^T h (fp32). Only h, W, y and logsumexp are saved."""
+    - p_i) / T, then dh = dz W and dW = sum over chunks of dz^T h (fp32). Only h, W, y and logsumexp are saved; the
+    chunks reuse one set of buffers per call (`_ChunkBuffers`)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, rows: int, with_entropy: bool):
@@ -161,21 +185,18 @@ class FusedHeadLogprobs(torch.autograd.Function):
         n = hidden.shape[0]
         logp, lse = torch.empty(n, device=hidden.device), torch.empty(n, device=hidden.device)  # (M,) fp32
         entropy = torch.zeros(n, device=hidden.device)  # (M,)
+        buffers = _ChunkBuffers(min(rows, n), weight, dtype)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, rows):
                 at = slice(start, start + rows)
-                z = _logits(h_all[at], w, temperature)  # (m, V)
+                z = buffers.logits(h_all[at], w, temperature)  # (m, V)
+                top = z.amax(dim=-1, keepdim=True)  # (m, 1)
+                e = torch.sub(z, top, out=buffers.tmp[: len(z)]).exp_()  # (m, V) = exp(z - max)
+                total = e.sum(dim=-1)  # (m,)
+                lse[at] = top.squeeze(-1) + total.log()
                 if with_entropy:
-                    top = z.amax(dim=-1, keepdim=True)  # (m, 1)
-                    e = torch.sub(z, top).exp_()  # (m, V) = exp(z - max)
-                    total = e.sum(dim=-1)  # (m,)
-                    lse[at] = top.squeeze(-1) + total.log()
                     entropy[at] = lse[at] - e.mul_(z).sum(dim=-1) / total  # sum_v p_v z_v = sum_v e_v z_v / total
-                    del e
-                else:
-                    lse[at] = torch.logsumexp(z, dim=-1)
                 logp[at] = z.gather(-1, targets[at, None]).squeeze(-1) - lse[at]
-                del z  # before the next chunk's logits exist
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.rows, ctx.dtype = temperature, rows, dtype
         ctx.mark_non_differentiable(entropy)
@@ -189,17 +210,20 @@ class FusedHeadLogprobs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
         scale = grad_logp.float() / ctx.temperature  # (M,)
+        buffers = _ChunkBuffers(min(ctx.rows, hidden.shape[0]), weight, ctx.dtype, with_part=want_w)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], ctx.rows):
                 at = slice(start, start + ctx.rows)
-                dz = _logits(h_all[at], w, ctx.temperature).sub_(lse[at, None]).exp_()  # (m, V) = p
+                dz = buffers.logits(h_all[at], w, ctx.temperature).sub_(lse[at, None]).exp_()  # (m, V) = p
                 dz.mul_(-scale[at, None]).scatter_add_(-1, targets[at, None], scale[at, None])  # (onehot - p) g / T
-                dz = dz.to(ctx.dtype)
+                if buffers.low is not None:
+                    dz = buffers.low[: len(dz)].copy_(dz)  # in the compute dtype
                 if want_h:
                     grad_h[at] = (dz @ w).to(hidden.dtype)
-                if want_w:
-                    grad_w.add_(dz.T @ h_all[at])
-                del dz  # before the next chunk's logits exist
+                if want_w and buffers.part is None:  # fp32: accumulate in place
+                    grad_w.addmm_(dz.T, h_all[at])
+                elif want_w:
+                    grad_w.add_(torch.mm(dz.T, h_all[at], out=buffers.part))
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BufferPool", "LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
+__all__ = ["LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
 
 
 def is_linear(module) -> bool:
@@ -70,7 +71,9 @@ class LinearOutputs:
     only, like the LM head). decode[name]: (N, T-1, out) for T sampled steps (a view of a step-major buffer);
     position j holds the output for completion token j as input (the last token is never an input).
     versions: every parameter's ``_version`` while sampling. rows: (n,) the original row of each row of the batch
-    that holds this record (prompt-major: original row r belongs to prompt r // group_size).
+    that holds this record (prompt-major: original row r belongs to prompt r // group_size). last_use: the forward
+    that replays this record is its last one, so `replaying` frees each layer's record once used (every sub-batch
+    shares the dicts): it is not held through the backward, where the step's memory peaks.
     """
 
     prefill: dict[str, torch.Tensor]
@@ -78,34 +81,15 @@ class LinearOutputs:
     versions: dict[str, int]
     group_size: int
     rows: torch.Tensor
+    last_use: bool = False
 
     def select(self, indices: torch.Tensor) -> LinearOutputs:
         """The record for the sub-batch of rows `indices` (positions in the current batch)."""
         return dataclasses.replace(self, rows=self.rows[indices.to(self.rows.device)])
 
-
-def _unshared(tensor: torch.Tensor) -> bool:
-    """Whether nothing but `tensor` itself uses its storage (no view, no autograd graph holds it). Unknown -> False."""
-    use_count = getattr(torch._C, "_storage_Use_Count", None)
-    if use_count is None:
-        return False
-    return use_count(tensor.untyped_storage()._cdata) <= 2  # `tensor` and the temporary storage object
-
-
-class BufferPool:
-    """Decode-record buffers kept between rollouts, so that recording writes into memory the process already
-    touched (measured, builtin:medium 64x32, 16 alternating rollouts: +41 ms per rollout reusing them, +52 ms with
-    new ones). A buffer is reused only when nothing else references its storage any more."""
-
-    def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        buf = self.buffers.get(name)
-        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device \
-                or not _unshared(buf):
-            buf = self.buffers[name] = like.new_empty(shape)
-        return buf
+    def for_last_use(self) -> LinearOutputs:
+        """This record, freed layer by layer by the forward that replays it (see ``last_use``)."""
+        return dataclasses.replace(self, last_use=True)
 
 
 MAX_RECORDED_VOCAB = 4096
@@ -124,13 +108,15 @@ class LinearRecorder:
         outputs = recorder.finish(steps_run, group_size)   # LinearOutputs, or None if a layer ran twice
 
     rows=None in `decode` means all N rows in order. Decode outputs are copied into step-major (steps - 1, N, out)
-    buffers (one contiguous copy per layer and step; row-major strided writes measured ~20 ms slower per rollout),
-    from `pool` when given; `finish` hands out (N, T-1, out) views of them. Hooks are removed by `finish` (or `close`).
+    buffers (one contiguous copy per layer and step; row-major strided writes measured ~20 ms slower per rollout);
+    `finish` hands out (N, T-1, out) views of them. The buffers are new for every rollout: the last training forward
+    that replays them frees them (`LinearOutputs.last_use`), so they are not held from one step to the next (a pool
+    that kept them saved ~10 ms per rollout on builtin:medium and held 705 MiB through SmolLM2-135M's backward).
+    Hooks are removed by `finish` (or `close`).
     """
 
-    def __init__(self, model, rows: int, steps: int, pool: BufferPool | None = None):
+    def __init__(self, model, rows: int, steps: int):
         self.n_rows, self.steps = rows, steps
-        self.pool = pool if pool is not None else BufferPool()
         self.names = {m: name for name, m in model.named_modules() if is_linear(m)}
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if isinstance(head, torch.nn.Linear) and head.out_features > MAX_RECORDED_VOCAB:
@@ -182,7 +168,7 @@ class LinearRecorder:
             return
         buf = self.decode_out.get(name)
         if buf is None:  # (steps - 1, N, out): the last token is never an input; `drop` zeroes unreached positions
-            buf = self.decode_out[name] = self.pool.get(name, (self.steps - 1, self.n_rows, output.shape[-1]), output)
+            buf = self.decode_out[name] = output.new_empty((self.steps - 1, self.n_rows, output.shape[-1]))
         if rows is None:
             buf[step] = output[:, 0]  # step-major: one contiguous copy per layer and step
         else:
@@ -208,23 +194,26 @@ class LinearRecorder:
 
 
 class _ReplayedLinear(torch.autograd.Function):
-    """y = the recorded x W^T + b (a copy: models such as Falcon modify a layer's output in place, which must
-    change neither the record nor an alias autograd forbids); backward as F.linear's: g W, g^T x, sum g."""
+    """y = the recorded x W^T + b (a contiguous copy of the record, which may be a strided view: models such as
+    Falcon modify a layer's output in place, which must change neither the record nor an alias autograd forbids);
+    backward as F.linear's on ``x_low``, x in the compute dtype: g W, g^T x_low, sum g. dL/dx is returned in x's own
+    dtype, as autocast's cast of x would return it, so layers that read one x and share one ``x_low`` (q, k, v) add
+    their gradients in x's precision."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recorded):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return recorded.clone()
+    def forward(ctx, x, weight, bias, recorded, x_low):
+        ctx.save_for_backward(x_low, weight)
+        ctx.has_bias, ctx.x_dtype = bias is not None, x.dtype
+        return recorded.clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         flat_grad = grad.reshape(-1, grad.shape[-1])  # (M, out)
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_x = (grad @ weight).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
         grad_w = flat_grad.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
         grad_b = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, None
 
 
 def _index_or_none(index: torch.Tensor) -> torch.Tensor | None:
@@ -238,8 +227,11 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
 
     Call k of a layer inside the block: k = 0 is the prompt forward of the distinct prompts whose first rows (in
     the current batch) are `prompt_rows` (U,); k = 1 is the completion forward of all rows. A layer whose call
-    does not match its record (shape, dtype, weight version) computes F.linear as usual. Yields a dict counting
-    replayed and computed calls.
+    does not match its record (shape, dtype, weight version) computes F.linear as usual. Layers that read the same
+    input one after the other (q, k and v; gate and up) share one cast of it to the compute dtype, kept for the
+    backward once instead of once per layer (autocast casts a non-leaf input for every layer; the gradients are
+    the same: `_ReplayedLinear`). With ``outputs.last_use`` each call drops its record from ``outputs`` once done.
+    Yields a dict counting replayed and computed calls.
     """
     counts = {"replayed": 0, "computed": 0}
     if outputs is None or parameter_versions(model) != outputs.versions:  # any changed weight changes every layer after
@@ -251,6 +243,22 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
     prompts = None if prompt_rows is None else outputs.rows[prompt_rows.to(outputs.rows.device)] // outputs.group_size
     prompt_index = None if prompts is None else _index_or_none(prompts)
     casts: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # the autocast weight cast, once per block
+    last_input: list = [None, -1, None]  # (weakref to the last input, its version, its cast)
+
+    def input_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """x in ``dtype`` (outside autograd: `_ReplayedLinear` returns x's gradient itself), the same tensor for
+        consecutive layers that read the same, unmodified ``x``."""
+        ref, version, cast = last_input
+        if ref is not None and ref() is x and version == x._version and cast.dtype == dtype:
+            return cast
+        with torch.no_grad():
+            cast = x.to(dtype)
+        last_input[:] = [weakref.ref(x), x._version, cast]
+        return cast
+
+    def release(name: str, call: int) -> None:
+        if outputs.last_use:
+            (outputs.prefill if call == 0 else outputs.decode).pop(name, None)
 
     def recorded_output(name, module, x, call) -> torch.Tensor | None:
         if call == 0 and prompts is not None and name in outputs.prefill:
@@ -265,7 +273,7 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
                 return None
             if rows is not None or len(out) != len(outputs.rows):
                 out = out[outputs.rows.to(out.device)]
-            out = out[:, : x.shape[1]].contiguous()  # the record is step-major: (N, T-1) rows are strided
+            out = out[:, : x.shape[1]]  # the record is step-major: a strided view, copied once by _ReplayedLinear
         else:
             return None
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
@@ -279,13 +287,16 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
             out = recorded_output(name, module, x, call)
             if out is None:
                 counts["computed"] += 1
+                release(name, call)
                 return F.linear(x, linear_weight(module), module.bias)
             counts["replayed"] += 1
             if name not in casts:  # what autocast does to F.linear's arguments (differentiable casts)
                 casts[name] = (linear_weight(module).to(out.dtype),
                                None if module.bias is None else module.bias.to(out.dtype))
             weight, bias = casts[name]
-            return _ReplayedLinear.apply(x.to(out.dtype), weight, bias, out)
+            y = _ReplayedLinear.apply(x, weight, bias, out, input_cast(x, out.dtype))
+            release(name, call)
+            return y
 
         return forward
 

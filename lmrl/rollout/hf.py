@@ -20,7 +20,7 @@ import torch
 
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.modes import evaluating
-from lmrl.models.replay import BufferPool, LinearRecorder, has_dropout
+from lmrl.models.replay import LinearRecorder, has_dropout
 
 try:  # transformers >= 4.54 has per-layer caches
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -113,7 +113,6 @@ class HFEngine:
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
         self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
         self._cache_kwarg = cache_kwarg(model) or "past_key_values"
-        self._record_pool = BufferPool()  # linear-output buffers reused across recording rollouts
 
     @property
     def device(self) -> torch.device:
@@ -165,8 +164,7 @@ class HFEngine:
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
         recorder = None
         if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
-            recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens,
-                                      pool=self._record_pool)
+            recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
         try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)
             with evaluating(self.model), self._grad_mode(recording=recorder is not None), self._autocast():
                 out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher,

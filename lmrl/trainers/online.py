@@ -167,7 +167,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
             # over every rank's minibatch: its tokens and its trained rows (dropped groups' rows have none)
             counts = torch.stack([mb_mask.sum(), mb_mask.any(dim=1).sum().float()])
             mb_tokens, mb_rows = runtime.all_sum(counts).clamp(min=1)
-            for micro in mb.chunk(config.grad_accum):
+            micros = mb.chunk(config.grad_accum)
+            for index, micro in enumerate(micros):
                 if skip is not None:
                     totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
                                                          + skip[micro].float().sum().item() / n / config.ppo_epochs)
@@ -175,13 +176,16 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
                     if len(micro) == 0:
                         continue
                 sub = batch.select(micro)
+                record = sub.linear_outputs
+                if record is not None and updates == config.updates_per_step and index == len(micros) - 1:
+                    record = record.for_last_use()  # freed as the forward replays it: not held through the backward
                 mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
                 weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / mb_rows
                 logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                                     temperature=config.temperature, return_entropy=True,
                                                     autocast_dtype=dtype, share_prompts=config.share_prompts,
                                                     chunk_mb=config.logprob_chunk_mb,
-                                                    linear_outputs=sub.linear_outputs, usage=usage)
+                                                    linear_outputs=record, usage=usage)
                 loss, stats = policy_loss(
                     config.preset.loss, logp, logp.detach() if old_logp is None else old_logp[micro], adv[micro], mask,
                     ref_logp=ref_logp[micro] if ref_logp is not None else None,

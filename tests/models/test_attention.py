@@ -89,3 +89,54 @@ def test_left_padding_is_masked():
         padded = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[0, 2:]
         alone = model(input_ids=ids[:, 2:]).logits[0]
     assert torch.allclose(padded, alone, atol=1e-5)
+
+
+class GroupedModule(torch.nn.Module):
+    is_causal = True
+    num_key_value_groups = 3  # 6 query heads on 2 key/value heads
+
+
+def saved_bytes(fn):
+    """The output of fn() and the bytes of the distinct storages autograd keeps for its backward."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(storages.values())
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_grouped_query_attention_is_grouped_by_the_kernel_not_repeated(autocast):
+    """With a padding mask HF repeats keys and values to every query head; lmrl_sdpa lets the kernel group them:
+    the same output, and the backward keeps keys and values at their own 2 heads."""
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if autocast else torch.float32
+    q = torch.randn(2, 6, 5, 8, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(2, 2, 7, 8, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    mask = torch.ones(2, 1, 5, 7, dtype=torch.bool).tril(2)
+    mask[1, :, :, :3] = False  # row 1: 3 positions of left padding
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ours, ours_saved = saved_bytes(lambda: sdpa_fp32_on_cpu(GroupedModule(), q, k, v, mask)[0])
+    plain = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    theirs, theirs_saved = saved_bytes(lambda: sdpa_attention_forward(GroupedModule(), *plain, mask)[0])
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    assert ours_saved < theirs_saved  # theirs keeps keys and values repeated to 6 heads
+    ours.sum().backward()
+    theirs.sum().backward()
+    for mine, reference in zip((q, k, v), plain):
+        torch.testing.assert_close(mine.grad.float(), reference.grad, rtol=1e-2 if autocast else 1e-5,
+                                   atol=1e-2 if autocast else 1e-6)
+
+
+def test_decoding_keeps_hfs_own_grouping():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 1, 8, generator=g)
+    k, v = (torch.randn(2, 2, 7, 8, generator=g) for _ in range(2))
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    ours, _ = sdpa_fp32_on_cpu(GroupedModule(), q, k, v, mask)
+    theirs, _ = sdpa_attention_forward(GroupedModule(), q, k, v, mask)
+    assert torch.equal(ours, theirs)

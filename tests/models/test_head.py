@@ -57,6 +57,39 @@ def test_head_logprobs_equal_a_direct_log_softmax_in_values_and_gradients(bias):
     assert not entropy.requires_grad
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_head_reuses_one_set_of_chunk_buffers_per_call(autocast):
+    """Every chunk writes into the same (rows, V) buffers (fresh ones per chunk would each be a new mapping above
+    glibc's mmap threshold, whose pages fault in again); without the entropy too, the values and gradients are the
+    direct ones."""
+    from lmrl.models import head as head_module
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        direct = torch.log_softmax(head(hidden).float() / 0.7, -1).gather(-1, targets[..., None])[..., 0]
+    direct.sum().backward()
+    g_direct = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+    made = []
+    buffers = head_module._ChunkBuffers
+
+    def counted(*args, **kwargs):
+        made.append(args)
+        return buffers(*args, **kwargs)
+
+    with mock.patch.object(head_module, "_ChunkBuffers", counted), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        chunked = head_logprobs(hidden, head, targets, temperature=0.7, chunk_mb=4 * 50 * 4 / 2**20)  # 11 chunks
+        chunked.sum().backward()
+    assert len(made) == 2  # one set for the forward, one for the backward
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if autocast else {}
+    torch.testing.assert_close(chunked, direct, **tolerance)
+    torch.testing.assert_close((hidden.grad, head.weight.grad), g_direct, **tolerance)
+
+
 def test_fused_head_under_bf16_autocast_matches_the_checkpointed_chunks():
     # both run the head's matmul in bf16 (as nn.Linear does under autocast) and the log-softmax in fp32
     torch.manual_seed(1)

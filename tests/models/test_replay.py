@@ -1,9 +1,14 @@
 """Reusing the sampler's linear outputs (lmrl.models.replay) gives the recomputed log-probs and gradients."""
 
+import dataclasses
+import weakref
+from unittest import mock
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from lmrl.models import replay
 from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_outputs
 from lmrl.models.replay import LinearRecorder, has_dropout, is_linear, replaying
 from lmrl.rollout import HFEngine, SamplingParams
@@ -128,3 +133,57 @@ def test_not_recorded_unless_asked():
     model = tiny_llama()
     batch = HFEngine(model, Tok()).generate(PROMPTS, SamplingParams(max_new_tokens=4), n=2)
     assert batch.linear_outputs is None and not model.lm_head._forward_hooks
+
+
+def test_the_last_forward_frees_each_layers_record_as_it_replays_it():
+    model = tiny_llama()
+    batch = sample(model)
+    model.train()
+    record = batch.linear_outputs
+    logp_kept, grads_kept = logprobs_and_grads(model, batch, True)
+    assert record.prefill and record.decode  # a forward that is not the last one leaves the record whole
+    buffers = [weakref.ref(t._base) for t in record.decode.values()]  # the step-major buffers the record views
+    last = dataclasses.replace(batch, linear_outputs=record.for_last_use())
+    logp, grads = logprobs_and_grads(model, last, True)
+    assert record.prefill == {} and record.decode == {}  # every sub-batch shares these dicts
+    assert all(ref() is None for ref in buffers)  # freed before the backward, not held through it
+    assert torch.equal(logp, logp_kept)
+    assert all(torch.equal(grads[name], grads_kept[name]) for name in grads_kept)
+
+
+def test_layers_reading_one_input_share_one_cast_of_it():
+    """q, k and v (and gate and up) read the same input: replayed under autocast, they take one bf16 cast of it,
+    which the backward keeps once instead of once per layer; the gradients are those of the forward that computes
+    every layer under autocast (one cast per layer, each layer's input gradient added in fp32)."""
+    model = tiny_llama()
+    engine = HFEngine(model, Tok(), autocast_dtype=torch.bfloat16)
+    batch = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(3,)), n=4,
+                            generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
+    inputs = []
+    apply = replay._ReplayedLinear.apply
+
+    def spy(x, weight, bias, recorded, x_low):
+        inputs.append(x_low)  # what the backward keeps
+        return apply(x, weight, bias, recorded, x_low)
+
+    with mock.patch.object(replay._ReplayedLinear, "apply", spy), torch.autocast("cpu", dtype=torch.bfloat16):
+        completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
+                            autocast_dtype=torch.bfloat16, share_prompts=True, linear_outputs=batch.linear_outputs)
+    layers = model.config.num_hidden_layers
+    per_forward = 7 * layers + 1  # q, k, v, o, gate, up, down per layer, then the LM head
+    assert len(inputs) == 2 * per_forward  # the prompt forward and the completion forward, every layer replayed
+    for start in range(0, len(inputs), per_forward):
+        for layer in range(layers):
+            q, k, v, o, gate, up, down = inputs[start + 7 * layer : start + 7 * layer + 7]
+            assert q is k is v and gate is up and q.dtype == torch.bfloat16
+            assert o is not q and down is not gate
+    grads = []
+    for record in (batch.linear_outputs, None):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
+                                       autocast_dtype=torch.bfloat16, share_prompts=True, linear_outputs=record)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[1].items():  # the replayed outputs are the sampler's (its KV cache): bf16 rounding apart
+        torch.testing.assert_close(grads[0][name], grad, rtol=0.05, atol=2e-3, msg=name)
