@@ -678,9 +678,9 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, info: dict) 
               f"{dtypes}, {r['load'][0]:.1f}->{r['load'][1]:.1f}")
     if {"lmrl", "trl"} <= set(results):
         a, b = results["lmrl"], results["trl"]
+        peak, above_base = memory_ratios(a, b)
         print(f"{'lmrl/TRL':10s} {a['steps_per_s'] / b['steps_per_s']:7.2f}x {'':7s} {'':10s} "
-              f"{a['tokens_per_s'] / b['tokens_per_s']:6.2f}x {'':5s} {a['peak_mb'] / b['peak_mb']:10.2f}x "
-              f"{(a['peak_mb'] - a['baseline_mb']) / (b['peak_mb'] - b['baseline_mb']):11.2f}x "
+              f"{a['tokens_per_s'] / b['tokens_per_s']:6.2f}x {'':5s} {peak:10.2f}x {above_base:11.2f}x "
               f"{a['exit_peak_mb'] / b['exit_peak_mb']:7.2f}x")
     for name, r in results.items():
         finite = all(x == x and abs(x) != float("inf") for x in r["losses"])
@@ -703,8 +703,13 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, info: dict) 
               f"{r['load'][0]:.1f} |")
     if {"lmrl", "trl"} <= set(results):
         a, b = results["lmrl"], results["trl"]
-        print(f"| **lmrl/TRL** | **{median_ratio(rounds):.2f}x** | | | | | **{a['peak_mb'] / b['peak_mb']:.2f}x** | "
-              f"{(a['peak_mb'] - a['baseline_mb']) / (b['peak_mb'] - b['baseline_mb']):.2f}x | |")
+        peak, above_base = memory_ratios(a, b)
+        print(f"| **lmrl/TRL** | **{median_ratio(rounds):.2f}x** | | | | | **{peak:.2f}x** | {above_base:.2f}x | |")
+
+
+def memory_ratios(a: dict, b: dict) -> tuple[float, float]:
+    """lmrl/TRL peak RSS, and peak minus the RSS before loading."""
+    return a["peak_mb"] / b["peak_mb"], (a["peak_mb"] - a["baseline_mb"]) / (b["peak_mb"] - b["baseline_mb"])
 
 
 def generate_s(r: dict, args: argparse.Namespace) -> float:

@@ -52,7 +52,7 @@ class HeadParts(NamedTuple):
         return head_logprobs(hidden, self.head, targets, scale=self.scale, softcap=self.softcap, **kwargs)
 
 
-_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> HeadParts | None, checked once
+_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> whether the split reproduces it
 
 
 def decoder_and_head(model, verified: bool = False) -> HeadParts | None:
