@@ -1,10 +1,10 @@
-"""GPU check: lmrl's real trainers, 3 steps each, on a random Qwen2.5-0.5B-shaped model on one CUDA GPU.
+"""GPU check: lmrl's trainers (every verb but selfplay, distill, swarm), 3 steps each, on a random 0.5B model on a GPU.
 
     make gpu-check                                          # = PYTHONPATH=. python3 benchmarks/gpu_check.py
     PYTHONPATH=. python3 benchmarks/gpu_check.py --device cpu --small     # the same cases on a CPU, a tiny model
 
 Cases, each through the Python API of the trainer that `lmrl <verb>` runs (`sft.train`, `online.train`,
-`preference.train`), precision=bf16 (fp32 master weights, bf16 autocast), device=cuda, `--steps` steps (3):
+`preference.train`, `rejection.train`, `reward.train`, `pretrain.train`), precision=bf16 (fp32 master weights, bf16 autocast), device=cuda, `--steps` steps (3):
 
     sft         SFT on task:arithmetic with the full logits (one LM-head chunk): finite losses of about ln(vocab)
                 (a random model), a non-zero gradient, final/ loads and its weights moved away from the start
@@ -20,6 +20,12 @@ Cases, each through the Python API of the trainer that `lmrl <verb>` runs (`sft.
     chunked_head  the sft case with logprob_chunk_mb=8 (13 positions of fp32 logits; --small: 1, 64 positions): the
                 fused chunked LM head's backward ran in many chunks (the sft case's in none), and the step-1 loss
                 equals the sft case's
+    ppo         PPO (algorithm=ppo: a value model from the policy, GAE, kl_coef=0.05 in the reward): finite policy and
+                value losses, non-zero gradient, final/ loads and moved
+    online_dpo  online DPO: pairs sampled by the policy, ranked by the pseudo-random reward; finite losses, gradient
+    rejection   rejection sampling, 4 samples per prompt, the best kept, one SFT round: the round's SFT trains
+    reward      a Bradley-Terry reward model on builtin:prefs: finite losses, gradient, final/ written
+    avatarl     avatarl pretraining on builtin:pydoc with the random model as its own frozen critic
 
 The model (--small: hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 4096) is built from `transformers.Qwen2Config`
 with random weights and saved in bf16 to a temporary folder; nothing is downloaded. Qwen2.5-0.5B's shapes: hidden
@@ -68,7 +74,8 @@ FULL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_k
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=4096, max_position_embeddings=2048, rope_theta=1_000_000.0,
              rms_norm_eps=1e-6)
-CASES = ("sft", "grpo", "lora_grpo", "dpo", "grad_ckpt", "chunked_head")
+CASES = ("sft", "grpo", "lora_grpo", "dpo", "grad_ckpt", "chunked_head", "ppo", "online_dpo", "rejection", "reward",
+         "avatarl")
 TOKENIZER = "builtin:char"
 NOISE_REWARD = "gpu_check_noise"
 PROBE_WEIGHT = "model.layers.0.self_attn.q_proj.weight"  # compared between the start and final/
@@ -439,8 +446,107 @@ def case_dpo(ctx: Context, run_dir: Path):
     return lambda: preference.train(config), verify
 
 
+def case_ppo(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers import online
+
+    register_noise_reward()
+    overrides = [o for o in rl_overrides(ctx) if not o.startswith("algorithm=")]
+    config = load_config(online.RLConfig, None, [*common_overrides(ctx, run_dir), *overrides, "algorithm=ppo",
+                                                 "kl_coef=0.05", "lr=1e-5"])
+
+    def rows_check(rows, seen):
+        values = finite(rows, "loss/value")
+        return {"note": f"value loss {values[0]:.4f} at step 1 (GAE on a value model from the policy)"}
+
+    return lambda: online.train(config), rl_verify(ctx, run_dir, rows_check)
+
+
+def case_online_dpo(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers import preference
+
+    register_noise_reward()
+    batch = 4 if ctx.small else 8
+    config = load_config(preference.DPOConfig, None, [
+        *common_overrides(ctx, run_dir), "online=true", f"rewards=[{NOISE_REWARD}]", "samples_per_prompt=4",
+        "max_new_tokens=16", "temperature=1.0", "loss=dpo", "beta=0.1", "dataset=builtin:prefs",
+        "data_args.digits=2", f"train_rows={4 * batch}", "eval_rows=8", "eval_samples=2", f"batch_size={batch}",
+        "lr=1e-5"])
+
+    def verify(seen):
+        rows = train_records(run_dir, ctx.args.steps)
+        losses = finite(rows, "loss")
+        check_gradients(rows)
+        check_final(ctx, run_dir)
+        return rows, {"note": f"step-1 loss {losses[0]:.4f} on pairs sampled by the policy"}
+
+    return lambda: preference.train(config), verify
+
+
+def case_rejection(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers import rejection
+
+    register_noise_reward()
+    config = load_config(rejection.RejectionConfig, None, [
+        *common_overrides(ctx, run_dir), "dataset=task:arithmetic", "task_args.digits=3", "train_rows=16",
+        "eval_rows=4", "eval_samples=2", f"rewards=[{NOISE_REWARD}]", "samples_per_prompt=4", "max_new_tokens=16",
+        "drop_truncated=false", "select=best", "rounds=1", "batch_size=8", "max_length=128", "lr=1e-5"])
+
+    def verify(seen):
+        rows = train_records(run_dir / "round-1" / "sft", ctx.args.steps)  # the round's SFT run
+        losses = finite(rows, "loss")
+        check_gradients(rows)
+        check_final(ctx, run_dir)
+        return rows, {"note": f"SFT on the best of 4 samples per prompt, step-1 loss {losses[0]:.4f}"}
+
+    return lambda: rejection.train(config), verify
+
+
+def case_reward(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers import reward
+
+    batch = 8 if ctx.small else 16
+    config = load_config(reward.RewardConfig, None, [
+        *common_overrides(ctx, run_dir), "loss=bt", "dataset=builtin:prefs", "data_args.digits=2",
+        f"train_rows={4 * batch}", "eval_rows=16", f"batch_size={batch}", "max_length=64", "lr=1e-5"])
+
+    def verify(seen):
+        rows = train_records(run_dir, ctx.args.steps)
+        losses = finite(rows, "loss")
+        check_gradients(rows)
+        check((run_dir / "final" / "config.json").is_file(), "final/config.json missing")
+        return rows, {"note": f"Bradley-Terry loss {losses[0]:.4f} at step 1"}
+
+    return lambda: reward.train(config), verify
+
+
+def case_avatarl(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers import pretrain
+
+    batch = 4 if ctx.small else 8
+    # the random model is both the student and its frozen critic: the reward path runs whatever the critic knows
+    config = load_config(pretrain.PretrainConfig, None, [
+        *common_overrides(ctx, run_dir), "objective=avatarl", f"critic={ctx.model_dir}", "data=builtin:pydoc",
+        "block_size=128", f"batch_size={batch}", "eval_batches=1", "num_samples=1", "sample_tokens=16", "lr=1e-5"])
+
+    def verify(seen):
+        rows = train_records(run_dir, ctx.args.steps)
+        losses = finite(rows, "loss")
+        check_gradients(rows)
+        check_final(ctx, run_dir)
+        return rows, {"note": f"avatarl loss {losses[0]:+.4f} at step 1"}
+
+    return lambda: pretrain.train(config), verify
+
+
 CASE_FUNCTIONS = {"sft": case_sft, "grpo": case_grpo, "lora_grpo": case_lora_grpo, "dpo": case_dpo,
-                  "grad_ckpt": case_grad_ckpt, "chunked_head": case_chunked_head}
+                  "grad_ckpt": case_grad_ckpt, "chunked_head": case_chunked_head, "ppo": case_ppo,
+                  "online_dpo": case_online_dpo, "rejection": case_rejection, "reward": case_reward,
+                  "avatarl": case_avatarl}
 
 
 # ----------------------------------------------------------------------------- running

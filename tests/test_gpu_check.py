@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = 6
+CASES = 11
 
 ABSENT_ON_GPU_IMAGE = ("datasets", "math_verify", "latex2sympy2_extended", "antlr4", "plotly", "msgpack", "hivemind",
                        "mcp", "reasoning_gym", "lm_eval", "playwright", "evaluate", "dill", "multiprocess", "pydantic",
@@ -38,4 +38,5 @@ def test_gpu_check_passes_on_the_cpu_without_the_packages_a_cuda_image_lacks():
     assert proc.returncode == 0 and lines and lines[-1] == f"gpu-check: {CASES}/{CASES} pass", (
         f"exit {proc.returncode} after {elapsed:.0f} s\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     table = lines[lines.index(next(t for t in lines if t.startswith("case "))):]
-    assert [t.split()[0] for t in table[2:-1]] == ["sft", "grpo", "lora_grpo", "dpo", "grad_ckpt", "chunked_head"]
+    assert [t.split()[0] for t in table[2:-1]] == ["sft", "grpo", "lora_grpo", "dpo", "grad_ckpt", "chunked_head",
+                                                   "ppo", "online_dpo", "rejection", "reward", "avatarl"]

@@ -63,6 +63,7 @@ class RewardModel(nn.Module):
             # Stiennon et al. 2020 (App. B): reward head drawn from N(0, 1/(d_model + 1)).
             nn.init.normal_(self.score.weight, std=(hidden + 1) ** -0.5)
         nn.init.zeros_(self.score.bias)
+        self.score.to(next(causal_lm.parameters()).device)  # drawn on the CPU (the same head on any device)
 
     @property
     def causal_lm(self) -> nn.Module:

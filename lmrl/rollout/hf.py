@@ -146,7 +146,8 @@ class HFEngine:
     ) -> RolloutBatch:
         """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
 
-        Deterministic given `generator` (a torch.Generator on the model's device; None uses the global RNG).
+        Deterministic given `generator` (None uses the global RNG); a generator on another device than the model's
+        (a CPU one for a GPU model) seeds one on the model's device.
         record_linear_outputs: keep every nn.Linear output of the sampling forwards in `batch.linear_outputs`, for
         an on-policy update to reuse (`lmrl.models.replay`); not recorded for models with dropout.
         """
@@ -158,6 +159,7 @@ class HFEngine:
         if isinstance(prompt_ids, (list, tuple)):
             prompt_ids = [p.tolist() if isinstance(p, torch.Tensor) else p for p in prompt_ids]
         self._check_inputs(prompt_ids, params, n, generator)
+        generator = on_device(generator, self.device)
         device, pad = self.device, self.pad_token_id
         ids, mask = _left_pad(prompt_ids, pad, device)  # (B, P) each
         stop_ids = torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device)
@@ -316,11 +318,15 @@ class HFEngine:
                 f"HFEngine.generate: the longest prompt ({longest} tokens) plus max_new_tokens={params.max_new_tokens} "
                 f"exceeds the model's max_position_embeddings={limit}; shorten the prompts or lower max_new_tokens."
             )
-        if generator is not None and generator.device.type != self.device.type:
-            raise ValueError(
-                f"HFEngine.generate: the generator is on {generator.device} but the model is on {self.device}; "
-                f"create it with torch.Generator(device='{self.device.type}')."
-            )
+
+
+def on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """`generator` if it is on `device` (or None), else a generator on `device` seeded with a draw from it: the
+    sampling ops need one on the logits' device, and the callers seed theirs on the CPU."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (), generator=generator))
+    return torch.Generator(device).manual_seed(seed)
 
 
 def _left_pad(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -155,6 +155,8 @@ def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_val
     totals: dict[str, float] = {}
     n, world = len(batch), runtime.world()
     skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
+    skip = skip.cpu() if skip is not None else None  # it filters the row order, a CPU tensor
+    adv = adv.to(batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
     trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
     params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
     updates = 0

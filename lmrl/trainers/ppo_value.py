@@ -31,7 +31,7 @@ def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, config, dtype):
         old_values = completion_values(value_model, batch, dtype)
     runtime.reshard(value_model)  # FSDP: its root unit must not stay gathered into the training backward
     kl_tok = (old_logp - ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)  # k1 in the reward
-    token_rewards = kl_penalized_rewards(rewards, kl_tok, mask, config.kl_coef)
+    token_rewards = kl_penalized_rewards(rewards.to(mask.device), kl_tok, mask, config.kl_coef)  # rewards: CPU
     adv, returns = gae(token_rewards, old_values, mask, config.gamma, config.lam)
     return whiten(adv, mask, all_sum=runtime.all_sum), returns, old_values
 

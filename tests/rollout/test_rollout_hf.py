@@ -267,3 +267,27 @@ def test_bf16_autocast_casts_each_weight_once_per_rollout(model, tok, prompts):
         if e.key == "aten::copy_" and e.input_shapes[:2] == [[128, 64], [128, 64]]
     )
     assert casts == 4
+
+
+def test_a_generator_on_another_device_seeds_one_on_the_models_device(monkeypatch):
+    """Callers seed CPU generators; a GPU model samples with a generator on its device, drawn from theirs (the
+    H100 run of `make gpu-check` refused DPO's evaluation before)."""
+    from lmrl.rollout import hf
+
+    cpu = torch.device("cpu")
+    same = torch.Generator().manual_seed(3)
+    assert hf.on_device(same, cpu) is same and hf.on_device(None, torch.device("cuda")) is None
+    callers = [torch.Generator().manual_seed(seed) for seed in (3, 3, 4)]
+
+    class DeviceGenerator:  # torch.Generator("cuda") on a machine without one
+        def __init__(self, device):
+            self.device, self.seed = torch.device(device), None
+
+        def manual_seed(self, seed):
+            self.seed = seed
+            return self
+
+    monkeypatch.setattr(hf.torch, "Generator", DeviceGenerator)
+    made = [hf.on_device(g, torch.device("cuda")) for g in callers]
+    assert all(m.device.type == "cuda" for m in made)
+    assert made[0].seed == made[1].seed != made[2].seed  # the caller's seed decides the samples
