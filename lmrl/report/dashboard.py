@@ -131,6 +131,10 @@ def make_handler(runs: Runs, config: DashboardConfig) -> type[BaseHTTPRequestHan
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if not host_allowed(self.headers.get("Host"), self.server.server_address[1]):
+                # DNS rebinding: a web page whose name resolves to 127.0.0.1 must not read the runs
+                self._json({"error": "forbidden Host header; open http://127.0.0.1:PORT"}, status=403)
+                return
             url = urlparse(self.path)
             if url.path == "/":
                 self._send(page.encode(), "text/html; charset=utf-8")
@@ -166,6 +170,11 @@ def make_handler(runs: Runs, config: DashboardConfig) -> type[BaseHTTPRequestHan
             pass
 
     return Handler
+
+
+def host_allowed(host: str | None, port: int) -> bool:
+    """Whether a request's Host header names this server: 127.0.0.1, localhost or [::1], with its port."""
+    return host in {f"{name}:{port}" for name in (HOST, "localhost", "[::1]")}
 
 
 def _jsonable(value: Any) -> Any:

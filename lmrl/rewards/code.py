@@ -8,18 +8,23 @@ from typing import Any
 
 from lmrl.rewards.columns import as_meta, get_column
 from lmrl.rewards.registry import RewardFn, register_reward
-from lmrl.sandbox import SandboxLimits, extract_code, run_tests
+from lmrl.sandbox import SandboxLimits, extract_code, require_isolation, run_tests
 
 
 @register_reward("code")
-def make_code_reward(mode: str = "all", timeout_s: float = 5.0, memory_mb: int = 256) -> RewardFn:
+def make_code_reward(mode: str = "all", timeout_s: float = 5.0, memory_mb: int = 256,
+                     sandbox: str | None = None) -> RewardFn:
     """`code`: r_i = 1 if every test passes (mode="all", all-pass gating) or passed/total (mode="fraction",
     partial credit). The code is the completion's last ```python block (else the whole completion); the tests
     are Python statements (`assert f(2) == 4`) from the `tests` column, or `meta["tests"]` (the built-in
-    `code` task). Each completion runs in its own sandbox (lmrl.sandbox: time, memory, no network)."""
+    `code` task). Each completion runs in its own sandbox (lmrl.sandbox: namespaces, time, memory, no network) and
+    the tests are judged outside it (docs/security.md). `sandbox: none` opts into the unisolated mode (warns);
+    a machine that cannot isolate fails here, at start-up, with the fix."""
     if mode not in ("all", "fraction"):
         raise ValueError(f"Reward 'code': mode must be 'all' or 'fraction', got {mode!r}.")
-    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb)
+    extra = {"isolation": sandbox} if sandbox is not None else {}
+    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb, **extra)
+    require_isolation(limits.isolation)
 
     def code_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
         n = len(completions)

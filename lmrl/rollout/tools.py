@@ -16,13 +16,15 @@ import ast
 import dataclasses
 import difflib
 import importlib
+import math
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
 from lmrl.rollout.tool_parsers import ToolCall
-from lmrl.sandbox import SandboxLimits, run_python
+from lmrl.sandbox import SandboxLimits, require_isolation, run_python
 
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict,
                "array": list, "null": type(None)}
@@ -72,17 +74,21 @@ class ToolResult:
 
 
 class ToolBox:
-    """Tools by name, executed safely: every failure becomes an error observation."""
+    """Tools by name, executed safely: every failure becomes an error observation, and a call that runs longer
+    than `timeout_s` is given up on (an error observation; the loop goes on)."""
 
-    def __init__(self, tools: Sequence[Tool], max_output_chars: int = 2000):
+    def __init__(self, tools: Sequence[Tool], max_output_chars: int = 2000, timeout_s: float = 60.0):
         names = [t.name for t in tools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tools: the tool name(s) {dupes} are given twice; every tool needs its own name.")
         if max_output_chars < 1:
             raise ValueError(f"max_tool_output_chars must be >= 1, got {max_output_chars}.")
+        if not timeout_s > 0:
+            raise ValueError(f"ToolBox timeout_s must be > 0, got {timeout_s}.")
         self.tools = {t.name: t for t in tools}
         self.max_output_chars = max_output_chars
+        self.timeout_s = timeout_s
 
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools.values()]
@@ -96,15 +102,38 @@ class ToolBox:
         problem = tool.check_arguments(call.arguments)
         if problem:
             return _error(f"bad arguments for '{call.name}': {problem}")
-        try:
-            out = tool.fn(**call.arguments)
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is the policy's observation, not a crash
+        done, outcome = _call_with_timeout(tool.fn, call.arguments, self.timeout_s)
+        if not done:
+            return _error(f"tool '{call.name}' did not answer within {self.timeout_s:g} s")
+        out, exc = outcome
+        if exc is not None:  # a tool's failure is the policy's observation, not a crash
             return _error(f"tool '{call.name}' raised {type(exc).__name__}: {str(exc)[:200]}")
-        text = out if isinstance(out, str) else str(out)
+        try:
+            text = out if isinstance(out, str) else str(out)
+        except Exception as exc:  # noqa: BLE001 - a result whose str() fails
+            return _error(f"tool '{call.name}' returned an unprintable {type(out).__name__}: {exc}")
         if len(text) > self.max_output_chars:
             cut = len(text) - self.max_output_chars
             return ToolResult(text[: self.max_output_chars] + f"\n...[truncated {cut} characters]", None, True)
         return ToolResult(text)
+
+
+def _call_with_timeout(fn: Callable[..., Any], arguments: dict[str, Any], timeout_s: float):
+    """(finished, (result, exception)): fn runs in a daemon thread, so a hung tool cannot hold the loop (nor
+    the interpreter's exit); it cannot be killed, so tools that may hang should bound themselves (the
+    sandboxed `python` tool and the calculator do)."""
+    outcome: list = []
+
+    def target() -> None:
+        try:
+            outcome.append((fn(**arguments), None))
+        except Exception as exc:  # noqa: BLE001
+            outcome.append((None, exc))
+
+    thread = threading.Thread(target=target, name="lmrl-tool", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return (True, outcome[0]) if outcome else (False, None)
 
 
 def _error(message: str) -> ToolResult:
@@ -117,7 +146,8 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_DIGITS = 200
-"""Results (and intermediate values) longer than this are refused, so `9**9**9` cannot hang the loop."""
+"""Results and intermediate values (numerator and denominator) longer than this are refused, and powers are
+sized before they are computed, so `9**9**9` or `((1/3)**1000)**1000` cannot hang the loop."""
 
 
 def calculate(expression: str) -> str:
@@ -138,22 +168,34 @@ def calculate(expression: str) -> str:
     return f"{float(value):.12g}"
 
 
+def _digits(value: Fraction) -> int:
+    """Decimal digits of the longer of numerator and denominator (from the bit length: no str of a huge int)."""
+    return max(abs(value.numerator).bit_length(), value.denominator.bit_length()) * 30103 // 100000 + 1
+
+
+def _checked(value: Fraction) -> Fraction:
+    if _digits(value) > MAX_DIGITS:
+        raise ValueError("the result is too large")
+    return value
+
+
 def _eval(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return Fraction(str(node.value)) if isinstance(node.value, float) else Fraction(node.value)
+        if isinstance(node.value, float) and not math.isfinite(node.value):
+            raise ValueError("the number is too large")
+        return _checked(Fraction(str(node.value)) if isinstance(node.value, float) else Fraction(node.value))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow):
-            if right.denominator != 1 or abs(right) > 1000 or (abs(left) > 1 and abs(right) * len(str(abs(left.numerator))) > MAX_DIGITS):
+        if isinstance(node.op, ast.Pow):  # the result has about |exponent| x digits(base) digits
+            if right.denominator != 1 or abs(right) * _digits(left) > 4 * MAX_DIGITS:
                 raise ValueError("the power is too large")
+            if left == 0 and right < 0:
+                raise ValueError("division by zero")
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise ValueError("division by zero")
-        value = Fraction(_BINARY[type(node.op)](left, right))
-        if len(str(abs(value.numerator))) > MAX_DIGITS:
-            raise ValueError("the result is too large")
-        return value
+        return _checked(Fraction(_BINARY[type(node.op)](left, right)))
     raise ValueError(f"unsupported element {type(node).__name__}: only numbers, + - * / // % ** and ()")
 
 
@@ -164,10 +206,14 @@ def calculator() -> Tool:
                  "required": ["expression"]}, calculate)
 
 
-def python_tool(timeout_s: float = 10.0, memory_mb: int = 512, max_output_chars: int = 4000) -> Tool:
-    """The `python` tool: run a program in the sandbox and return its stdout/stderr (and why it stopped)."""
+def python_tool(timeout_s: float = 10.0, memory_mb: int = 512, max_output_chars: int = 4000,
+                sandbox: str | None = None) -> Tool:
+    """The `python` tool: run a program in the sandbox and return its stdout/stderr (and why it stopped).
+    `sandbox: none` opts into the unisolated mode (warns); a machine that cannot isolate fails here."""
+    extra = {"isolation": sandbox} if sandbox is not None else {}
     limits = SandboxLimits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb,
-                           max_output_chars=max_output_chars)
+                           max_output_chars=max_output_chars, **extra)
+    require_isolation(limits.isolation)
 
     def run(code: str) -> str:
         result = run_python(code, limits)

@@ -129,13 +129,36 @@ def set_seed(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The RNG states as plain data (ints, floats, strings, lists, tensors): loadable with weights_only=True."""
+    version, words, gauss = random.getstate()
+    key, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": {"version": version, "state": list(words), "gauss": gauss},
+            "numpy": {"key": key, "state": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(cached)},
+            "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, nps = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    np.random.set_state((nps["key"], nps["state"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
+                         nps["gauss"]))
     torch.set_rng_state(state["torch"])
+
+
+def safe_load(path: Path) -> Any:
+    """torch.load with weights_only=True: tensors and plain containers only, never pickled code. A file that
+    needs more (a checkpoint written before lmrl stopped pickling objects, or a crafted one) is refused."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{path} cannot be loaded safely: it holds pickled objects, and unpickling runs code "
+            f"({str(exc).splitlines()[0][:200]}). It may be a checkpoint from an lmrl version that pickled RNG "
+            f"states, or a crafted file. lmrl refuses to load it; resume from a newer checkpoint, or start a new run "
+            f"from its weights with model={path.parent}.") from None
 
 
 def epoch_batch_indices(num_rows: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -285,7 +308,7 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / STATE_FILE, weights_only=False)
+    return safe_load(checkpoint / STATE_FILE)
 
 
 def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler, config: TrainConfig | None = None) -> dict[str, Any]:

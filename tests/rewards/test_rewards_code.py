@@ -25,6 +25,20 @@ def test_naive_reward_hacks_pass_nothing(code):
     assert run_tests(code, TESTS)[0] == 0
 
 
+def test_tests_are_judged_outside_the_sandbox():
+    # the sandbox only returns f's values: one that claims equality with everything is just an object
+    code = "class E:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return E()"
+    assert run_tests(code, TESTS)[0] == 0
+    assert run_tests("def f(x):\n    return [x, x]", ["assert f(2)[0] + 1 == 3", "assert len(f(1)) == 2",
+                                                     "assert sorted(f(3)) != [3]"])[0] == 3
+
+
+@pytest.mark.parametrize("test", ["f(1)", "assert all(f(x) for x in [1])", "import os\nassert f(1) == 2"])
+def test_tests_the_judge_cannot_evaluate_fail_clearly(test):
+    with pytest.raises(ValueError, match="test"):
+        run_tests("def f(x):\n    return x", [test])
+
+
 def test_an_infinite_loop_passes_nothing_and_is_killed():
     passed, total, result = run_tests("while True:\n    pass", TESTS, SandboxLimits(timeout_s=1, cpu_s=1))
     assert (passed, total, result.status) == (0, 3, "timeout")

@@ -15,6 +15,8 @@ def test_calculator_is_exact(expr, value):
 
 @pytest.mark.parametrize("expr, reason", [("__import__('os')", "unsupported"), ("1/0", "division by zero"),
                                            ("9**9**9", "too large"), ("2 +", "not an arithmetic"), ("", "give an"),
+                                           ("(((1/3)**1000)**1000)**1000", "too large"), ("(1/7)**999", "too large"),
+                                           ("1e308*1e308", "too large"), ("10**201", "too large"),
                                            ("x + 1", "unsupported")])
 def test_calculator_refuses_anything_else(expr, reason):
     with pytest.raises(ValueError, match=reason):
@@ -46,6 +48,16 @@ def test_a_good_call_returns_the_value():
 def test_failures_become_error_observations(call, reason):
     result = BOX.execute(call)
     assert result.error is not None and reason in result.error and result.content.startswith("Error: ")
+
+
+def test_a_hung_tool_is_an_error_not_a_hung_loop():
+    import threading
+    release = threading.Event()
+    box = ToolBox([Tool("hang", "never answers", {"type": "object", "properties": {}}, lambda: release.wait(30))],
+                  timeout_s=0.2)
+    result = box.execute(ToolCall("hang", {}))
+    release.set()
+    assert result.error == "tool 'hang' did not answer within 0.2 s"
 
 
 def test_long_output_is_cut_with_a_marker_and_flagged():

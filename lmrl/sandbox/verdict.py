@@ -1,0 +1,181 @@
+"""The code verifier's judge: tests are evaluated here, outside the sandbox, from values the sandbox returns.
+
+A test such as `assert f(2) == 4` is split: the calls into the candidate's code (`f(2)`) are sent to the sandbox,
+which returns each value as a `repr`; the assertion (`... == 4`) is evaluated in this process on those values,
+parsed with `ast.literal_eval`. The sandboxed process never sees an expected value and has no channel that can
+say "passed": the most it can do is return values, which is what a solution does. So fake counts, replaced
+builtins, early exits, objects whose `__eq__` always says True and secrets read from /proc all pass nothing.
+
+Supported tests: one `assert` whose expression uses literals, the candidate's names and calls, comparisons,
+`and`/`or`/`not`, arithmetic (bounded), subscripts and a few pure builtins (`SAFE_FUNCTIONS`). Anything else
+(comprehensions, lambdas, several statements) is refused with a ValueError naming the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from typing import Any
+
+SAFE_FUNCTIONS = {"abs": abs, "len": len, "min": min, "max": max, "sum": sum, "sorted": sorted, "round": round,
+                  "set": set, "frozenset": frozenset, "list": list, "tuple": tuple, "dict": dict, "str": str,
+                  "int": int, "float": float, "bool": bool, "all": all, "any": any, "isinstance": isinstance,
+                  "math.isclose": math.isclose}
+TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "tuple": tuple, "dict": dict,
+         "set": set, "bytes": bytes, "type(None)": type(None)}
+MAX_VALUE_CHARS = 100_000
+"""a returned value's repr longer than this fails its tests (bounds the work done on it here)"""
+MAX_SIZE = 1_000_000
+"""largest sequence or integer (in digits) an operation of a test may build here"""
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+            ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+MISSING = object()
+"""a call whose value did not come back (it raised, the process died or timed out, or the value is not data)"""
+
+
+class Remote(ast.expr):
+    """A subexpression evaluated in the sandbox: `index` into the list of calls sent there."""
+
+    _fields = ("index",)
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return f"{node.value.id}.{node.attr}"
+    return None
+
+
+class _Split(ast.NodeTransformer):
+    """Replaces every call into the candidate's code (and every other name) by a Remote node."""
+
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def _remote(self, node: ast.AST) -> Remote:
+        source = ast.unparse(node)
+        if source not in self.calls:
+            self.calls.append(source)
+        return ast.copy_location(Remote(self.calls.index(source)), node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if _name(node.func) in SAFE_FUNCTIONS and not any(isinstance(a, ast.Starred) for a in node.args):
+            node.args = [self.visit(a) for a in node.args]
+            node.keywords = [ast.keyword(k.arg, self.visit(k.value)) for k in node.keywords if k.arg is not None]
+            return node
+        return self._remote(node)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return node if node.id in TYPES else self._remote(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        return self._remote(node)
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        allowed = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.BoolOp,
+                   ast.Compare, ast.Subscript, ast.Slice, ast.Call, ast.keyword, ast.Load, ast.operator,
+                   ast.unaryop, ast.boolop, ast.cmpop, Remote)
+        if not isinstance(node, allowed) or isinstance(node, ast.operator) and type(node) not in _BINARY:
+            raise ValueError(f"{type(node).__name__}")
+        return super().generic_visit(node)
+
+
+def split_test(test: str, calls: list[str]) -> ast.expr:
+    """The assertion of `test` with its calls into the candidate replaced by Remote(i); `calls` gets their source."""
+    try:
+        body = ast.parse(test).body
+    except SyntaxError as exc:
+        raise ValueError(f"test {test!r} is not valid Python: {exc.msg}.") from None
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):
+        raise ValueError(f"test {test!r} must be one assert statement, e.g. 'assert f(2) == 4'.")
+    try:
+        return _Split(calls).visit(body[0].test)
+    except ValueError as exc:
+        raise ValueError(f"test {test!r} uses {exc}, which the code verifier does not evaluate: write it as an "
+                         "assert on calls, literals, comparisons, arithmetic and simple builtins "
+                         f"({', '.join(sorted(SAFE_FUNCTIONS))}).") from None
+
+
+def parse_values(text: str, n: int) -> list[Any]:
+    """Values of the `n` calls from the sandbox's `index<TAB>repr` lines (the first line per index counts)."""
+    values: list[Any] = [MISSING] * n
+    for line in text.splitlines():
+        index, _, rep = line.partition("\t")
+        if not index.isdigit() or int(index) >= n or values[int(index)] is not MISSING:
+            continue
+        if rep.startswith("!") or len(rep) > MAX_VALUE_CHARS:
+            continue
+        try:
+            values[int(index)] = ast.literal_eval(rep)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    return values
+
+
+def passes(assertion: ast.expr, values: list[Any]) -> bool:
+    """Whether the assertion holds on the returned values; any error or missing value fails it."""
+    try:
+        return bool(_eval(assertion, values))
+    except Exception:  # noqa: BLE001 - a test that cannot be evaluated on these values fails
+        return False
+
+
+def _eval(node: ast.AST, values: list[Any]) -> Any:
+    ev = lambda n: _eval(n, values)  # noqa: E731
+    if isinstance(node, Remote):
+        value = values[node.index]
+        if value is MISSING:
+            raise LookupError("no value")
+        return value
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return TYPES[node.id]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = [ev(e) for e in node.elts]
+        return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
+    if isinstance(node, ast.Dict):
+        return {ev(k): ev(v) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.UnaryOp):
+        value = ev(node.operand)
+        return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos,
+                ast.Invert: operator.invert}[type(node.op)](value)
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            return all(ev(v) for v in node.values)
+        return any(ev(v) for v in node.values)
+    if isinstance(node, ast.Compare):
+        left = ev(node.left)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = ev(right_node)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.BinOp):
+        return _binary(node.op, ev(node.left), ev(node.right))
+    if isinstance(node, ast.Subscript):
+        return ev(node.value)[ev(node.slice)]
+    if isinstance(node, ast.Slice):
+        return slice(*(ev(p) if p is not None else None for p in (node.lower, node.upper, node.step)))
+    if isinstance(node, ast.Call):
+        fn = SAFE_FUNCTIONS[_name(node.func)]
+        return fn(*[ev(a) for a in node.args], **{k.arg: ev(k.value) for k in node.keywords})
+    raise ValueError(f"cannot evaluate {type(node).__name__}")
+
+
+def _binary(op: ast.operator, left: Any, right: Any) -> Any:
+    """Arithmetic whose result is bounded: a huge power or repetition is an error, not a hung trainer."""
+    if isinstance(op, ast.Pow) and isinstance(right, int) and isinstance(left, int) and abs(left) > 1:
+        if abs(right) * left.bit_length() > MAX_SIZE:
+            raise OverflowError("power too large")
+    if isinstance(op, ast.Mult):
+        seq, n = (left, right) if isinstance(right, int) else (right, left)
+        if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_SIZE:
+            raise OverflowError("repetition too large")
+    return _BINARY[type(op)](left, right)
