@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.markup import escape
 
     from lmrl.tracking import console
-    from lmrl.parallel.ray_rollout import WorkersFailed
+    from lmrl.rollout.ray import WorkersFailed
     from lmrl.rollout.vllm_client import VLLMServerError
     from lmrl.trainers.common import TrainingStopped
 

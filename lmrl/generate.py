@@ -8,6 +8,10 @@ reward without ties, an upper bound otherwise) and an empirical plug-in estimate
 (`lmrl.algorithms.best_of_n`; add `kl_samples` extra samples per prompt for a tighter estimate).
 
     lmrl generate model=runs/sft/final prompts='["12+34="]' best_of=16 rewards=[model:runs/reward/final]
+
+With `tools=[...]` (or `env=`) it runs the tool loop on each prompt and shows the transcripts:
+
+    lmrl generate model=runs/sft-tools/final prompts='["4821*9375="]' tools=[calculator] tool_parser=pythonic
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from lmrl.rewards import RewardSet
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.tool_config import ToolSection
+from lmrl.rollout.multiturn import run_episodes
+from lmrl.rollout.tool_config import ToolSection, build_env_factory
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import console
 
@@ -103,9 +108,7 @@ def run(config: GenerateConfig) -> list[list[str]]:
         max_new_tokens=config.max_new_tokens, temperature=config.temperature or 1.0, top_p=config.top_p,
         top_k=config.top_k, stop_strings=tuple(config.stop), greedy=config.temperature == 0,
     )
-    if config.multi_turn:  # tools or an environment: the tool loop (lmrl.generate_tools)
-        from lmrl.generate_tools import run_tool_episodes
-
+    if config.multi_turn:  # tools or an environment: the tool loop
         engine = make_engine(config, model, tokenizer, autocast_dtype(config.precision), sampling=params,
                              longest_prompt=1)
         return run_tool_episodes(config, engine, tokenizer, params, prompts)
@@ -182,3 +185,23 @@ def write_jsonl(path: str, records: list[dict]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
     console.print(f"wrote {len(records)} rows to {path}")
+
+
+def run_tool_episodes(config, engine, tokenizer, params, prompts: list[str]) -> list[list[str]]:
+    """n episodes per prompt; returns the final answers grouped per prompt (transcripts are printed/written)."""
+    make_env = build_env_factory(config, tokenizer)
+    rows = [{"prompt": p} for p in prompts for _ in range(config.n)]
+    batch = run_episodes(engine, tokenizer, [make_env(r) for r in rows], rows, params, config.turn_options(),
+                         torch.Generator().manual_seed(config.seed), group_size=config.n)
+    table = Table(title=f"{config.model} with tools {config.tools + config.mcp_servers}", show_lines=True)
+    for column in ("prompt", "transcript", "turns", "tool calls", "finish"):
+        table.add_column(column, overflow="fold")
+    for k, info in enumerate(batch.info):
+        table.add_row(rows[k]["prompt"] if k % config.n == 0 else "", info["transcript"], str(info["num_turns"]),
+                      f"{info['stats'].get('calls', 0)} ({info['stats'].get('call_errors', 0)} errors)", info["finish"])
+    console.print(table)
+    if config.output_file:
+        write_jsonl(config.output_file, [{"prompt": r["prompt"], "completion": c, "transcript": i["transcript"],
+                                          "finish": i["finish"], "tool_stats": i["stats"]}
+                                         for r, c, i in zip(rows, batch.completions, batch.info)])
+    return [batch.completions[i * config.n : (i + 1) * config.n] for i in range(len(prompts))]

@@ -1,4 +1,4 @@
-"""The package's shape (docs/architecture.md): no import circles, pure algorithms, small modules."""
+"""The package's shape (docs/architecture.md): layers, no import circles, pure algorithms, small modules."""
 
 from __future__ import annotations
 
@@ -19,39 +19,74 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def module_level_imports(name: str) -> set[str]:
-    """lmrl modules that ``name`` imports when it is imported (not inside functions; TYPE_CHECKING included)."""
+LAYERS = [
+    {"algorithms", "config_base", "tracking", "sandbox"},
+    {"parallel"},
+    {"config"},
+    {"data", "report"},
+    {"models"},
+    {"rollout"},
+    {"rewards"},
+    {"eval"},
+    {"trainers", "generate", "cai"},
+    {"swarm"},
+    {"cli", "demo"},
+    {"__main__"},
+]
+"""docs/architecture.md's layers, lowest first: a module imports only from its own room and lower layers, at
+module level or inside functions alike. A module that imports nothing of lmrl (e.g. `lmrl.eval.spec`,
+`lmrl.models.gguf`) is a leaf any layer may import: no edge leaves it, so it can close no circle."""
+
+
+def room(name: str) -> str:
+    """The top-level room of a module: lmrl.trainers.online -> trainers, lmrl.cli -> cli."""
+    return name.split(".")[1] if name != "lmrl" else "lmrl"
+
+
+def all_imports(name: str) -> set[str]:
+    """lmrl modules that ``name`` imports anywhere: at module level or inside a function."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-
-    def add(target: str) -> None:
-        while target and target not in MODULES:
-            target = target.rpartition(".")[0]
-        if target and target != name:
-            found.add(target)
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
-            if isinstance(child, ast.Import):
-                for alias in child.names:
-                    if alias.name.startswith("lmrl"):
-                        add(alias.name)
-            elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                if base.startswith("lmrl"):
-                    for alias in child.names:
-                        add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
-            else:
-                visit(child)
-
-    visit(ast.parse(path.read_text()))
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target.startswith("lmrl") and target != name:
+                found.add(target)
     return found
+
+
+def layer_violations() -> list[str]:
+    layer_of = {r: i for i, rooms in enumerate(LAYERS) for r in rooms}
+    imports = {m: all_imports(m) for m in MODULES}
+    leaves = {m for m, targets in imports.items() if not targets}
+    out = []
+    for name, targets in sorted(imports.items()):
+        if room(name) == "lmrl":
+            continue
+        for target in sorted(targets - leaves):
+            if room(target) != room(name) and layer_of[room(target)] > layer_of[room(name)]:
+                out.append(f"{name} imports {target} (layer {room(target)} is above {room(name)})")
+    return out
+
+
+def test_every_room_has_a_layer():
+    rooms = {room(m) for m in MODULES} - {"lmrl"}
+    assert rooms == set().union(*LAYERS), "add the new room to LAYERS and to docs/architecture.md"
+
+
+def test_imports_follow_the_layers_also_inside_functions():
+    assert layer_violations() == []
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -90,16 +125,16 @@ def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_no_import_circles():
+def test_no_import_circles_also_through_imports_inside_functions():
     # a package's __init__ imports its own modules; only circles between modules count
-    graph = {m: {t for t in module_level_imports(m) if not m.startswith(t + ".")} for m in MODULES}
+    graph = {m: {t for t in all_imports(m) if not m.startswith(t + ".")} for m in MODULES}
     assert cycles(graph) == []
 
 
 def test_algorithms_import_nothing_of_lmrl_but_themselves():
     for name in MODULES:
         if name.startswith("lmrl.algorithms"):
-            outside = {t for t in module_level_imports(name) if not t.startswith("lmrl.algorithms")}
+            outside = {t for t in all_imports(name) if not t.startswith("lmrl.algorithms")}
             assert not outside, f"{name} imports {outside}"
 
 

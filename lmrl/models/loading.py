@@ -29,7 +29,9 @@ from transformers import (
 
 from lmrl.data.tokenizers import BUILTIN_TOKENIZERS, load_tokenizer
 from lmrl.models.attention import use_fp32_cpu_attention
+from lmrl.models import lora
 from lmrl.models.gguf import check_gguf, gguf_file, load_gguf_config, load_gguf_model
+from lmrl.models.saving import save_model  # noqa: F401 - re-exported: lmrl.models.loading.save_model
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS: dict[str, dict] = {
@@ -171,10 +173,9 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     anything else goes to ``AutoModelForCausalLM.from_pretrained`` (``load_in_4bit``: NF4 weights via
     bitsandbytes, QLoRA's base).
     """
-    from lmrl.models import lora
-
     if not is_builtin(name) and lora.is_adapter_dir(name):
-        model = lora.load_adapter_dir(name, tokenizer)
+        base, seed, model_args = lora.adapter_base(name)
+        model = lora.merge_adapter_dir(load_model(base, tokenizer, seed=seed, model_args=model_args), name)
         use_fp32_cpu_attention(model)
         return model
     if is_builtin(name):
@@ -269,20 +270,3 @@ def describe_parameters(model: torch.nn.Module) -> str:
     if trainable == total:
         return text
     return f"{text} ({trainable / 1e6:.1f}M trainable)" if trainable >= 1e6 else f"{text} ({trainable / 1e3:.1f}K trainable)"
-
-
-def save_model(model, tokenizer, path: str | Path, state_dict: dict | None = None) -> Path:
-    """``model.save_pretrained`` + ``tokenizer.save_pretrained`` into ``path``, without HF's per-save progress bar
-    (a run saves many checkpoints; the bar is only noise in its log). ``state_dict``: weights to save instead of the
-    model's own (a sharded model's gathered full weights)."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(path, **({"state_dict": state_dict} if state_dict is not None else {}))
-        tokenizer.save_pretrained(path)
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-    return Path(path)

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from lmrl.models.saving import save_model
+
 BASE_FILE = "lmrl_base.json"  # how to rebuild the base of an adapter: model name, seed, model_args
 TRAINABLE_FILE = "trainable.safetensors"
 INSTALL_HINT = "pip install 'lmrl[lora]' (or pip install peft)"
@@ -169,8 +171,6 @@ def load_trainable(model: torch.nn.Module, directory: Path) -> None:
 def save_adapter(model: torch.nn.Module, tokenizer, directory: Path, merge: bool) -> Path:
     """``directory``: the adapter (+ tokenizer and `lmrl_base.json`), or with ``merge`` the merged HF model and the
     adapter in ``directory/adapter``. The policy itself is left unmerged."""
-    from lmrl.models.loading import save_model
-
     adapter_dir = directory / "adapter" if merge else directory
     save_model(model, tokenizer, adapter_dir)
     (adapter_dir / BASE_FILE).write_text(json.dumps(getattr(model, "lmrl_base", {})))
@@ -192,18 +192,20 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (path / "adapter_config.json").exists() and not (path / "config.json").exists()
 
 
-def load_adapter_dir(path: str | Path, tokenizer) -> torch.nn.Module:
-    """The base model of an adapter directory with the adapter merged in (for sampling, references, judges)."""
-    require_peft()
-    from peft import PeftModel
-
-    from lmrl.models.loading import load_model
-
+def adapter_base(path: str | Path) -> tuple[str, int, dict | None]:
+    """(base model name, seed, model_args) of an adapter directory, for `lmrl.models.loading.load_model`."""
     path = Path(path).expanduser()
     base = json.loads((path / BASE_FILE).read_text()) if (path / BASE_FILE).exists() else {}
     name = base.get("model") or json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not name:
         raise FileNotFoundError(f"Adapter '{path}' does not name its base model (adapter_config.json: "
                                 "base_model_name_or_path). Fix: load the base with model=... and merge the adapter.")
-    model = load_model(name, tokenizer, seed=base.get("seed", 0), model_args=base.get("model_args") or None)
-    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return name, base.get("seed", 0), base.get("model_args") or None
+
+
+def merge_adapter_dir(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
+    """``model`` (the adapter's base) with the adapter of ``path`` merged in (for sampling, references, judges)."""
+    require_peft()
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(Path(path).expanduser())).merge_and_unload()

@@ -1,8 +1,8 @@
-"""Scale-out on existing engines: torch.distributed (FSDP2 or DDP, launched by torchrun) for the trainers, Ray
-for rollout workers.
+"""Scale-out infrastructure on torch.distributed (FSDP2 or DDP, launched by torchrun); Ray rollout workers are
+`lmrl.rollout.ray`.
 
 `runtime` (process group, ranks, shards, metric reduction), `wrap` (FSDP2 ``fully_shard`` / DDP ``replicate``),
-`checkpoint` (torch.distributed.checkpoint and the consolidated ``final/``), `launch` (``nproc=N`` re-executes
-through ``torch.distributed.run``), `ray_rollout` (``placement=ray``: rollout-worker actors, ``async_steps``).
+`launch` (``nproc=N`` re-executes through ``torch.distributed.run``), `shards` (a step's seeded sampling shards).
+Multi-process checkpoints are trainer code: `lmrl.trainers.dist_checkpoint`.
 See docs/scale.md.
 """

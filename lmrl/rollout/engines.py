@@ -1,7 +1,8 @@
 """Which engine samples: ONE factory every sampling trainer calls (`rl`, online `dpo`, `rejection-sampling`,
-`generate`, `selfplay`, the swarm node), and the start-up checks of `engine=vllm`.
+`distill`, `generate`, `selfplay`, the swarm node), and the start-up checks of `engine=vllm`.
 
-    engine = make_engine(config, model, tokenizer, setup.dtype, optimizer, sampling=SamplingParams(...))
+    engine = make_engine(config, model, tokenizer, setup.dtype, sampling=SamplingParams(...))
+    engine.sync(model, step - 1)      # before each rollout (`lmrl.rollout.protocol`)
 
 `config` is any object with `lmrl.config.EngineSection`'s keys (`engine`, `vllm_*`) and `seed`; with `engine=hf` (the
 default) this is `HFEngine(model, tokenizer, autocast_dtype=dtype)`; with `engine=vllm` a `VLLMEngine` whose vLLM runs
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Callable
 
 import torch
 
 from lmrl.config import ConfigError
 from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import SamplingParams
 from lmrl.rollout.vllm_weights import adapts_tied_head
 
@@ -28,15 +31,22 @@ INSTALL = ("pip install 'lmrl[vllm]' (GPU), or on CPU: pip install torch==2.13.0
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
-def make_engine(config, model, tokenizer, dtype: torch.dtype | None, optimizer: torch.optim.Optimizer | None = None,
-                *, sampling: SamplingParams, longest_prompt: int = 1):
-    """The rollout engine `config.engine` names, sampling from `model`.
+def make_engine(config, model, tokenizer, dtype: torch.dtype | None, *, sampling: SamplingParams,
+                longest_prompt: int = 1) -> Engine:
+    """The rollout engine `config.engine` names (`ENGINES`), sampling from `model`.
 
-    dtype: the run's autocast dtype (None: fp32); vLLM runs in it. optimizer: the engine=vllm engine re-syncs its
-    weights after every step of it. sampling: the run's (longest) sampling parameters and longest_prompt its longest
-    prompt in tokens, both checked at start-up."""
-    if getattr(config, "engine", "hf") == "hf":
-        return HFEngine(model, tokenizer, autocast_dtype=dtype)
+    dtype: the run's autocast dtype (None: fp32); vLLM runs in it. sampling: the run's (longest) sampling parameters
+    and longest_prompt its longest prompt in tokens, both checked at start-up. The trainer keeps the engine's weights
+    current with `engine.sync(model, version)` before each rollout."""
+    return ENGINES[getattr(config, "engine", "hf")](config, model, tokenizer, dtype, sampling, longest_prompt)
+
+
+def hf_engine(config, model, tokenizer, dtype, sampling: SamplingParams, longest_prompt: int) -> Engine:
+    return HFEngine(model, tokenizer, autocast_dtype=dtype)
+
+
+def vllm_engine(config, model, tokenizer, dtype, sampling: SamplingParams, longest_prompt: int) -> Engine:
+    """vLLM in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rollout.vllm_client`)."""
     options = vllm_options(config, model, dtype, sampling, longest_prompt)
     from lmrl.rollout.vllm_engine import VLLMEngine
 
@@ -45,7 +55,12 @@ def make_engine(config, model, tokenizer, dtype: torch.dtype | None, optimizer: 
         from lmrl.rollout.vllm_client import server_driver
 
         driver = server_driver(config.vllm_server, config.vllm_server_timeout, model, options)
-    return VLLMEngine(model, tokenizer, options, optimizer, driver=driver)
+    return VLLMEngine(model, tokenizer, options, driver=driver)
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {"hf": hf_engine, "vllm": vllm_engine}
+"""`engine=<name>` -> factory(config, model, tokenizer, dtype, sampling, longest_prompt); `EngineSection.engine`
+lists the same names (a test ties them)."""
 
 
 def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt: int = 1):

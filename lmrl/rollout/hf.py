@@ -118,11 +118,19 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def set_model(self, model) -> None:
-        """Sample from `model` from now on (the engine interface's way to follow a replaced policy)."""
-        self.model = model
-        self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
-        self._cache_kwarg = cache_kwarg(model) or "past_key_values"
+    def sync(self, model, version: int) -> None:
+        """Sample from `model` (`lmrl.rollout.protocol`): it samples the training model itself, so no weights move;
+        a replaced model (the next rejection round's policy) is followed."""
+        if model is not self.model:
+            self.model = model
+            self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
+            self._cache_kwarg = cache_kwarg(model) or "past_key_values"
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
     @property
     def pad_token_id(self) -> int:

@@ -72,7 +72,7 @@ def run_episodes(engine, tokenizer, envs: Sequence[Environment], rows: Sequence[
     for env, row in zip(envs, rows):
         history = env.reset(row)
         trajs.append(_Trajectory(env, history, prompt_ids(tokenizer, history, env.tools)))
-    limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+    limit = getattr(getattr(engine.model, "config", None), "max_position_embeddings", None)  # the model's context
     for turn in range(options.max_turns):
         for t in trajs:  # a context the model cannot extend ends the episode (flagged like the token budget)
             if t.finish is None and limit is not None and len(t.prompt) + len(t.ids) >= limit:
@@ -160,7 +160,7 @@ def _assemble(trajs: list[_Trajectory], tokenizer, engine, group_size: int) -> R
             attn[i, : len(t.ids)] = 1
             train[i, : len(t.ids)] = torch.tensor(t.train)
             logp[i, : len(t.ids)] = torch.tensor(t.logp)
-    device = getattr(engine, "device", torch.device("cpu"))
+    device = engine.device
     truncated = torch.tensor([t.finish != "done" for t in trajs])
     info = [{"finish": t.finish, "turns": t.turns, "num_turns": len(t.turns), "env_reward": t.reward,
              "transcript": render(tokenizer, t.history, t.env.tools, add_generation_prompt=False)

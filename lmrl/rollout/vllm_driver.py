@@ -92,6 +92,9 @@ class VLLMDriver:
     def wake_up(self, tags: list[str]) -> None:
         self.llm.wake_up(tags=tags)
 
+    def close(self) -> None:
+        """Nothing to stop: vLLM runs in this process and goes with it."""
+
 
 def start_llm(model_dir: str, options: VLLMOptions, device_type: str):
     """`vllm.LLM` on `model_dir` with dummy weights, leaving the process as it found it: vLLM reseeds the global

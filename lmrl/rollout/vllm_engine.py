@@ -2,14 +2,16 @@
 in place after every optimizer step (never by a restart or through files). Where vLLM runs is the driver's business:
 in this process (`VLLMDriver`, colocated) or in a `lmrl vllm-serve` process (`RemoteVLLM`, server mode).
 
-    engine = VLLMEngine(model, tokenizer, VLLMOptions(max_model_len=256), optimizer)
+    engine = VLLMEngine(model, tokenizer, VLLMOptions(max_model_len=256))
+    engine.sync(model, version)             # before each rollout: a new version is pushed at the next generate
     batch = engine.generate(prompt_ids, SamplingParams(max_new_tokens=32, temperature=0.7), n=8, generator=g)
 
 - Start: vLLM starts on the model's config with dummy weights and no tokenizer (`vllm_driver`; lmrl tokenizes and
   decodes, exactly as for the HF engine); the first `generate` pushes the real weights.
-- Sync: `optimizer.register_step_post_hook` marks the engine stale after every optimizer step; the next `generate`
-  pushes every weight in place (`vllm_weights`: merged LoRA, the tied-head re-pack on CPU) and resets the prefix
-  cache (no KV from old weights is reused). `set_model` does the same for a replaced model (rejection rounds).
+- Sync: the trainer calls `sync(model, version)` before it samples (`lmrl.rollout.protocol`); a new version (or a
+  replaced model: rejection rounds) marks the engine stale, and the next `generate` pushes every weight in place
+  (`vllm_weights`: merged LoRA, the tied-head re-pack on CPU) and resets the prefix cache (no KV from old weights is
+  reused).
 - The same `RolloutBatch` as `HFEngine`: prompt-major rows (one request per prompt, `n` children sharing the
   prompt's KV through prefix caching), `sampler_logp` = log_softmax(logits / T) of each sampled token (vLLM's
   `processed_logprobs`; exact for top_k=0, top_p=1, which is why other settings are refused), stop token ids kept,
@@ -50,8 +52,7 @@ def model_spec(model) -> tuple[dict, str]:
 class VLLMEngine:
     """vLLM (here or in a server) sampling with `model`'s current weights; returns a `RolloutBatch` like `HFEngine`."""
 
-    def __init__(self, model, tokenizer, options: VLLMOptions, optimizer: torch.optim.Optimizer | None = None,
-                 driver=None):
+    def __init__(self, model, tokenizer, options: VLLMOptions, driver=None):
         """driver: where vLLM runs; None starts a `VLLMDriver` in this process (colocated), a `RemoteVLLM`
         (`lmrl.rollout.vllm_client`) is a `lmrl vllm-serve` process (server mode). Both sample identically."""
         self.model, self.tokenizer, self.options = model, tokenizer, options
@@ -62,25 +63,26 @@ class VLLMEngine:
 
             driver = VLLMDriver(*model_spec(model), options, self.device.type)
         self.driver = driver
-        self.stale, self.sleeping = True, False
+        self.stale, self.sleeping = True, False  # vLLM starts on dummy weights: the first generate pushes
+        self.version: int | None = None
         self.syncs, self.last_sync_s = 0, 0.0
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
-        if optimizer is not None:
-            self.watch(optimizer)
 
     # -- weights ---------------------------------------------------------------------------------------------
 
-    def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        """Sync after every step of `optimizer` (lazily: at the next `generate`)."""
-        optimizer.register_step_post_hook(lambda *_: self.mark_stale())
+    def sync(self, model, version: int) -> None:
+        """Sample `model` after `version` updates: a new version or another model is pushed at the next
+        `generate` (lazily, so several updates between rollouts cost one push)."""
+        if model is not self.model or version != self.version:
+            self.model, self.version, self.stale = model, version, True
 
-    def mark_stale(self) -> None:
-        self.stale = True
+    def metrics(self) -> dict[str, float]:
+        """``time/weight_sync_s``: the seconds of the last weight push."""
+        return {"time/weight_sync_s": self.last_sync_s}
 
-    def set_model(self, model) -> None:
-        """Sample from `model` from now on (same architecture; e.g. the next round's policy); synced at `generate`."""
-        self.model = model
-        self.stale = True
+    def close(self) -> None:
+        """A `lmrl vllm-serve` process this engine started is stopped; colocated vLLM goes with the process."""
+        self.driver.close()
 
     def sync_weights(self) -> float:
         """Push every weight of the model into the running engine in place; returns the seconds it took."""

@@ -42,6 +42,7 @@ from lmrl.models.loading import is_builtin
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
+from lmrl.rollout.groups import GroupOptions, LocalGroups
 from lmrl.rollout.types import RolloutBatch
 from lmrl.swarm.batch import (TokenizedGroup, concat_batches, groups_to_batch, has_special_tokens, special_strings,
                               tokenize_groups, with_sampler_logp)
@@ -172,11 +173,12 @@ class SwarmNode:
         self.rl = rl_config(config, spec.samples_per_prompt, spec.seed)
         self.dtype = setup.dtype
         self.optimizer = common.build_optimizer(model, self.rl)
-        self.engine = make_engine(config, model, tokenizer, self.dtype, self.optimizer,
-                                  sampling=online.sampling_params(self.rl))
+        options = GroupOptions.from_config(self.rl)
+        self.engine = make_engine(config, model, tokenizer, self.dtype, sampling=options.params)
+        self.sampler = LocalGroups(self.engine, tokenizer, options)
         self.scheduler = common.build_scheduler(self.optimizer, self.rl, config.max_steps * self.rl.updates_per_step)
-        self.parts = online.Parts(model, tokenizer, None, None, self.engine, self.reward_set, self.optimizer,
-                                  self.scheduler)
+        self.parts = online.Parts(model, tokenizer, None, None, self.engine, self.sampler, self.reward_set,
+                                  self.optimizer, self.scheduler)
         self.limits = PayloadLimits(max_bytes=config.max_payload_bytes)
         self.counter = SkipCounter()
         self.tasks = {name: get_task(name, **config.task_args.get(name, {})) for name in dict.fromkeys(config.tasks)}
@@ -203,7 +205,8 @@ class SwarmNode:
         G = self.spec.samples_per_prompt
         rows = self.questions(step)
         t0 = time.perf_counter()
-        batch = online.rollout(self.engine, self.tokenizer, rows, self.rl, step)
+        self.sampler.sync(self.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
+        batch = self.sampler.sample(rows, step)
         elapsed = time.perf_counter() - t0
         metrics = {"time/rollout_s": elapsed, "completion_len/mean": batch.completion_lengths.float().mean().item(),
                    "completion/truncated_frac": batch.truncated.float().mean().item(),

@@ -14,9 +14,9 @@ import torch
 
 from lmrl.eval.tools import tool_eval
 from lmrl.parallel import runtime
-from lmrl.parallel.shards import rank_shards, shard_generator
+from lmrl.rollout.groups import sampling_params, seeded_shards
 from lmrl.rollout.multiturn import run_episodes
-from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
+from lmrl.rollout.types import RolloutBatch, concat_batches
 
 
 def rollout_episodes(engine, tokenizer, rows: list[dict], config, step: int, env_factory) -> RolloutBatch:
@@ -24,14 +24,12 @@ def rollout_episodes(engine, tokenizer, rows: list[dict], config, step: int, env
     with the generator of (seed, step, k): resume-exact, and independent of the number of processes). Each rank
     runs its episodes alone (several processes: the policy is unsharded for the rollout), so episodes of different
     lengths or turn counts need no padding: every rank's batch has the same number of rows."""
-    G = config.samples_per_prompt
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                            top_p=config.top_p, top_k=config.top_k)
+    G, params = config.samples_per_prompt, sampling_params(config)
     batches = []
-    for k, part in rank_shards(rows, config.sampling_shards):
+    for _, part, generator in seeded_shards(rows, config.sampling_shards, config.seed, step):
         rep = [row for row in part for _ in range(G)]
         batches.append(run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params,
-                                    config.turn_options(), shard_generator(config.seed, step, k), group_size=G))
+                                    config.turn_options(), generator, group_size=G))
     return concat_batches(batches, tokenizer.pad_token_id)
 
 

@@ -40,16 +40,16 @@ from lmrl.models.hf_compat import no_cache
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.parallel.shards import rank_shards, shard_generator
-from lmrl.rollout.hf import HFEngine
-from lmrl.rollout.types import SamplingParams
+from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines import make_engine
+from lmrl.rollout.groups import sampling_params, seeded_shards
 from lmrl.trainers import common, loop, sft
 
 IGNORE = -100
 
 
 @dataclasses.dataclass
-class DistillConfig(DecodingSection, sft.SFTConfig):
+class DistillConfig(EngineSection, DecodingSection, sft.SFTConfig):
     teacher: str = field("", "the frozen teacher: a trained model directory (or hub id) sharing the student's tokenizer")
     on_policy_frac: float = field(1.0, "lambda: fraction of each batch the student completes itself (1: on-policy distillation, 0: offline KD on the dataset's completions)")
     divergence: Literal["auto", "forward", "reverse"] = field("auto", "auto: forward KL on dataset completions, reverse KL on the student's own")
@@ -130,9 +130,10 @@ class Distill(sft.SFT):
                                             "Distillation compares the two models' distributions token by token")
         self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft.load_data(config, self.tokenizer)
         self.env_factory = None  # no tool episodes (refused by the config)
-        self.engine = HFEngine(self.model, self.tokenizer, autocast_dtype=setup.dtype)
-        self.params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                     top_p=config.top_p, top_k=config.top_k)
+        self.params = sampling_params(config)
+        longest = max((prompt_length(ex) for ex in self.examples), default=1)
+        self.engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=self.params,
+                                  longest_prompt=longest)
         self.model.train()
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
@@ -149,13 +150,12 @@ class Distill(sft.SFT):
                                        self.setup.dtype, num_samples=0)
         return {"teacher/eval_accuracy": runtime.broadcast_object(acc)["accuracy"]}
 
-    def sample(self, examples: list[SFTExample], step: int, shard: int) -> tuple[list[SFTExample], float]:
+    def sample(self, examples: list[SFTExample], generator: torch.Generator) -> tuple[list[SFTExample], float]:
         """The student's own completions of these examples' prompts, as examples (prompt unlearned), with the
-        generator of ``shard`` of the step (`lmrl.parallel.shards`); and their summed length."""
+        generator of their sampling shard (`lmrl.rollout.groups.seeded_shards`); and their summed length."""
         if not examples:
             return [], 0.0
         prompts = [ex.input_ids[: prompt_length(ex)] for ex in examples]
-        generator = shard_generator(self.config.seed, step, shard, model_device(self.model))
         was_training = self.model.training
         self.model.eval()
         with runtime.full_params(self.model):  # FSDP: each rank samples with the whole student, no lockstep
@@ -170,9 +170,11 @@ class Distill(sft.SFT):
         """This rank's rows, the first ``on_policy_frac`` of each sampling shard completed by the student; their
         divergence directions, the number of on-policy rows and their summed length."""
         batch, directions, n_on, length = [], [], 0, 0.0
-        for shard, part in rank_shards(rows, self.config.sampling_shards):
-            k = round(self.config.on_policy_frac * len(part))  # the batch is a random draw: its first rows are too
-            sampled, summed = self.sample(part[:k], step, shard)
+        self.engine.sync(self.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
+        config, device = self.config, model_device(self.model)
+        for _, part, generator in seeded_shards(rows, config.sampling_shards, config.seed, step, device):
+            k = round(config.on_policy_frac * len(part))  # the batch is a random draw: its first rows are too
+            sampled, summed = self.sample(part[:k], generator)
             batch += sampled + part[k:]
             directions += [self.direction(i < k) for i in range(len(part))]
             n_on, length = n_on + k, length + summed
@@ -182,6 +184,9 @@ class Distill(sft.SFT):
         if self.config.divergence != "auto":
             return self.config.divergence
         return "reverse" if on_policy else "forward"
+
+    def close(self) -> None:
+        self.engine.close()
 
     def step(self, step: int) -> dict[str, float]:
         config, t0 = self.config, time.perf_counter()

@@ -16,7 +16,7 @@ optimizer steps, e.g. PPO's policy and value model).
 
 With several processes (torchrun, ``nproc=N``) each rank's ``step`` trains on its share of the global batch; the
 loop reduces the metrics over ranks, evaluates on rank 0 (every FSDP-sharded model unsharded meanwhile), saves
-checkpoints with torch.distributed.checkpoint and ``final/`` as one HF directory (`lmrl.parallel.checkpoint`).
+checkpoints with torch.distributed.checkpoint and ``final/`` as one HF directory (`lmrl.trainers.dist_checkpoint`).
 
 `run` owns the rest, in this order: resume (then ``config.yaml``) or initial evaluation, the step loop with periodic
 log/eval/checkpoint, divergence (the tracker is closed, the last good checkpoint kept), final
@@ -36,7 +36,7 @@ import torch
 
 from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
-from lmrl.parallel import checkpoint as dist_checkpoint
+from lmrl.trainers import dist_checkpoint
 from lmrl.parallel import runtime
 from lmrl.trainers import common
 

@@ -39,11 +39,11 @@ from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.types import RolloutBatch, concat_batches
+from lmrl.rollout.groups import GroupOptions, LocalGroups, sampling_params
+from lmrl.rollout.protocol import Engine, GroupSampler
+from lmrl.rollout.types import RolloutBatch
 from lmrl.rollout.tool_config import build_env_factory
 from lmrl.parallel import runtime
-from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.ppo_value import ppo_targets, value_term
 from lmrl.trainers.curriculum import Curriculum
@@ -59,37 +59,13 @@ def repeat_columns(rows: list[dict[str, Any]], group_size: int) -> dict[str, lis
     return {k: [row[k] for row in rows for _ in range(group_size)] for k in keys}
 
 
-def sampling_params(config: RLConfig) -> SamplingParams:
-    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-                          top_k=config.top_k)
-
-
-def rollout(engine, tokenizer, rows, config: RLConfig, step: int, env_factory=None) -> RolloutBatch:
-    """This rank's rows sampled in its ``sampling_shards`` (whole groups; shard k of the step has its own seeded
-    generator, so a run's samples do not depend on how many processes share the shards). placement=ray: the
-    step's batch from the rollout workers (`lmrl.parallel.ray_rollout`)."""
-    if hasattr(engine, "sample_step"):  # placement=ray
-        return engine.sample_step(step)
-    if env_factory is not None:  # multi-turn: tools or an environment (lmrl.trainers.agentic)
-        return agentic.rollout_episodes(engine, tokenizer, rows, config, step, env_factory)
-    shards = rank_shards(rows, config.sampling_shards)
-    batches = [sample_shard(engine, tokenizer, part, config, step, k, record=len(shards) == 1 and runtime.world() == 1)
-               for k, part in shards]
-    return concat_batches(batches, tokenizer.pad_token_id)
-
-
-def sample_shard(engine, tokenizer, rows, config: RLConfig, step: int, shard: int, record: bool = False) -> RolloutBatch:
-    """G completions for each of ``rows``, with the generator of (seed, step, shard): resume-exact, and shard 0
-    draws as a single-process run always did."""
-    texts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    generator = shard_generator(config.seed, step, shard, getattr(engine, "device", "cpu"))
-    # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
-    # gradient checkpointing turns off), and only from one unsharded rollout
-    record = (record and config.reuse_sampling_forward and config.share_prompts and config.updates_per_step == 1
-              and not config.gradient_checkpointing)
-    return engine.generate(ids, sampling_params(config), n=config.samples_per_prompt, generator=generator,
-                           record_linear_outputs=record)
+def rollout(parts: Parts, rows, config: RLConfig, step: int) -> RolloutBatch:
+    """This rank's rows, G completions each: multi-turn episodes with tools or an environment
+    (`lmrl.trainers.agentic`), else the run's group sampler (`lmrl.rollout.groups`; placement=ray:
+    `lmrl.rollout.ray`)."""
+    if parts.env_factory is not None:
+        return agentic.rollout_episodes(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
+    return parts.sampler.sample(rows, step)
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
@@ -249,7 +225,10 @@ class Parts:
     tokenizer: Any
     ref_model: Any
     value_model: ValueModel | None
-    engine: HFEngine  # or VLLMEngine: lmrl.rollout.engines.make_engine
+    engine: Engine | None
+    """this process's engine (`lmrl.rollout.engines.make_engine`); None with placement=ray"""
+    sampler: GroupSampler
+    """the step's groups: `LocalGroups` over ``engine``, or `RayRollouts`"""
     reward_set: RewardSet
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -265,8 +244,9 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     """Sample, score, compute advantages, update. Returns the step's metrics."""
     G = config.samples_per_prompt
     t0 = time.perf_counter()
+    parts.sampler.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
-        batch = rollout(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
+        batch = rollout(parts, rows, config, step)
     t_rollout = time.perf_counter() - t0
     parts.group_rewards = failure = None
     try:
@@ -283,9 +263,7 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
                     "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
                     **agentic.episode_metrics(batch)})
-    if hasattr(parts.engine, "last_sync_s"):  # engine=vllm: the weight push that preceded this rollout
-        metrics["time/weight_sync_s"] = parts.engine.last_sync_s
-    metrics.update(getattr(parts.engine, "last_metrics", {}))  # placement=ray: staleness, waiting
+    metrics.update(parts.sampler.metrics())  # engine=vllm: the weight push; placement=ray: staleness, waiting
     if step % config.sample_every == 0 or step == 1:
         tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": agentic.sample_text(batch, i),
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
@@ -367,18 +345,19 @@ class OnlineRL:
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
         longest = longest_prompt(self.tokenizer, self.rows) if config.engine == "vllm" else 1
         if config.placement == "ray":  # rollout-worker actors; this process learns
-            from lmrl.parallel.ray_rollout import RayRollouts
+            from lmrl.rollout.ray import RayRollouts
 
-            engine = RayRollouts(config, self.rows_of, self.model, self.tokenizer)
+            engine, sampler = None, RayRollouts(config, self.rows_of, self.model, self.tokenizer)
         else:
-            engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
-                                 sampling=sampling_params(config), longest_prompt=longest)
+            engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config),
+                                 longest_prompt=longest)
+            sampler = LocalGroups(engine, self.tokenizer, GroupOptions.from_config(config))
         env_factory = build_env_factory(config, self.tokenizer)
         self.curriculum = (Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
                            if config.curriculum is not None else None)
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
-        self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, reward_set, self.optimizer,
-                           self.scheduler, env_factory, ptx)
+        self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, sampler, reward_set,
+                           self.optimizer, self.scheduler, env_factory, ptx)
 
     def indices_of(self, step: int) -> list[int]:
         """The step's prompt indices in the fixed data order (a pure function of the step, so rollout workers can
@@ -390,14 +369,10 @@ class OnlineRL:
         return [self.rows[i] for i in self.indices_of(step)]
 
     def step(self, step: int) -> dict[str, float]:
-        config, curriculum, engine = self.config, self.curriculum, self.parts.engine
+        config, curriculum = self.config, self.curriculum
         indices = curriculum.next_batch(config.prompts_per_step) if curriculum is not None else self.indices_of(step)
         rows = runtime.shard([self.rows[i] for i in indices])  # this rank's share of the step's prompts
-        if hasattr(engine, "push_weights") and engine.version != step - 1:  # resumed: the restored weights
-            engine.push_weights(self.model, step - 1)
         metrics = rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
-        if hasattr(engine, "push_weights"):  # placement=ray: the update reaches the workers
-            engine.push_weights(self.model, step)
         if curriculum is not None:  # one process (refused with several or with placement=ray)
             if self.parts.group_rewards is not None:
                 curriculum.record(indices, self.parts.group_rewards.tolist())
@@ -405,8 +380,7 @@ class OnlineRL:
         return metrics
 
     def close(self) -> None:
-        if hasattr(self.parts.engine, "close"):
-            self.parts.engine.close()
+        self.parts.sampler.close()
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics, samples = evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,

@@ -46,10 +46,10 @@ from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.groups import sampling_params, seeded_shards
+from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.parallel import runtime
-from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import common, loop
 from lmrl.trainers.dpo_common import Example, Reference, build_examples, evaluate, reference_logps, train_step
 from lmrl.trainers.dpo_config import DPOConfig
@@ -91,16 +91,11 @@ class Parts:
     model: Any
     tokenizer: Any
     ref_model: Any  # frozen π_ref, None for reference-free losses
-    engine: HFEngine  # or VLLMEngine: lmrl.rollout.engines.make_engine
+    engine: Engine  # lmrl.rollout.engines.make_engine
     reward_set: RewardSet | None
     judge: PairwiseJudge | None
     optimizer: torch.optim.Optimizer
     scheduler: Any
-
-
-def sampling_params(config: DPOConfig) -> SamplingParams:
-    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-                          top_k=config.top_k)
 
 
 def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tuple[RolloutBatch, list[list[int]]]:
@@ -108,9 +103,11 @@ def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tupl
     rank's seeded ``sampling_shards`` (`lmrl.parallel.shards`): resume-exact and independent of the process count."""
     ids = [encode_prompt(parts.tokenizer, r["prompt"], config.chat) for r in rows]  # as offline DPO tokenizes
     params, k = sampling_params(config), config.samples_per_prompt
+    parts.engine.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
-        batches = [parts.engine.generate(part, params, n=k, generator=shard_generator(config.seed, step, index))
-                   for index, part in rank_shards(ids, config.sampling_shards)]
+        batches = [parts.engine.generate(part, params, n=k, generator=generator)
+                   for _, part, generator in seeded_shards(ids, config.sampling_shards, config.seed, step,
+                                                           parts.engine.device)]
     return concat_batches(batches, parts.tokenizer.pad_token_id), ids
 
 
@@ -275,8 +272,7 @@ class OnlineDPO:
             judge = PairwiseJudge(judge_model, judge_tokenizer, autocast_dtype=setup.dtype, **config.judge_args)
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
-        engine = make_engine(config, self.model, self.tokenizer, setup.dtype, self.optimizer,
-                             sampling=sampling_params(config))
+        engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config))
         self.parts = Parts(self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer,
                            self.scheduler)
         self.state: dict[str, Any] = {"bco": (0.0, 0)}  # BCO's running (sum, count) of implicit rewards
@@ -286,6 +282,9 @@ class OnlineDPO:
         rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.batch_size, step, config.seed)]
         rows = runtime.shard(rows)  # this rank's share of the step's prompts
         return online_step(self.parts, rows, config, self.setup.dtype, step, self.state, self.tracker)
+
+    def close(self) -> None:
+        self.parts.engine.close()
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate_online(self.parts, self.data, self.config, self.setup.dtype, self.state)

@@ -46,11 +46,11 @@ from lmrl.models.logprobs import completion_logprobs
 from lmrl.rewards import RewardSet
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
+from lmrl.rollout.groups import seeded_shards
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
 from lmrl.parallel import runtime
 from lmrl.parallel.runtime import env_world_size
-from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.trainers import rundir, sft
 from lmrl.tracking import Tracker
 
@@ -147,12 +147,11 @@ class Pool:
 def sample_and_score(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, n: int,
                      generators: list[torch.Generator], dtype, engine=None) -> Pool:
     """N completions per row from `model` (batched; the k-th of len(generators) equal shards of `rows` with
-    generator k) scored by `rewards`. engine: a long-lived engine (engine=vllm: one for the whole run, re-pointed at
-    each round's policy); None: an HF engine on `model`."""
+    generator k) scored by `rewards`. engine: a long-lived engine (engine=vllm: one for the whole run, synced to
+    each round's policy, a new model object, which `sync` pushes); None: an HF engine on `model`."""
     if engine is None:
         engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
-    elif engine.model is not model:
-        engine.set_model(model)
+    engine.sync(model, 0)  # rounds replace the model rather than update it: the new object is what is pushed
     batches = []
     for k, generator in enumerate(generators):
         part = runtime.shard(rows, k, len(generators))
@@ -386,7 +385,7 @@ def train(config: RejectionConfig) -> dict[str, float]:
     final = dict(initial)
     for r in range(done + 1, config.rounds + 1):
         share = runtime.shard(rows)  # this rank's prompts, in its seeded sampling shards
-        generators = [shard_generator(config.seed, r, k) for k, _ in rank_shards(share, config.sampling_shards)]
+        generators = [generator for _, _, generator in seeded_shards(share, config.sampling_shards, config.seed, r)]
         pool = gather_pool(sample_and_score(model, tokenizer, share, rewards, config, config.samples_per_prompt,
                                             generators, dtype, engine), tokenizer.pad_token_id)
         chosen = select(pool, config, tracker)

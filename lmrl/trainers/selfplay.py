@@ -56,12 +56,12 @@ from lmrl.models.hf_compat import no_cache
 from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.types import RolloutBatch, concat_batches
+from lmrl.rollout.groups import seeded_shards
+from lmrl.rollout.protocol import Engine
+from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 from lmrl.trainers import common, loop
 from lmrl.trainers.online import logprobs_no_grad
 from lmrl.trainers.selfplay_config import SelfPlayConfig
@@ -89,7 +89,7 @@ class Parts:
     model: Any
     tokenizer: Any
     ref_model: Any
-    engine: HFEngine  # or VLLMEngine: lmrl.rollout.engines.make_engine
+    engine: Engine  # lmrl.rollout.engines.make_engine
     reward_set: RewardSet
     judge_set: RewardSet | None
     check: Callable[[str], Query | None]
@@ -169,10 +169,9 @@ def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: Sel
     return rewards, config.self_reward_weight * quality, metrics
 
 
-def sample_shard(parts: Parts, config: SelfPlayConfig, step: int, shard: int, n: int):
-    """Shard ``shard`` of the step (`lmrl.parallel.shards`, one seeded generator): ``n`` Challenger queries, their
-    checks, and G Solver answers to each valid one (None if none is valid)."""
-    generator = shard_generator(config.seed, step, shard, parts.engine.device)  # resume-exact
+def sample_shard(parts: Parts, config: SelfPlayConfig, generator: torch.Generator, n: int):
+    """One shard of the step (`lmrl.rollout.groups.seeded_shards`: its seeded generator, resume-exact): ``n``
+    Challenger queries, their checks, and G Solver answers to each valid one (None if none is valid)."""
     sampling, tok = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k), parts.tokenizer
     challenger = parts.engine.generate([parts.challenger_ids], SamplingParams(config.challenger_max_new_tokens,
                                        **sampling), n=n, generator=generator)  # (n rows)
@@ -186,9 +185,11 @@ def sample_shard(parts: Parts, config: SelfPlayConfig, step: int, shard: int, n:
 def rollout(parts: Parts, config: SelfPlayConfig, step: int):
     """This rank's queries (its sampling shards) and answers, with the whole policy on each rank (FSDP)."""
     pad_id = parts.tokenizer.pad_token_id
+    parts.engine.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
+    queries = runtime.shard(range(config.queries_per_step))
     with runtime.full_params(parts.model):
-        shards = [sample_shard(parts, config, step, k, len(part))
-                  for k, part in rank_shards(runtime.shard(range(config.queries_per_step)), config.sampling_shards)]
+        shards = [sample_shard(parts, config, generator, len(part)) for _, part, generator
+                  in seeded_shards(queries, config.sampling_shards, config.seed, step, parts.engine.device)]
     solvers = [solver for _, _, solver in shards if solver is not None]
     return (concat_batches([c for c, _, _ in shards], pad_id), [q for _, queries, _ in shards for q in queries],
             concat_batches(solvers, pad_id) if solvers else None)
@@ -339,14 +340,16 @@ class SelfPlay:
         cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
         longest = SamplingParams(max(config.challenger_max_new_tokens, config.solver_max_new_tokens),
                                  temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
-        engine = make_engine(config, self.model, tokenizer, dtype, self.optimizer, sampling=longest,
-                             longest_prompt=len(cp_ids))
+        engine = make_engine(config, self.model, tokenizer, dtype, sampling=longest, longest_prompt=len(cp_ids))
         self.parts = Parts(self.model, tokenizer, ref_model, engine, self.reward_set, judge_set,
                            lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args), cp_ids,
                            self.optimizer, self.scheduler)
 
     def step(self, step: int) -> dict[str, float]:
         return selfplay_step(self.parts, self.config, self.setup.dtype, step, self.tracker)
+
+    def close(self) -> None:
+        self.parts.engine.close()
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype)

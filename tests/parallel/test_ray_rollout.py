@@ -49,7 +49,7 @@ def test_async_workers_learn_with_bounded_staleness_and_a_killed_worker_is_repla
 
     def kill_a_worker(method, step):
         if step == 8:
-            ray.kill(method.parts.engine.workers[0])
+            ray.kill(method.parts.sampler.workers[0])
 
     run_with(config, kill_a_worker)
     metrics = [m for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in m]
@@ -67,22 +67,22 @@ def test_async_workers_learn_with_bounded_staleness_and_a_killed_worker_is_repla
 @SLOW
 def test_a_worker_failing_repeatedly_stops_the_run_with_the_checkpoint_intact(tmp_path, cluster):
     ray = cluster
-    from lmrl.parallel.ray_rollout import WorkersFailed
+    from lmrl.rollout.ray import WorkersFailed
 
     config = load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'run'}", *ARGS, "max_steps=6",
                                                  "save_every=2", "worker_restarts=1"])
 
     def kill_every_time(method, step):
         if step >= 3:  # the replacement dies too (as one that runs out of memory at start-up would)
-            original = method.parts.engine.spawn
+            original = method.parts.sampler.spawn
 
             def spawn_dead():
                 worker = original()
                 ray.kill(worker)
                 return worker
 
-            method.parts.engine.spawn = spawn_dead
-            ray.kill(method.parts.engine.workers[1])
+            method.parts.sampler.spawn = spawn_dead
+            ray.kill(method.parts.sampler.workers[1])
 
     with pytest.raises(WorkersFailed, match="rollout worker 1 failed 2 times in a row.*last checkpoint is intact"):
         run_with(config, kill_every_time)
@@ -112,7 +112,7 @@ def test_resume_pushes_the_restored_weights_to_the_workers(tmp_path, cluster):
 
 
 def test_ray_missing_is_a_start_up_error_with_the_install_command(tmp_path, monkeypatch):
-    from lmrl.parallel import ray_rollout
+    from lmrl.rollout import ray as ray_rollout
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ConfigError, match=r"pip install 'lmrl\[ray\]'"):

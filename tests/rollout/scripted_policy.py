@@ -12,6 +12,9 @@ class ScriptedEngine:
     `tokenizer`, with log-prob -0.5 per token; a reply ending in '...' is cut without its end-of-turn token
     (finish 'length'). Rows are matched to scripts by the order of the prompts they were first given."""
 
+    device = torch.device("cpu")
+    model = None  # no model: no context limit
+
     def __init__(self, tokenizer, replies: list[list[str]]):
         self.tokenizer, self.replies = tokenizer, replies
         self.calls = 0

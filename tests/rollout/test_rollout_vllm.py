@@ -110,25 +110,29 @@ def test_a_weight_change_is_synced_in_place(pair, prompts):
     params = SamplingParams(max_new_tokens=24, greedy=True, temperature=0)
     old = engine.generate(prompts, params)
     perturb(model, 0.2, seed=1)
-    engine.mark_stale()
+    engine.sync(model, (engine.version or 0) + 1)
     new_hf = hf.generate(prompts, params)
     assert not torch.equal(old.completion_ids, new_hf.completion_ids) or \
         (old.sampler_logp - new_hf.sampler_logp).abs().max() > 0.1  # the change is visible, so equality below proves the sync
     assert_same_batch(new_hf, engine.generate(prompts, params))
 
 
-def test_an_optimizer_step_marks_the_engine_stale(pair, prompts):
+def test_a_sync_with_a_new_version_pushes_an_optimizer_steps_weights(pair, prompts):
     model, hf, engine, _ = pair
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine.watch(optimizer)
     params = SamplingParams(max_new_tokens=16, greedy=True, temperature=0)
+    version = (engine.version or 0) + 1
+    engine.sync(model, version)
     engine.generate(prompts, params)
+    engine.sync(model, version)  # the same version again: nothing to push
     assert not engine.stale
     batch = hf.generate(prompts, SamplingParams(max_new_tokens=16, temperature=1.0), n=2)
     logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
     (-(logp * batch.completion_mask).sum()).backward()
     optimizer.step()
     optimizer.zero_grad()
+    assert not engine.stale  # no optimizer hook: the trainer's sync decides
+    engine.sync(model, version + 1)
     assert engine.stale
     assert_same_batch(hf.generate(prompts, params), engine.generate(prompts, params))
 

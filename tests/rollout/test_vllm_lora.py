@@ -56,7 +56,6 @@ def assert_engine_samples(engine, model, prompts, tok):
 def test_a_lora_step_is_pushed_as_merged_weights(lora_engine, prompts, tok):
     model, engine = lora_engine
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-    engine.watch(optimizer)
     before = engine.generate(prompts, GREEDY)
     for step in range(2):  # real LoRA steps: B moves off zero, so the merged weights differ from the base
         batch = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2,
@@ -65,6 +64,7 @@ def test_a_lora_step_is_pushed_as_merged_weights(lora_engine, prompts, tok):
         (-(logp * batch.completion_mask).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
+        engine.sync(model, (engine.version or 0) + 1)  # what the trainer does before its next rollout
         assert engine.stale
     after = engine.generate(prompts, GREEDY)
     assert not torch.equal(before.completion_ids, after.completion_ids) or \
@@ -79,7 +79,7 @@ def test_the_push_leaves_the_adapters_unmerged(lora_engine, prompts, tok):
             if "lora_B" in name:
                 p.add_(0.05)
     base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
-    engine.mark_stale()
+    engine.sync(model, (engine.version or 0) + 1)
     assert_engine_samples(engine, model, prompts, tok)
     for n, p in model.named_parameters():  # merge_adapter/unmerge_adapter restored every base weight
         if n in base_before:

@@ -63,13 +63,13 @@ def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok, monkeypat
     old = engine.generate(prompts, GREEDY)
     syncs = engine.syncs
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine.watch(optimizer)
     batch = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2,
                             generator=torch.Generator().manual_seed(0))
     logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
     (-(logp * batch.completion_mask).sum()).backward()
     optimizer.step()
     optimizer.zero_grad()
+    engine.sync(model, (engine.version or 0) + 1)  # what the trainer does before its next rollout
     assert engine.stale
     new = HFEngine(model, tok).generate(prompts, GREEDY)
     assert not torch.equal(old.completion_ids, new.completion_ids) or \
@@ -104,6 +104,6 @@ def test_a_killed_server_stops_the_next_request_with_a_clear_error(served, promp
     _, engine, remote = served
     remote.process.kill()
     remote.process.wait()
-    engine.mark_stale()
+    engine.sync(engine.model, (engine.version or 0) + 1)  # new weights: the next generate pushes them
     with pytest.raises(VLLMServerError, match="did not answer /weights.*exited.*lmrl vllm-serve"):
         engine.generate(prompts, GREEDY)  # the connection is refused: no wait for the request timeout

@@ -91,3 +91,30 @@ def test_grpo_with_a_vllm_server_learns_with_weights_pushed_every_step(tmp_path)
     assert len(rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in rows)  # a push before every rollout
     gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
     assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the server samples the learner's policy
+
+
+def test_on_policy_distillation_samples_through_engine_vllm(tmp_path, monkeypatch):
+    """Distillation builds its engine with make_engine like every sampling trainer: with engine=vllm the student's
+    completions come from vLLM, synced with the student before every step's rollout."""
+    from lmrl.data.tokenizers import build_char_tokenizer
+    from lmrl.models import load_model
+    from lmrl.rollout.vllm_engine import VLLMEngine
+    from lmrl.trainers import distill
+
+    teacher, tokenizer = tmp_path / "teacher", build_char_tokenizer()
+    args = dict(item.removeprefix("model_args.").split("=") for item in MODEL)
+    load_model("builtin:tiny", tokenizer, seed=7, model_args={k: int(v) for k, v in args.items()}).save_pretrained(
+        teacher)
+    tokenizer.save_pretrained(teacher)
+    pushes = []
+    real_push = VLLMEngine.sync_weights
+    monkeypatch.setattr(VLLMEngine, "sync_weights", lambda self: pushes.append(1) or real_push(self))
+    config = load_config(distill.DistillConfig, None, [
+        f"output_dir={tmp_path / 'run'}", f"teacher={teacher}", "engine=vllm", "precision=fp32", *MODEL,
+        "task_args.digits=1", "train_rows=32", "eval_rows=8", "batch_size=8", "lr=1e-2", "warmup_steps=0",
+        "max_new_tokens=8", "eval_max_new_tokens=8", "save_every=0", "log_every=1", "num_samples=1",
+        "on_policy_frac=1.0", "max_steps=3", "vllm_kv_cache_gb=0.0625", "vllm_max_model_len=128"])
+    distill.train(config)
+    steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r and r["step"] > 0]
+    assert len(steps) == 3 and all("train/kl_reverse" in r for r in steps)  # every row sampled by the student
+    assert len(pushes) == 3  # the first rollout's weights, then each update's

@@ -26,7 +26,7 @@ from lmrl.models.loading import save_model
 from lmrl.models.lora import is_peft, save_adapter
 from lmrl.parallel import runtime
 from lmrl.trainers import common
-from lmrl.trainers.common import STATE_FILE, Run, list_checkpoints, read_state, rng_state, set_rng_state
+from lmrl.trainers.common import STATE_FILE, Run, list_checkpoints, read_state, rng_state, safe_load, set_rng_state
 
 
 def rng_file(rank: int) -> str:
@@ -70,7 +70,7 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[st
     scheduler.load_state_dict(state["scheduler"])
     rng = checkpoint / rng_file(runtime.rank())
     if rng.exists():  # a resume on another world size: the new ranks keep their seeded RNG
-        set_rng_state(torch.load(rng, weights_only=False))
+        set_rng_state(safe_load(rng))
     return state["trainer"]
 
 

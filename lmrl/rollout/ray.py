@@ -22,6 +22,9 @@ from typing import Any, Callable
 import torch
 
 from lmrl.config_base import ConfigError
+from lmrl.parallel.shards import shard_generator
+from lmrl.rollout.engines import make_engine
+from lmrl.rollout.groups import GroupOptions, sample_shard
 from lmrl.rollout.types import RolloutBatch, concat_batches
 
 INSTALL = "pip install 'lmrl[ray]' (or pip install ray)"
@@ -46,29 +49,28 @@ class RolloutWorker:
     def __init__(self, config):
         torch.set_num_threads(1)  # one CPU per actor (ray.remote(num_cpus=1))
         from lmrl.models.setup import ModelSetup
-        from lmrl.rollout.engines import make_engine
-        from lmrl.trainers.online import sampling_params
 
-        self.config = config
+        self.options = GroupOptions.from_config(config)
         setup = ModelSetup.from_config(config)
         self.model, self.tokenizer = setup.policy()
-        self.engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config))
+        self.engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=self.options.params)
         self.version = 0
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_state_dict(state)
         self.version = version
+        self.engine.sync(self.model, version)
 
     def sample(self, rows: list[dict], step: int, shard: int) -> tuple[RolloutBatch, int]:
         """Shard ``shard`` of step ``step`` and the weights version (learner updates) it was sampled with."""
-        from lmrl.trainers.online import sample_shard
-
-        return sample_shard(self.engine, self.tokenizer, rows, self.config, step, shard), self.version
+        generator = shard_generator(self.options.seed, step, shard, self.engine.device)
+        return sample_shard(self.engine, self.tokenizer, rows, self.options, generator), self.version
 
 
 class RayRollouts:
-    """The learner's view of the workers: ``sample_step(step)`` returns the step's batch (sampled ahead by up to
-    ``async_steps``); ``push_weights(model, version)`` after every update."""
+    """The learner's view of the workers, a `lmrl.rollout.protocol.GroupSampler`: ``sample(rows, step)`` returns
+    the step's batch (sampled ahead by up to ``async_steps``, from ``rows_of``); ``sync(model, version)`` puts new
+    weights in the object store for every worker."""
 
     def __init__(self, config, rows_of: Callable[[int], list[dict]], model: torch.nn.Module, tokenizer,
                  start_step: int = 0):
@@ -86,6 +88,10 @@ class RayRollouts:
         self.restarts = 0  # replacements in the whole run
         self.last_metrics: dict[str, float] = {}
 
+    def metrics(self) -> dict[str, float]:
+        """The last batch's staleness (updates since its weights), waiting time and the workers replaced so far."""
+        return self.last_metrics
+
     def spawn(self):
         worker = self.actor.remote(self.config)
         worker.set_weights.remote(self.weights, self.version)
@@ -100,8 +106,9 @@ class RayRollouts:
         for i in targets:
             refs[i] = self.workers[i].sample.remote(rows[i * size : (i + 1) * size], step, i)
 
-    def sample_step(self, step: int) -> RolloutBatch:
-        """Step ``step``'s batch; requests up to ``step + async_steps`` are in flight afterwards."""
+    def sample(self, rows: list[dict], step: int) -> RolloutBatch:
+        """Step ``step``'s batch; requests up to ``step + async_steps`` are in flight afterwards. The workers sample
+        ``rows_of(step)``, requested ahead; ``rows`` (the same prompts) is not re-sent."""
         for ahead in range(step, step + self.config.async_steps + 1):
             if ahead not in self.pending and ahead <= self.config.max_steps:
                 self.submit(ahead)
@@ -134,9 +141,11 @@ class RayRollouts:
                 for pending_step in sorted(self.pending):
                     self.submit(pending_step, i)
 
-    def push_weights(self, model: torch.nn.Module, version: int) -> None:
+    def sync(self, model: torch.nn.Module, version: int) -> None:
         """The learner's weights after update ``version``, put once and loaded by every worker (in order, so
-        requests sent before this keep the weights they were sent with)."""
+        requests sent before this keep the weights they were sent with); nothing when the workers have them."""
+        if version == self.version:
+            return
         self.version = version
         self.weights = self.ray.put(cpu_state(model))
         for worker in self.workers:

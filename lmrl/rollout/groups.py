@@ -1,0 +1,94 @@
+"""G completions per prompt, in seeded shards: the rollout of `lmrl rl`, of its Ray workers and of the multi-turn
+and distillation samplers.
+
+The step's rows are cut into ``sampling_shards`` shards (`lmrl.parallel.shards`), each sampled with the generator
+of (seed, step, shard): a run's samples are resume-exact and do not depend on how many processes share the step.
+
+    sampler = LocalGroups(engine, tokenizer, GroupOptions.from_config(config))
+    sampler.sync(model, step - 1)
+    batch = sampler.sample(rows, step)       # RolloutBatch, rows * G, prompt-major
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from lmrl.data.chat import render_prompt
+from lmrl.parallel import runtime
+from lmrl.parallel.shards import rank_shards, shard_generator
+from lmrl.rollout.protocol import Engine
+from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
+
+
+def sampling_params(config) -> SamplingParams:
+    """The run's sampling parameters from its `max_new_tokens`, `temperature`, `top_p` and `top_k` keys."""
+    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+                          top_k=config.top_k)
+
+
+def seeded_shards(rows: Sequence, sampling_shards: int, seed: int, step: int,
+                  device: torch.device | str = "cpu") -> Iterator[tuple[int, list, torch.Generator]]:
+    """(step-wide shard index, rows, generator) of each shard of this rank's ``rows``."""
+    for k, part in rank_shards(rows, sampling_shards):
+        yield k, part, shard_generator(seed, step, k, device)
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """How a step's groups are sampled, built once from the config."""
+
+    samples_per_prompt: int
+    """G, completions per prompt"""
+    params: SamplingParams
+    sampling_shards: int
+    """shards of a step, each with its own seeded generator (0: one per process)"""
+    seed: int
+    record: bool = False
+    """keep the sampling forwards' layer outputs for the update to replay (`lmrl.models.replay`)"""
+
+    @classmethod
+    def from_config(cls, config) -> GroupOptions:
+        # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
+        # gradient checkpointing turns off)
+        record = bool(getattr(config, "reuse_sampling_forward", False) and getattr(config, "share_prompts", False)
+                      and config.updates_per_step == 1 and not getattr(config, "gradient_checkpointing", False))
+        return cls(config.samples_per_prompt, sampling_params(config), config.sampling_shards, config.seed, record)
+
+
+def sample_shard(engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, generator: torch.Generator,
+                 record: bool = False) -> RolloutBatch:
+    """G completions of each of ``rows`` (their rendered ``prompt``s) with ``generator``."""
+    ids = [tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"] for row in rows]
+    return engine.generate(ids, options.params, n=options.samples_per_prompt, generator=generator,
+                           record_linear_outputs=record)
+
+
+def sample_groups(engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, step: int) -> RolloutBatch:
+    """This rank's rows sampled shard by shard; recorded only from one unsharded rollout in one process (the
+    record's rows must be the update's)."""
+    shards = list(seeded_shards(rows, options.sampling_shards, options.seed, step, engine.device))
+    record = options.record and len(shards) == 1 and runtime.world() == 1
+    batches = [sample_shard(engine, tokenizer, part, options, generator, record) for _, part, generator in shards]
+    return concat_batches(batches, tokenizer.pad_token_id)
+
+
+class LocalGroups:
+    """The group sampler of placement=local: this process's engine samples the step's groups."""
+
+    def __init__(self, engine: Engine, tokenizer, options: GroupOptions):
+        self.engine, self.tokenizer, self.options = engine, tokenizer, options
+
+    def sample(self, rows: list[dict], step: int) -> RolloutBatch:
+        return sample_groups(self.engine, self.tokenizer, rows, self.options, step)
+
+    def sync(self, model: torch.nn.Module, version: int) -> None:
+        self.engine.sync(model, version)
+
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics()
+
+    def close(self) -> None:
+        self.engine.close()
