@@ -142,3 +142,16 @@ def test_algorithms_import_nothing_of_lmrl_but_themselves():
 def test_modules_stay_small(name):
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by responsibility (<= {MAX_LINES})"
+
+
+def test_the_rl_update_reads_top_to_bottom():
+    """`lmrl.trainers.rl_update.update`: at most 40 lines and 3 levels of nesting (the concerns behind names)."""
+    tree = ast.parse(MODULES["lmrl.trainers.rl_update"].read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "update")
+
+    def depth(node: ast.AST) -> int:
+        inner = [depth(c) for c in ast.iter_child_nodes(node)]
+        nested = isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try))
+        return int(nested) + max(inner, default=0)
+
+    assert fn.end_lineno - fn.lineno + 1 <= 40 and depth(fn) <= 3

@@ -6,7 +6,7 @@ is 1 on completion tokens only. Append new modules' re-exports below.
 """
 
 from .registry import Registry
-from .aggregation import AGGREGATIONS, aggregate, masked_mean
+from .aggregation import AGGREGATIONS, aggregate, global_share, masked_mean
 from .advantages import ADVANTAGES, advantages, gae, group_stats, whiten, zero_variance_groups
 from .kl import KL_ESTIMATORS, kl, kl_penalized_rewards
 from .policy_losses import POLICY_LOSSES, policy_loss
@@ -16,6 +16,7 @@ __all__ = [
     "Registry",
     "AGGREGATIONS",
     "aggregate",
+    "global_share",
     "masked_mean",
     "ADVANTAGES",
     "advantages",

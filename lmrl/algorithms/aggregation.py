@@ -46,19 +46,19 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return x.masked_fill(~m, 0.0).sum() / m.sum().clamp(min=1)
 
 
-@AGGREGATIONS.register("token_mean")
+@AGGREGATIONS.register("token_mean", unit="tokens")
 def _token_mean(x: Tensor, m: Tensor, max_len: int) -> Tensor:
     """sum_{i,t} l*m / sum_{i,t} m: every token weighs the same (DAPO; RLHF book §6.2 (2))."""
     return x.sum() / m.sum().clamp(min=1)
 
 
-@AGGREGATIONS.register("seq_mean")
+@AGGREGATIONS.register("seq_mean", unit="rows")
 def _seq_mean(x: Tensor, m: Tensor, max_len: int) -> Tensor:
     """mean_i (sum_t l*m / sum_t m): every sequence weighs the same (GRPO; RLHF book §6.2 (1))."""
     return (x.sum(dim=1) / m.sum(dim=1).clamp(min=1)).mean()  # (N,) -> ()
 
 
-@AGGREGATIONS.register("seq_sum_norm")
+@AGGREGATIONS.register("seq_sum_norm", unit="rows")
 def _seq_sum_norm(x: Tensor, m: Tensor, max_len: int) -> Tensor:
     """mean_i (sum_t l*m) / L_max with a constant L_max (Dr. GRPO; RLHF book §6.2 (3))."""
     return x.sum(dim=1).mean() / max_len
@@ -89,3 +89,15 @@ def aggregate(
         )
     x = per_token.masked_fill(~m, 0.0)  # (N, T); padding gets zero value and zero gradient
     return fn(x, m, max_len)
+
+
+def global_share(mode: str, mask: Tensor, global_tokens: Tensor | float, global_rows: Tensor | float) -> Tensor | float:
+    """w_part: the weight of a part's `aggregate` in the aggregate of the whole batch it is part of (all its
+    micro-batches on every rank), so that sum_parts w_part * aggregate(part) = aggregate(batch).
+
+    A mode averaging over tokens (``unit="tokens"``): the part's tokens / the batch's; over sequences
+    (``unit="rows"``): the part's rows / the batch's trained rows. The global normaliser of verl's ``agg_loss``.
+    """
+    if AGGREGATIONS.trait(mode, "unit") == "tokens":
+        return mask.sum() / global_tokens
+    return mask.shape[0] / global_rows

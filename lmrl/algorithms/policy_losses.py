@@ -37,7 +37,7 @@ def _masked_max(x: Tensor, m: Tensor) -> float:
     return float(x.masked_fill(~m, float("-inf")).max()) if bool(m.any()) else 0.0
 
 
-@POLICY_LOSSES.register("pg")
+@POLICY_LOSSES.register("pg", scales_by_advantage=True)
 def _pg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, dict]:
     """l_t = -A_t * exp(logp_t - sg(logp_t)): value -A_t, gradient -A_t grad logp_t.
 
@@ -48,7 +48,7 @@ def _pg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tup
     return per_token, {"clip_frac": 0.0}
 
 
-@POLICY_LOSSES.register("ppo")
+@POLICY_LOSSES.register("ppo", scales_by_advantage=True)
 def _ppo(
     logp: Tensor,
     old_logp: Tensor,
@@ -73,7 +73,7 @@ def _ppo(
     return torch.maximum(unclipped, clipped), {"clip_frac": float(clip_frac)}
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", scales_by_advantage=True)
 def _gspo(
     logp: Tensor,
     old_logp: Tensor,
@@ -119,7 +119,7 @@ def _gspo(
     return torch.maximum(unclipped, clipped), stats
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", scales_by_advantage=True)
 def _cispo(
     logp: Tensor,
     old_logp: Tensor,

@@ -35,9 +35,11 @@ class Registry:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._fns: dict[str, Callable] = {}
+        self._traits: dict[str, dict[str, object]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator adding a documented function under `name` (returned unchanged)."""
+    def register(self, name: str, **traits: object) -> Callable[[F], F]:
+        """Decorator adding a documented function under `name` (returned unchanged). ``traits``: facts about the
+        entry that callers read instead of testing its name (e.g. ``scales_by_advantage=True``)."""
         if not isinstance(name, str) or not name:
             raise ValueError(
                 f"A {self.kind} must be registered under a non-empty string name, got {name!r}."
@@ -61,6 +63,7 @@ class Registry:
                     "Choose another name."
                 )
             self._fns[name] = fn
+            self._traits[name] = dict(traits)
             return fn
 
         return decorator
@@ -74,6 +77,17 @@ class Registry:
             f"Unknown {self.kind} {name!r}.{hint} Supported names: "
             f"{', '.join(repr(n) for n in self._fns) or '(none registered)'}."
         )
+
+    def trait(self, name: str, key: str, default: object = None) -> object:
+        """The entry's declared ``key`` trait (``default`` when it declares none)."""
+        self.get(name)
+        return self._traits[name].get(key, default)
+
+    def own_options(self, name: str, available: Mapping[str, object]) -> dict[str, object]:
+        """The options of ``available`` that the entry declares (its keyword-only parameters): a caller hands over
+        every option it has and each entry gets its own, so no caller branches on an entry's name."""
+        accepted = keyword_options(self.get(name))
+        return {k: v for k, v in available.items() if k in accepted}
 
     def names(self) -> tuple[str, ...]:
         """Registered names in registration order."""

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import advantages
+from lmrl.algorithms import ADVANTAGES, advantages
 from lmrl.config import DecodingSection, OptimSection
 from lmrl.data.tasks import Task, get_task, make_rows, split_of
 from lmrl.eval.generation import task_accuracy
@@ -51,6 +51,7 @@ from lmrl.swarm.payload import Payload, PayloadLimits, QuestionGroup, encode
 from lmrl.swarm.sampling import Candidate, fair_share, informative, select_peer_groups
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid
 from lmrl.trainers import common, online
+from lmrl.trainers.rl_update import Targets, UpdateOptions, update
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def group_advantages(name: str, rewards: torch.Tensor, sizes: list[int], scale: 
             f"group_advantages: group sizes {sizes} sum to {sum(sizes)}, not to the {rewards.numel()} rewards given."
         )
     out, start = [], 0
-    kwargs = {"scale": scale} if name == "grpo" else {}
+    kwargs = ADVANTAGES.own_options(name, {"scale": scale})
     for size in sizes:
         r = rewards[start : start + size]  # (size,)
         out.append(torch.zeros(size) if size < 2 else advantages(name, r, size, **kwargs))
@@ -178,7 +179,7 @@ class SwarmNode:
         self.sampler = LocalGroups(self.engine, tokenizer, options)
         self.scheduler = common.build_scheduler(self.optimizer, self.rl, config.max_steps * self.rl.updates_per_step)
         self.parts = online.Parts(model, tokenizer, None, None, self.engine, self.sampler, self.reward_set,
-                                  self.optimizer, self.scheduler)
+                                  self.optimizer, self.scheduler, options=UpdateOptions.from_config(self.rl))
         self.limits = PayloadLimits(max_bytes=config.max_payload_bytes)
         self.counter = SkipCounter()
         self.tasks = {name: get_task(name, **config.task_args.get(name, {})) for name in dict.fromkeys(config.tasks)}
@@ -373,7 +374,7 @@ class SwarmNode:
         if self.rl.updates_per_step > 1:
             old_logp = online.logprobs_no_grad(self.model, batch, self.rl, self.dtype)
         update_gen = torch.Generator().manual_seed(self.spec.seed * 7_919 + step)
-        stats = online.update(self.parts, batch, adv, old_logp, None, None, None, self.rl, self.dtype, step, update_gen)
+        stats = update(self.parts, batch, Targets(adv, old_logp), self.parts.options, self.dtype, step, update_gen)
         metrics.update(stats)
         metrics.update({"loss": stats.get("loss/policy", 0.0), "lr": self.scheduler.get_last_lr()[0],
                         "time/train_s": time.perf_counter() - t0, "reward/trained_mean": reward_vec.mean().item()})

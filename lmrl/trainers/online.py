@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import advantages, policy_loss, zero_variance_groups
+from lmrl.algorithms import ADVANTAGES, advantages, zero_variance_groups
 from lmrl.data.chat import render_prompt
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.generation import task_accuracy
@@ -45,7 +45,8 @@ from lmrl.rollout.types import RolloutBatch
 from lmrl.rollout.tool_config import build_env_factory
 from lmrl.parallel import runtime
 from lmrl.trainers import agentic, common, loop
-from lmrl.trainers.ppo_value import ppo_targets, value_term
+from lmrl.trainers.ppo_value import ppo_targets
+from lmrl.trainers.rl_update import Targets, UpdateOptions, update
 from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ptx import PretrainingMix
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
@@ -87,26 +88,6 @@ def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> tor
     return logp
 
 
-def minibatch_order(n: int, group_size: int, minibatches: int, generator: torch.Generator) -> torch.Tensor:
-    """A random order of the n rows in which every minibatch holds whole groups (so prompts can be shared),
-    when the groups split evenly into minibatches; else a random order of rows. One minibatch: the rows in order
-    (the full-batch gradient does not depend on it, and in-order rows need no gathering)."""
-    if minibatches == 1:
-        return torch.arange(n)
-    if n % group_size or (n // group_size) % minibatches:
-        return torch.randperm(n, generator=generator)
-    groups = torch.randperm(n // group_size, generator=generator)  # (n/G,)
-    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()  # (n,)
-
-
-def zero_gradient_rows(adv: torch.Tensor, config: RLConfig, value_model, use_kl_loss: bool) -> torch.Tensor | None:
-    """Rows (N,) bool whose policy-loss gradient is exactly 0: advantage 0 on every token, no KL term in the loss
-    and no value loss (pg, ppo, gspo and cispo all scale each row's term by its advantage). None: skip nothing."""
-    if not config.skip_zero_advantage or use_kl_loss or value_model is not None or runtime.world() > 1:
-        return None  # several processes: every rank runs the same forwards (FSDP gathers weights in each)
-    return (adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0
-
-
 def drop_groups(batch: RolloutBatch, rewards, adv, dropped: torch.Tensor):
     """DAPO's dynamic sampling: the batch without the ``dropped`` (B,) groups. Several processes: the groups stay
     with their loss mask zeroed, so every rank runs the same forwards; the loss weights count trained rows only."""
@@ -115,103 +96,6 @@ def drop_groups(batch: RolloutBatch, rewards, adv, dropped: torch.Tensor):
         return dataclasses.replace(batch, loss_mask=batch.train_mask * keep[:, None].to(batch.train_mask)), rewards, adv
     rows = keep.nonzero().squeeze(1)
     return batch.select(rows), rewards[rows], adv[rows] if adv is not None else None
-
-
-def update(parts, batch: RolloutBatch, adv, old_logp, ref_logp, returns, old_values,
-           config: RLConfig, dtype, step: int, generator: torch.Generator) -> dict[str, float]:
-    """ppo_epochs x minibatches optimizer steps on the batch; returns stats averaged over them.
-
-    ``old_logp=None`` means on-policy with a single update: pi_old is the current policy, detached.
-    """
-    model, value_model = parts.model, parts.value_model
-    opts = dict(config.loss_options)
-    use_kl_loss = config.kl_coef > 0 and config.preset.kl_in == "loss"
-    if use_kl_loss:
-        opts["kl_coef"] = config.kl_coef
-    totals: dict[str, float] = {}
-    n, world = len(batch), runtime.world()
-    skip = zero_gradient_rows(adv, config, value_model, use_kl_loss)  # (N,) or None
-    skip = skip.cpu() if skip is not None else None  # it filters the row order, a CPU tensor
-    adv = adv.to(batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
-    trained_weight = 0.0  # share of the step's loss weight on trained rows: 1 unless rows were skipped
-    params = [*model.parameters(), *(value_model.parameters() if value_model is not None else [])]
-    updates = 0
-    usage: dict[str, int] = {}  # what the training forwards really did (`completion_logprobs`)
-    for _ in range(config.ppo_epochs):
-        order = minibatch_order(n, config.samples_per_prompt, config.minibatches, generator)
-        for mb in order.chunk(config.minibatches):
-            updates += 1
-            mb_mask = batch.train_mask[mb]  # (M, T)
-            # over every rank's minibatch: its tokens and its trained rows (dropped groups' rows have none)
-            counts = torch.stack([mb_mask.sum(), mb_mask.any(dim=1).sum().float()])
-            mb_tokens, mb_rows = runtime.all_sum(counts).clamp(min=1)
-            micros = mb.chunk(config.grad_accum)
-            for index, micro in enumerate(micros):
-                if skip is not None:
-                    totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
-                                                         + skip[micro].float().sum().item() / n / config.ppo_epochs)
-                    micro = micro[~skip[micro]]  # dropped rows add exactly 0 to the loss; the weights keep mb's size
-                    if len(micro) == 0:
-                        continue
-                sub = batch.select(micro)
-                record = sub.linear_outputs
-                if record is not None and updates == config.updates_per_step and index == len(micros) - 1:
-                    record = record.for_last_use()  # freed as the forward replays it: not held through the backward
-                mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-                weight = (mask.sum() / mb_tokens) if opts["agg"] == "token_mean" else len(micro) / mb_rows
-                logp, entropy = completion_logprobs(model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
-                                                    temperature=config.temperature, return_entropy=True,
-                                                    autocast_dtype=dtype, share_prompts=config.share_prompts,
-                                                    chunk_mb=config.logprob_chunk_mb,
-                                                    linear_outputs=record, usage=usage)
-                loss, stats = policy_loss(
-                    config.preset.loss, logp, logp.detach() if old_logp is None else old_logp[micro], adv[micro], mask,
-                    ref_logp=ref_logp[micro] if ref_logp is not None else None,
-                    sampler_logp=sub.sampler_logp, **opts,
-                )
-                stats["loss/policy"] = loss.item()
-                stats["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-                loss = loss * weight
-                if value_model is not None:  # its own normalisation: a mean over every rank's rows
-                    vloss, vstats = value_term(value_model, sub, old_values[micro], returns[micro], config, dtype,
-                                               mb_rows)
-                    loss = loss + config.vf_coef * vloss
-                    stats.update(vstats)
-                    totals["loss/value"] = totals.get("loss/value", 0.0) + vloss.item() / config.updates_per_step
-                common.check_finite(loss, step)
-                loss.backward()
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + float(value) * float(weight) / config.updates_per_step
-                trained_weight += float(weight) / config.updates_per_step
-            if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
-                position = (step - 1) * config.updates_per_step + updates  # one ptx batch per optimizer step
-                ce = parts.ptx.backward(model, position, dtype, config.logprob_chunk_mb)
-                totals["loss/ptx"] = totals.get("loss/ptx", 0.0) + ce / config.updates_per_step
-            if all(p.grad is None for p in params):  # every row skipped: step on the exact zero gradient (momentum)
-                for p in params:
-                    p.grad = torch.zeros_like(p) if p.requires_grad else None
-            norm = common.optimizer_step(params, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
-            totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm / config.updates_per_step
-    totals.update(usage_metrics(usage))
-    # losses stay sums over all rows (skipped rows add exactly 0); statistics are means over every rank's trained
-    # rows: this rank's weighted sum x world / the weight of every rank, whose mean over ranks is the global mean
-    every_rank_weight = runtime.all_sum(trained_weight)
-    for key in totals:
-        if every_rank_weight > 0 and not key.startswith(("loss/", "grad_norm", "train/")):
-            totals[key] *= world / every_rank_weight
-        elif key.startswith("loss/"):  # this rank's share of the loss: world x share averages over ranks to the loss
-            totals[key] *= world
-    return totals
-
-
-def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
-    """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once
-    and through the chunked LM head, and the share of linear-layer calls that returned the sampler's outputs."""
-    forwards = max(usage.get("forwards", 0), 1)
-    calls = usage.get("replayed", 0) + usage.get("computed", 0)
-    return {"train/shared_prompts": usage.get("shared_prompts", 0) / forwards,
-            "train/chunked_head": usage.get("chunked_head", 0) / forwards,
-            "train/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0}
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -236,6 +120,8 @@ class Parts:
     """multi-turn: makes one environment per trajectory (None: single-turn)"""
     ptx: PretrainingMix | None = None
     """PPO-ptx: the pretraining text of the ptx term and of eval/ptx_ce (None: no ptx_dataset)"""
+    options: UpdateOptions | None = None
+    """the update's options (`lmrl.trainers.rl_update`), built once from the config"""
     group_rewards: torch.Tensor | None = None
     """(B,) mean reward of each prompt's group in the last step (None: its rewards failed); the curriculum reads it"""
 
@@ -272,7 +158,7 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     metrics["groups/zero_variance_frac"] = zero_var.float().mean().item()
     adv = None
     if parts.value_model is None:  # group advantages need whole groups: compute before any drop
-        kwargs = {"scale": config.adv_scale} if config.advantage == "grpo" else {}
+        kwargs = ADVANTAGES.own_options(config.advantage, {"scale": config.adv_scale})
         # on every rank's rewards: REINFORCE's baseline and adv_scale=batch are statistics of the whole batch
         adv = advantages(config.advantage, runtime.all_gather(rewards), G, **kwargs)
         adv = adv.view(runtime.world(), -1)[runtime.rank()]  # (N,) this rank's rows
@@ -290,7 +176,8 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
         adv, returns, old_values = ppo_targets(parts.value_model, batch, rewards, ref_logp,
                                                old_logp if old_logp is not None else batch.sampler_logp, config, dtype)
     generator = torch.Generator().manual_seed(config.seed * 7_919 + step)
-    stats = update(parts, batch, adv, old_logp, ref_logp, returns, old_values, config, dtype, step, generator)
+    stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), parts.options, dtype, step,
+                   generator)
     metrics.update(stats)
     metrics.update({"time/train_s": time.perf_counter() - t1, "lr": parts.scheduler.get_last_lr()[0],
                     "loss": stats.get("loss/policy", 0.0) + config.vf_coef * stats.get("loss/value", 0.0)})
@@ -357,7 +244,7 @@ class OnlineRL:
                            if config.curriculum is not None else None)
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, sampler, reward_set,
-                           self.optimizer, self.scheduler, env_factory, ptx)
+                           self.optimizer, self.scheduler, env_factory, ptx, UpdateOptions.from_config(config))
 
     def indices_of(self, step: int) -> list[int]:
         """The step's prompt indices in the fixed data order (a pure function of the step, so rollout workers can

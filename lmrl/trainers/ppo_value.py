@@ -36,10 +36,11 @@ def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, config, dtype):
     return whiten(adv, mask, all_sum=runtime.all_sum), returns, old_values
 
 
-def value_term(value_model, sub: RolloutBatch, old_values, returns, config, dtype, mb_rows) -> tuple[torch.Tensor, dict]:
+def value_term(value_model, sub: RolloutBatch, old_values, returns, value_clip: float | None, dtype,
+               mb_rows) -> tuple[torch.Tensor, dict]:
     """The clipped value loss of the rows of ``sub`` as their part of the minibatch's: sum_i l_i / mb_rows, l_i the
     row's token-mean loss (RLHF book §6.1: per-sequence mean, then batch mean) and ``mb_rows`` the minibatch's trained
     rows over every rank, so neither grad_accum nor the number of processes changes it. Returns (that part, stats)."""
     values = completion_values(value_model, sub, dtype)
-    vloss, stats = value_loss(values, old_values, returns, sub.train_mask, clip=config.value_clip)  # mean_i l_i
+    vloss, stats = value_loss(values, old_values, returns, sub.train_mask, clip=value_clip)  # mean_i l_i
     return vloss * (len(sub) / mb_rows), stats  # rows without a trained token have l_i = 0

@@ -7,7 +7,7 @@ shared sections of `lmrl.config`; the keys below are online RL's own.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Literal
 
 from lmrl.parallel.runtime import env_world_size
 from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
@@ -156,17 +156,6 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     @property
     def advantage(self) -> str:
         return self.preset.advantage
-
-    @property
-    def loss_options(self) -> dict[str, Any]:
-        low, high = self.preset.clip
-        max_len = self.max_total_tokens if self.multi_turn else self.max_new_tokens  # seq_sum_norm's constant
-        opts: dict[str, Any] = {"agg": self.loss_agg or self.preset.agg, "max_len": max_len,
-                                "tis_cap": self.tis_cap, "kl_estimator": self.kl_estimator}
-        if self.preset.loss != "pg":
-            opts.update(clip_low=self.clip_low if self.clip_low is not None else low,
-                        clip_high=self.clip_high if self.clip_high is not None else high)
-        return opts
 
     @property
     def updates_per_step(self) -> int:

@@ -9,7 +9,7 @@ import torch
 from lmrl import algorithms
 from lmrl.config import ConfigError, load_config
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online, sft
+from lmrl.trainers import online, rl_update, sft
 
 sys.path.insert(0, str(Path(__file__).parent))  # env=agentic_envs:digits
 
@@ -26,7 +26,7 @@ def rl_config(tmp_path, *overrides):
 
 def test_tool_rollouts_train_only_sampled_tokens(tmp_path, monkeypatch):
     seen = []
-    real = online.policy_loss
+    real = rl_update.policy_loss
 
     def spy(name, logp, old_logp, adv, mask, **kwargs):
         seen.append(mask.clone())
@@ -38,7 +38,7 @@ def test_tool_rollouts_train_only_sampled_tokens(tmp_path, monkeypatch):
         seen.append(batch)
         return real_update(parts, batch, *args, **kwargs)
 
-    monkeypatch.setattr(online, "policy_loss", spy)
+    monkeypatch.setattr(rl_update, "policy_loss", spy)
     monkeypatch.setattr(online, "update", update_spy)
     config = rl_config(tmp_path, "dataset=task:tool_arithmetic", "task_args={digits: 1}", "tools=[calculator]",
                        "max_turns=2", "max_total_tokens=40", "rewards=[test_len_reward]", "max_steps=1",

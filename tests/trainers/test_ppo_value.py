@@ -4,7 +4,6 @@ to the whole minibatch's loss, whatever the parts' lengths."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import torch
 
@@ -46,10 +45,9 @@ def test_the_value_loss_of_a_split_minibatch_sums_to_the_whole_minibatch_loss():
     with torch.no_grad():
         old = completion_values(value_model, rows, None)
     returns = torch.randn(4, 5) * mask
-    config = SimpleNamespace(value_clip=0.2)
-    whole, _ = value_term(value_model, rows, old, returns, config, None, mb_rows=4)
+    whole, _ = value_term(value_model, rows, old, returns, 0.2, None, mb_rows=4)
     halves = [torch.tensor([0, 1]), torch.tensor([2, 3])]
-    parts = sum(value_term(value_model, rows.part(i), old[i], returns[i], config, None, mb_rows=4)[0] for i in halves)
+    parts = sum(value_term(value_model, rows.part(i), old[i], returns[i], 0.2, None, mb_rows=4)[0] for i in halves)
     torch.testing.assert_close(parts, whole, atol=1e-7, rtol=1e-6)
     # weighting each part's mean by its share of the tokens (the policy's token_mean weight) is another loss
     by_tokens = sum(value_loss(completion_values(value_model, rows.part(i), None), old[i], returns[i], mask[i])[0]

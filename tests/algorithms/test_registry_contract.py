@@ -1,0 +1,53 @@
+"""The registry contract: entries declare their options and traits, callers hand over every option they have and
+each entry gets its own, and aggregation owns the global normaliser (so no caller branches on an entry's name)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmrl.algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, Registry, aggregate, global_share
+
+
+def test_traits_and_own_options_come_from_the_entry():
+    reg = Registry("thing")
+
+    @reg.register("a", scales_by_advantage=True)
+    def _a(x, *, clip_low=0.2):
+        """a."""
+
+    @reg.register("b")
+    def _b(x):
+        """b."""
+
+    assert reg.trait("a", "scales_by_advantage") is True and reg.trait("b", "scales_by_advantage", False) is False
+    assert reg.own_options("a", {"clip_low": 0.1, "scale": "batch"}) == {"clip_low": 0.1}
+    assert reg.own_options("b", {"clip_low": 0.1}) == {}
+    with pytest.raises(ValueError, match="Unknown thing 'c'"):
+        reg.trait("c", "x")
+
+
+def test_the_built_in_entries_declare_what_callers_read():
+    assert all(POLICY_LOSSES.trait(name, "scales_by_advantage") for name in POLICY_LOSSES)
+    assert ADVANTAGES.own_options("grpo", {"scale": "batch"}) == {"scale": "batch"}
+    assert ADVANTAGES.own_options("rloo", {"scale": "batch"}) == {}
+    assert POLICY_LOSSES.own_options("pg", {"clip_low": 0.2, "clip_high": 0.3}) == {}
+    assert POLICY_LOSSES.own_options("ppo", {"clip_low": 0.2, "clip_high": 0.3}) == {"clip_low": 0.2, "clip_high": 0.3}
+    assert {AGGREGATIONS.trait(name, "unit") for name in AGGREGATIONS} <= {"tokens", "rows"}
+
+
+@pytest.mark.parametrize("mode", list(AGGREGATIONS))
+def test_parts_weighted_by_their_global_share_add_up_to_the_whole_batchs_aggregate(mode):
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)  # (N, T) per-token losses
+    lengths = torch.tensor([5, 1, 3, 0, 2, 4])  # row 3 has no trained token (a dropped group's row)
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).float()
+    tokens, rows = mask.sum(), (mask.sum(1) > 0).sum().float()
+    parts = [torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5])]
+    total = sum(global_share(mode, mask[i], tokens, rows) * aggregate(x[i], mask[i], mode, max_len=5) for i in parts)
+    # the whole batch's aggregate over its trained rows; by hand for each mode
+    m = mask.bool()
+    by_hand = {"token_mean": (x * mask).sum() / mask.sum(),
+               "seq_mean": ((x * mask).sum(1)[m.any(1)] / mask.sum(1)[m.any(1)]).sum() / rows,
+               "seq_sum_norm": (x * mask).sum() / 5 / rows}[mode]
+    torch.testing.assert_close(total, by_hand)
