@@ -227,7 +227,7 @@ class MemoryModel:
         import torch
 
         from lmrl.rollout import hf
-        from lmrl.trainers import common, online
+        from lmrl.trainers import common, online, rl_update
 
         self.bf16 = model_dtype == "bf16"
         self.peaks: dict[str, float] = {}
@@ -237,7 +237,7 @@ class MemoryModel:
         self.step_peaks: list[float] = []  # the largest phase peak of each step
         self.last_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.resets = reset_peak()
-        rollout, logprobs, step, repeat = online.rollout, online.completion_logprobs, common.optimizer_step, hf._repeat_cache
+        rollout, logprobs, step, repeat = online.rollout, rl_update.completion_logprobs, common.optimizer_step, hf._repeat_cache
 
         def timed_rollout(*a, **kw):
             self.mark("rollout")
@@ -280,7 +280,7 @@ class MemoryModel:
                 or [t for layer in layers for t in (layer.keys, layer.values)]))
             return cache
 
-        online.rollout, online.completion_logprobs, common.optimizer_step = timed_rollout, measured_logprobs, measured_step
+        online.rollout, rl_update.completion_logprobs, common.optimizer_step = timed_rollout, measured_logprobs, measured_step
         hf._repeat_cache = measured_repeat
 
     def mark(self, next_phase: str) -> None:
