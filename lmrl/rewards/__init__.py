@@ -11,7 +11,7 @@ Built-ins (`REWARDS`; options via `make_reward(name, **kwargs)`): `task`, `math`
 
 from lmrl.rewards import code, env, gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
 from lmrl.rewards.compose import ON_REWARD_ERROR, RewardResult, RewardSet
-from lmrl.rewards.errors import MissingColumnError, RewardError
+from lmrl.rewards.errors import MissingColumnError, RewardError, RewardFailure
 from lmrl.rewards.length import overlong_penalty, target_length_reward
 from lmrl.rewards.math_verifier import extract_answer, last_boxed, math_score
 from lmrl.rewards.registry import REWARDS, RewardFn, load_reward, make_reward, register_reward, reward_name
@@ -21,6 +21,7 @@ __all__ = [
     "REWARDS",
     "MissingColumnError",
     "RewardError",
+    "RewardFailure",
     "RewardFn",
     "RewardResult",
     "RewardSet",

@@ -1,17 +1,16 @@
-"""Errors raised by reward functions and by `RewardSet.compute`.
+"""Errors raised by reward functions and by `RewardSet.compute`, and the trainers' skip of a failed step.
 
-`RewardError` is what a trainer catches around `RewardSet.compute`:
+`RewardError` is what a trainer catches around `RewardSet.compute`, through `RewardFailure`:
 
-    try:
-        result = reward_set.compute(prompts, completions, **columns)
-    except RewardError as err:
-        if not err.skippable:
-            raise                    # on_reward_error="stop", or a config error
-        log(str(err))                # at most ~8 short lines: what, where, the fix
-        continue                     # skip the step; reward_set.errors counts it
+    with RewardFailure() as failure:
+        result = reward_set.compute(prompts, completions, **columns)   # a non-skippable error propagates
+    if failure.skips(tracker, step):     # any rank's failure: every rank skips (the same forwards on every rank)
+        return {"reward/errors": float(reward_set.errors)}
 """
 
 from __future__ import annotations
+
+from lmrl.parallel import runtime
 
 SNIPPET_CHARS = 100
 CAUSE_CHARS = 400
@@ -115,3 +114,27 @@ class RewardError(ValueError):
         else:
             lines.append("The run stops (on_reward_error='stop'); on_reward_error='skip' skips such steps instead.")
         return "\n".join(lines)
+
+
+class RewardFailure:
+    """A context that keeps a skippable `RewardError` (on_reward_error="skip": the error message is at most ~8
+    short lines) instead of raising it; ``skips`` then tells whether the step is skipped on every rank."""
+
+    def __init__(self) -> None:
+        self.error: RewardError | None = None
+
+    def __enter__(self) -> RewardFailure:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if isinstance(error, RewardError) and error.skippable:
+            self.error = error
+            return True
+        return False
+
+    def skips(self, tracker, step: int) -> bool:
+        """True (after printing why) when a reward failed on this or on another process."""
+        if not runtime.any_rank(self.error is not None):
+            return False
+        tracker.print(f"[yellow]step {step} skipped: {self.error or 'a reward function failed on another process'}")
+        return True

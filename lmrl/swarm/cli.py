@@ -69,11 +69,9 @@ def join_transport(config: SwarmConfig, run_dir: Path) -> Transport:
     return HivemindTransport(options)
 
 
-class JoinedNode:
+class JoinedNode(loop.MethodDefaults):
     """One node of a real swarm as a method of `lmrl.trainers.loop`: a step is one round (sample, score,
     publish, fetch peers' rollouts, train)."""
-
-    samples_title = "held-out samples"
 
     def __init__(self, config: SwarmConfig, node: SwarmNode) -> None:
         self.config, self.node, self.eval_rows = config, node, heldout_rows(config)
@@ -90,6 +88,11 @@ class JoinedNode:
             self.tracker.log_samples(step, own.samples, "own completions")
         self.last_metrics = metrics
         return metrics
+
+    def describe(self, run: common.Run) -> str:
+        config = self.config
+        return (f"swarm join: {self.node.num_parameters / 1e6:.2f}M params, I={config.local} J={config.external} "
+                f"G={config.samples_per_prompt}, run dir {run.dir}")
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return ({"eval/accuracy": self.node.evaluate(self.eval_rows)} if self.eval_rows else {}), []
@@ -122,9 +125,8 @@ def run_join(config: SwarmConfig, transport: Transport | None = None) -> dict[st
         node = SwarmNode(config, spec, transport, run.dir)
         if hasattr(transport, "visible_maddrs"):
             run.tracker.print(f"swarm node {name}; peers join with initial_peers={transport.visible_maddrs}")
-        run.tracker.print(f"swarm join: {node.num_parameters / 1e6:.2f}M params, I={config.local} J={config.external} "
-                          f"G={config.samples_per_prompt}, run dir {run.dir}")
         method = JoinedNode(config, node)
+        run.tracker.print(method.describe(run))
         result = loop.run(config, method, run)
     finally:
         transport.close()

@@ -117,11 +117,12 @@ def eval_divergences(student, teacher, examples: list[SFTExample], pad_id: int, 
     return {f"eval/kl_{d}": s / max(1, count) for d, s in sums.items()}
 
 
-class Distill(sft.SFT):
+class Distill(loop.MethodDefaults):
     """The distillation method for `loop.run`: one step is one optimizer step on ``batch_size`` rows. SFT's data,
-    evaluation (plus both divergences to the teacher), early stop and (empty) checkpoint state."""
+    evaluation (plus both divergences to the teacher) and early stop, through `lmrl.trainers.sft`'s functions."""
 
     samples_title = "held-out samples (student)"
+    data_parallel = True
 
     def __init__(self, config: DistillConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
@@ -188,6 +189,16 @@ class Distill(sft.SFT):
     def close(self) -> None:
         self.engine.close()
 
+    def stop(self, metrics: dict[str, float]) -> str | None:
+        return sft.accuracy_reached(self.config.stop_at_accuracy, metrics)
+
+    def describe(self, run: common.Run) -> str:
+        config = self.config
+        return (f"Distill: student {describe_parameters(self.model)}, teacher {config.teacher} "
+                f"({describe_parameters(self.teacher)}), {len(self.examples)} examples, on_policy_frac="
+                f"{config.on_policy_frac}, divergence={config.divergence}, precision={self.setup.precision_name}, "
+                f"run dir {run.dir}")
+
     def step(self, step: int) -> dict[str, float]:
         config, t0 = self.config, time.perf_counter()
         rows = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
@@ -218,7 +229,8 @@ class Distill(sft.SFT):
         return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        metrics, samples = super().evaluate(step)
+        metrics, samples = sft.evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows,
+                                        self.setup.dtype, self.env_factory)
         if self.eval_examples:
             metrics.update(eval_divergences(self.model, self.teacher, self.eval_examples, self.tokenizer.pad_token_id,
                                             self.setup.dtype))
@@ -227,12 +239,4 @@ class Distill(sft.SFT):
 
 def train(config: DistillConfig) -> dict[str, float]:
     """Distil ``config.teacher`` into ``config.model``; returns the final evaluation metrics (plus ``initial/...``)."""
-    setup = ModelSetup.from_config(config)
-    method = Distill(config, setup)
-    run = common.start_run(config, "distill")
-    run.tracker.print(
-        f"Distill: student {describe_parameters(method.model)}, teacher {config.teacher} "
-        f"({describe_parameters(method.teacher)}), {len(method.examples)} examples, on_policy_frac="
-        f"{config.on_policy_frac}, divergence={config.divergence}, precision={setup.precision_name}, run dir {run.dir}"
-    )
-    return loop.run(config, method, run)
+    return loop.train(Distill, config, "distill")

@@ -8,11 +8,11 @@ A method (SFT, DPO, GRPO, self-play, ...) supplies only what is its own, as an o
     evaluate(step) -> (metrics, samples)
     state_dict() / load_state_dict(state)   the method's extra checkpoint state (e.g. a value model)
 
-The loop gives the method its tracker as ``method.tracker`` (for samples and notices during a step),
-and optionally ``samples_title`` (heading of its evaluation samples), ``initial_metrics`` (logged at step 0 and
-returned, e.g. a warm start's loss), ``stop(eval_metrics) -> str | None`` (a reason to stop early) and
-``checkpoint_module`` (what a multi-process checkpoint's DCP shards hold, default ``model``: every parameter the
-optimizer steps, e.g. PPO's policy and value model).
+    describe(run) -> str      the start-up line
+
+and the optional members of `Method` (``samples_title``, ``initial_metrics``, ``data_parallel``, ``setup``,
+``checkpoint_module``, ``start``, ``stop``, ``close``) with the defaults of `MethodDefaults`, its base. The loop
+gives the method its tracker as ``method.tracker`` (for samples and notices during a step).
 
 With several processes (torchrun, ``nproc=N``) each rank's ``step`` trains on its share of the global batch; the
 loop reduces the metrics over ranks, evaluates on rank 0 (every FSDP-sharded model unsharded meanwhile), saves
@@ -23,9 +23,8 @@ log/eval/checkpoint, divergence (the tracker is closed, the last good checkpoint
 evaluation, final checkpoint and ``final/`` model, plots. Open the run with `common.start_run` after
 everything that can fail on bad input (config, data, rewards, models) has loaded.
 
-    method = SFT(config, setup, ...)          # set-up: data, models, optimizer
-    run = common.start_run(config, "sft")
-    return loop.run(config, method, run)
+    def train(config): return loop.train(SFT, config, "sft")   # = SFT(config, ModelSetup.from_config(config)),
+                                                                # common.start_run, method.start(run), loop.run
 """
 
 from __future__ import annotations
@@ -42,18 +41,89 @@ from lmrl.trainers import common
 
 
 class Method(Protocol):
+    """What `run` reads from a method. The first group every method defines; the second has defaults in
+    `MethodDefaults`, which every method class takes as its base (defaults only: no behaviour is inherited)."""
+
     model: torch.nn.Module
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
 
-    def step(self, step: int) -> dict[str, float]: ...
+    def step(self, step: int) -> dict[str, float]:
+        """One training step: forward, backward, optimizer step(s); its metrics."""
 
-    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]: ...
+    def evaluate(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Held-out metrics and samples (rank 0 only, with every sharded model gathered)."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def describe(self, run: common.Run) -> str:
+        """The start-up line: the model, the data, the precision, the run directory."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    samples_title: str
+    """heading of the evaluation samples"""
+    initial_metrics: dict[str, float]
+    """logged at step 0 and returned with the final metrics (e.g. a warm start's or a teacher's)"""
+    data_parallel: bool
+    """runs on several processes, each ``step`` on its rank's share of the batch"""
+    setup: Any
+    """its `ModelSetup` (precision, the sharded models to gather for evaluation), or None"""
+    checkpoint_module: torch.nn.Module | None
+    """what a multi-process checkpoint's DCP shards hold (None: ``model``), e.g. PPO's policy and value model"""
+
+    def start(self, run: common.Run) -> None:
+        """Work after the run directory opened and before the first step (e.g. self-play's warm start)."""
+
+    def stop(self, metrics: dict[str, float]) -> str | None:
+        """A reason to stop early after an evaluation, or None."""
+
+    def close(self) -> None:
+        """Free what the method holds (engines, workers) at the end or on failure."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The method's own checkpoint state beyond weights, optimizer, scheduler and RNG."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`'s state on resume."""
+
+
+class MethodDefaults:
+    """The defaults of `Method`'s optional members."""
+
+    samples_title = "held-out samples"
+    initial_metrics: dict[str, float] = {}  # read, never mutated: a method assigns its own dict
+    data_parallel = False
+    setup = None
+    checkpoint_module = None
+
+    def start(self, run: common.Run) -> None:
+        pass
+
+    def stop(self, metrics: dict[str, float]) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def train(method_class, config: TrainConfig, name: str) -> dict[str, float]:
+    """Every method's entry: its models and data (every input error surfaces here, before the run directory is
+    touched), the run directory, the start-up line, the method's `start`, then `run`."""
+    from lmrl.models.setup import ModelSetup
+
+    method = method_class(config, ModelSetup.from_config(config))
+    run_dir = common.start_run(config, name)
+    run_dir.tracker.print(method.describe(run_dir))
+    try:
+        method.start(run_dir)
+    except BaseException:  # a failed or interrupted start (e.g. a warm start): stop the progress bar
+        run_dir.tracker.close()
+        raise
+    return run(config, method, run_dir)
 
 
 def is_log_step(step: int, every: int, max_steps: int) -> bool:
@@ -65,13 +135,12 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     """Train ``method`` from ``run.start_step`` to ``config.max_steps``; returns the final evaluation metrics
     with the initial ones as ``initial/<name>`` (and the method's ``initial_metrics``)."""
     tracker = method.tracker = run.tracker  # the method may print and log samples during its steps
-    title = getattr(method, "samples_title", "held-out samples")
-    extra = dict(getattr(method, "initial_metrics", {}))
-    if runtime.world() > 1 and not getattr(method, "data_parallel", False):
+    title, extra = method.samples_title, dict(method.initial_metrics)
+    if runtime.world() > 1 and not method.data_parallel:
         raise ValueError(f"{type(method).__name__} does not run on several processes yet (nproc/torchrun); "
                          "SFT, DPO (offline and online), distillation, reward models, online RL, self-play and "
                          "pretrain do. Fix: nproc=1.")
-    setup = getattr(method, "setup", None)
+    setup = method.setup
     if run.checkpoint:
         try:
             state = restore(run.checkpoint, method, config)
@@ -98,7 +167,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
                 metrics, samples = evaluate(method, step, run)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, title)
-                reason = method.stop(metrics) if hasattr(method, "stop") else None
+                reason = method.stop(metrics)
                 if reason:
                     tracker.print(f"{reason}: stopping at step {step}.")
                     last_step = step
@@ -108,7 +177,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         final, samples = evaluate(method, last_step, run)
     except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
         tracker.close()
-        getattr(method, "close", lambda: None)()
+        method.close()
         raise
     tracker.log(last_step, final)
     tracker.log_samples(last_step, samples, title)
@@ -118,7 +187,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     else:
         final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     plots = tracker.close()
-    getattr(method, "close", lambda: None)()  # e.g. placement=ray's rollout workers
+    method.close()  # e.g. placement=ray's rollout workers
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}
 
@@ -126,7 +195,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
 def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any. Several
     processes: rank 0 evaluates the unsharded model and every rank gets its result."""
-    setup = getattr(method, "setup", None)
+    setup = method.setup
     result = None
     with runtime.full_params(*getattr(setup, "sharded", [])):
         if runtime.is_main():
@@ -139,7 +208,7 @@ def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, floa
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:
     """``checkpoints/step-N``: weights, optimizer, scheduler, RNG, the initial metrics and the method's state."""
     if runtime.world() > 1:
-        save_checkpoint, model = dist_checkpoint.save_checkpoint, getattr(method, "checkpoint_module", method.model)
+        save_checkpoint, model = dist_checkpoint.save_checkpoint, method.checkpoint_module or method.model
     else:
         save_checkpoint, model = common.save_checkpoint, method.model
     save_checkpoint(run, step, model, method.tokenizer, method.optimizer, method.scheduler,
@@ -149,6 +218,6 @@ def save(run: common.Run, step: int, method: Method, initial: dict[str, float], 
 def restore(checkpoint, method: Method, config: TrainConfig) -> dict[str, Any]:
     """One process: `common.restore_checkpoint` (a changed lr applied, fixed keys refused); several: DCP."""
     if runtime.world() > 1:
-        model = getattr(method, "checkpoint_module", method.model)
+        model = method.checkpoint_module or method.model
         return dist_checkpoint.restore_checkpoint(checkpoint, model, method.optimizer, method.scheduler)
     return common.restore_checkpoint(checkpoint, method.model, method.optimizer, method.scheduler, config)

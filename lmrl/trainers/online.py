@@ -37,7 +37,7 @@ from lmrl.models import describe_parameters
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
-from lmrl.rewards import RewardError, RewardSet
+from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import GroupOptions, LocalGroups, sampling_params
 from lmrl.rollout.protocol import Engine, GroupSampler
@@ -134,16 +134,11 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
         batch = rollout(parts, rows, config, step)
     t_rollout = time.perf_counter() - t0
-    parts.group_rewards = failure = None
-    try:
+    parts.group_rewards = None
+    with RewardFailure() as failure:
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
         parts.group_rewards = rewards.view(-1, G).mean(dim=1)
-    except RewardError as exc:
-        if not exc.skippable:
-            raise
-        failure = exc
-    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
-        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
+    if failure.skips(tracker, step):
         return {"reward/errors": float(parts.reward_set.errors)}
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
@@ -209,7 +204,7 @@ def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
     return rows, eval_rows
 
 
-class OnlineRL:
+class OnlineRL(loop.MethodDefaults):
     """The online RL method for `loop.run`: one step samples, scores and updates (`rl_step`). With several
     processes each rank samples and trains on its prompts_per_step/world prompts (whole groups)."""
 
@@ -269,6 +264,12 @@ class OnlineRL:
     def close(self) -> None:
         self.parts.sampler.close()
 
+    def describe(self, run: common.Run) -> str:
+        config = self.config
+        return (f"{config.algorithm}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
+                f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
+                f"precision={self.setup.precision_name}, run dir {run.dir}")
+
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics, samples = evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
                                     self.parts.env_factory)
@@ -293,10 +294,4 @@ class OnlineRL:
 
 def train(config: RLConfig) -> dict[str, float]:
     """Run online RL end to end; returns the final metrics (with ``initial/eval/accuracy``)."""
-    setup = ModelSetup.from_config(config)
-    method = OnlineRL(config, setup)
-    run = common.start_run(config, config.algorithm)
-    run.tracker.print(f"{config.algorithm}: {describe_parameters(method.model)}, {len(method.rows)} "
-                      f"prompts, {config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
-                      f"precision={setup.precision_name}, run dir {run.dir}")
-    return loop.run(config, method, run)
+    return loop.train(OnlineRL, config, config.algorithm)

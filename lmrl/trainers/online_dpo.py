@@ -43,7 +43,7 @@ from lmrl.data.chat import encode_prompt
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
-from lmrl.rewards import RewardError, RewardSet
+from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import sampling_params, seeded_shards
@@ -170,15 +170,9 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
     t0 = time.perf_counter()
     batch, prompt_ids = sample(parts, rows, config, step)
     t1 = time.perf_counter()
-    failure = None
-    try:
+    with RewardFailure() as failure:
         pairs, scores, metrics = label(parts, batch, rows, config)
-    except RewardError as exc:
-        if not exc.skippable:
-            raise
-        failure = exc
-    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
-        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
+    if failure.skips(tracker, step):
         return {"reward/errors": float(parts.reward_set.errors)}
     t2 = time.perf_counter()
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
@@ -246,7 +240,7 @@ def evaluate_online(parts: Parts, data, config: DPOConfig, dtype, state) -> tupl
 # ----------------------------------------------------------------------------- the method
 
 
-class OnlineDPO:
+class OnlineDPO(loop.MethodDefaults):
     """The online DPO method for `loop.run`: one step samples, labels and takes one optimizer step (`online_step`).
     With several processes each rank samples and labels batch_size/world prompts; the loss is the mean over every
     rank's pairs.
@@ -286,6 +280,13 @@ class OnlineDPO:
     def close(self) -> None:
         self.parts.engine.close()
 
+    def describe(self, run: common.Run) -> str:
+        config = self.config
+        labeller = f"judge {config.judge}" if config.judge else f"rewards {config.rewards}"
+        return (f"online {config.loss}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
+                f"{config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
+                f"precision={self.setup.precision_name}, run dir {run.dir}")
+
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate_online(self.parts, self.data, self.config, self.setup.dtype, self.state)
 
@@ -298,11 +299,4 @@ class OnlineDPO:
 
 def train(config: DPOConfig) -> dict[str, float]:
     """Run online DPO end to end; returns the final evaluation metrics (plus `initial/...` ones)."""
-    setup = ModelSetup.from_config(config)
-    method = OnlineDPO(config, setup)
-    run = common.start_run(config, f"online dpo ({config.loss})")
-    labeller = f"judge {config.judge}" if config.judge else f"rewards {config.rewards}"
-    run.tracker.print(f"online {config.loss}: {describe_parameters(method.model)}, {len(method.rows)} "
-                      f"prompts, {config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
-                      f"precision={setup.precision_name}, run dir {run.dir}")
-    return loop.run(config, method, run)
+    return loop.train(OnlineDPO, config, f"online dpo ({config.loss})")

@@ -115,7 +115,7 @@ def check_kto_balance(examples: list[Example], config: DPOConfig, tracker) -> No
 # ----------------------------------------------------------------------------- the method
 
 
-class DPO:
+class DPO(loop.MethodDefaults):
     """The offline DPO-family method for `loop.run`: one step is one optimizer step on ``batch_size`` pairs (KTO:
     examples). `start(run)` readies π_ref's log-probs once the run directory is open."""
 
@@ -134,6 +134,11 @@ class DPO:
         self.state: dict[str, Any] = {"bco": (0.0, 0)}  # BCO's running (sum, count) of implicit rewards
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
+
+    def describe(self, run: common.Run) -> str:
+        return (f"{self.config.loss}: {describe_parameters(self.model)}, {len(self.examples)} training examples "
+                f"({self.dropped} dropped as overlong), {len(self.eval_examples)} held-out, "
+                f"precision={self.setup.precision_name}, run dir {run.dir}")
 
     def start(self, run: common.Run) -> None:
         """KTO's balance warning, and π_ref's log-probs (before `loop.run` restores a checkpoint into the policy)."""
@@ -172,11 +177,4 @@ def train(config: DPOConfig) -> dict[str, float]:
     (plus `initial/...` ones)."""
     if config.online:
         return online_dpo.train(config)
-    setup = ModelSetup.from_config(config)
-    method = DPO(config, setup)
-    run = common.start_run(config, f"dpo ({config.loss})")
-    run.tracker.print(f"{config.loss}: {describe_parameters(method.model)}, {len(method.examples)} "
-                      f"training examples ({method.dropped} dropped as overlong), {len(method.eval_examples)} "
-                      f"held-out, precision={setup.precision_name}, run dir {run.dir}")
-    method.start(run)
-    return loop.run(config, method, run)
+    return loop.train(DPO, config, f"dpo ({config.loss})")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +56,7 @@ from lmrl.models.placement import model_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.tracking import console
 from lmrl.trainers import common, loop
 from lmrl.trainers.pretrain_config import PretrainConfig
 from lmrl.trainers.pretrain_data import Windows, load_windows  # noqa: F401 - re-exported
@@ -280,13 +280,18 @@ def evaluate(model, tokenizer, val: torch.Tensor, config: PretrainConfig, dtype,
 # --------------------------------------------------------------------------- the method
 
 
-class Pretrain:
+class Pretrain(loop.MethodDefaults):
     """The pretraining method for `loop.run`: one step is one optimizer step on ``batch_size`` windows (several
     processes: an equal share each)."""
 
     data_parallel = True
 
     samples_title = "validation continuations"
+
+    def describe(self, run: common.Run) -> str:
+        return (f"pretrain objective={self.config.objective}: {describe_parameters(self.model)}, "
+                f"{self.data_summary}, {self.tokens_per_step} tokens/step, precision={self.setup.precision_name}, "
+                f"run dir {run.dir}")
 
     def __init__(self, config: PretrainConfig, setup: ModelSetup):
         """Models, data and start-up checks: everything that can fail does so before the run directory is touched."""
@@ -327,21 +332,9 @@ class Pretrain:
                                                           config.logprob_chunk_mb)["val/ce"]
         return metrics, samples
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
 
 def train(config: PretrainConfig) -> dict[str, float]:
     """Pretrain end to end; returns the final val/ce and val/ppl (plus ``initial/...`` and the critic's val/ce)."""
-    setup = ModelSetup.from_config(config)
-    method = Pretrain(config, setup)
-    run = common.start_run(config, f"pretrain {config.objective}")
-    run.tracker.print(f"pretrain objective={config.objective}: {describe_parameters(method.model)}, "
-                      f"{method.data_summary}, {method.tokens_per_step} tokens/step, precision={setup.precision_name}, "
-                      f"run dir {run.dir}")
-    result = loop.run(config, method, run)
-    run.tracker.print(f"val/ce {result['val/ce']:.4f} (initial {result['initial/val/ce']:.4f})")
+    result = loop.train(Pretrain, config, f"pretrain {config.objective}")
+    console.print(f"val/ce {result['val/ce']:.4f} (initial {result['initial/val/ce']:.4f})")
     return result

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards.reward_model import score_texts
 from lmrl.trainers import common, loop, reward_score
+from lmrl.tracking import console
 from lmrl.trainers.reward_config import RewardConfig  # also `lmrl reward`'s config (lmrl/cli.py)
 
 KIND_OF_LOSS = {"bt": "bt", "plackett_luce": "bt", "orm": "orm", "prm": "prm"}
@@ -215,7 +217,7 @@ def eval_samples(model, tokenizer, records, config: RewardConfig, dtype) -> list
 # ----------------------------------------------------------------------------- the method
 
 
-class RewardModelTraining:
+class RewardModelTraining(loop.MethodDefaults):
     """The reward-model method for `loop.run`: one step is one optimizer step on ``batch_size`` prompts (each with
     all its K completions; orm/prm: ``batch_size`` labelled completions)."""
 
@@ -247,16 +249,15 @@ class RewardModelTraining:
         return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
                 "tokens_per_s": tokens / elapsed, "time/train_s": elapsed}
 
+    def describe(self, run: common.Run) -> str:
+        return (f"Reward model ({self.config.loss}): {describe_parameters(self.model)}, {len(self.items)} training "
+                f"rows ({self.dropped} dropped as overlong), {len(self.eval_items)} held-out, "
+                f"precision={self.setup.precision_name}, run dir {run.dir}")
+
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         dtype = self.setup.dtype
         metrics = evaluate(self.model, self.eval_items, self.config, self.tokenizer.pad_token_id, dtype)
         return metrics, eval_samples(self.model, self.tokenizer, self.eval_records, self.config, dtype)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -266,14 +267,8 @@ def train(config: RewardConfig) -> dict[str, float]:
     """Train a reward model end to end (or score a dataset with mode=score); returns the final metrics."""
     if config.mode == "score":
         return reward_score.score(config)
-    setup = ModelSetup.from_config(config)
-    method = RewardModelTraining(config, setup)
-    run = common.start_run(config, f"reward ({config.loss})")
-    run.tracker.print(f"Reward model ({config.loss}): {describe_parameters(method.model)}, "
-                      f"{len(method.items)} training rows ({method.dropped} dropped as overlong), "
-                      f"{len(method.eval_items)} held-out, precision={setup.precision_name}, run dir {run.dir}")
-    result = loop.run(config, method, run)
-    final_dir = run.dir / "final"
-    run.tracker.print(escape(f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
-                             f"as rewards=[model:{final_dir}])"))
+    result = loop.train(RewardModelTraining, config, f"reward ({config.loss})")
+    final_dir = Path(config.output_dir).expanduser() / "final"
+    console.print(escape(f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
+                         f"as rewards=[model:{final_dir}])"))
     return result

@@ -56,7 +56,7 @@ from lmrl.models.hf_compat import no_cache
 from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.rewards import RewardError, RewardSet
+from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import seeded_shards
@@ -218,22 +218,16 @@ def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracke
     challenger, queries, solver = rollout(parts, config, step)
     answered = [q for q in queries if q is not None]
     metrics = query_metrics(challenger, queries)
-    rewards, self_rewards, failure = torch.zeros(0), None, None
+    rewards, self_rewards = torch.zeros(0), None
     if answered:
         metrics.update({"completion_len/mean": solver.completion_lengths.float().mean().item(),
                         "completion/truncated_frac": solver.truncated.float().mean().item()})
     metrics["time/rollout_s"] = time.perf_counter() - t0
-    with runtime.full_params(parts.ref_model if parts.judge_set is not None else None):  # LSP's judge generates
-        try:
-            if answered:
-                rewards, self_rewards, reward_metrics = score(parts, answered, solver, config)
-                metrics.update(reward_metrics)
-        except RewardError as exc:
-            if not exc.skippable:
-                raise
-            failure = exc
-    if runtime.any_rank(failure is not None):  # every rank skips the step (the same forwards on every rank)
-        tracker.print(f"[yellow]step {step} skipped: {failure or 'a reward function failed on another process'}")
+    with runtime.full_params(parts.ref_model if parts.judge_set is not None else None), RewardFailure() as failure:
+        if answered:  # LSP's judge generates with the reference model
+            rewards, self_rewards, reward_metrics = score(parts, answered, solver, config)
+            metrics.update(reward_metrics)
+    if failure.skips(tracker, step):
         judge_errors = parts.judge_set.errors if parts.judge_set is not None else 0
         return {"reward/errors": float(parts.reward_set.errors + judge_errors)}
     valid = torch.tensor([q is not None for q in queries], dtype=torch.bool)  # (N,)
@@ -300,7 +294,7 @@ def evaluate(model, tokenizer, eval_rows, config: SelfPlayConfig, dtype) -> tupl
 # ----------------------------------------------------------------------------- the method
 
 
-class SelfPlay:
+class SelfPlay(loop.MethodDefaults):
     """The self-play method for `loop.run`: one step is `selfplay_step` (both roles, one optimizer step).
 
     Set up in two parts. The constructor loads all that can fail on bad input (policy, rewards, held-out and
@@ -345,6 +339,11 @@ class SelfPlay:
                            lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args), cp_ids,
                            self.optimizer, self.scheduler)
 
+    def describe(self, run: common.Run) -> str:
+        config = self.config
+        return (f"selfplay {config.variant}: {describe_parameters(self.model)}, {config.queries_per_step} queries x "
+                f"{config.answers_per_query} answers/step, precision={self.setup.precision_name}, run dir {run.dir}")
+
     def step(self, step: int) -> dict[str, float]:
         return selfplay_step(self.parts, self.config, self.setup.dtype, step, self.tracker)
 
@@ -354,25 +353,8 @@ class SelfPlay:
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
 
 def train(config: SelfPlayConfig) -> dict[str, float]:
     """Run self-play end to end; returns the final metrics (with ``initial/eval/accuracy`` when evaluated and the
     warm start's ``warm_start/loss``)."""
-    setup = ModelSetup.from_config(config)
-    method = SelfPlay(config, setup)
-    run = common.start_run(config, f"selfplay {config.variant}")
-    run.tracker.print(f"selfplay {config.variant}: {describe_parameters(method.model)}, "
-                      f"{config.queries_per_step} queries x {config.answers_per_query} answers/step, "
-                      f"precision={setup.precision_name}, run dir {run.dir}")
-    try:
-        method.start(run)
-    except BaseException:  # a failed or interrupted warm start: stop the progress bar
-        run.tracker.close()
-        raise
-    return loop.run(config, method, run)
+    return loop.train(SelfPlay, config, f"selfplay {config.variant}")

@@ -158,7 +158,7 @@ def accuracy_reached(target: float | None, metrics: dict[str, float]) -> str | N
     return None
 
 
-class SFT:
+class SFT(loop.MethodDefaults):
     """The SFT method for `loop.run`: one step is one optimizer step on ``batch_size`` examples (with several
     processes, each rank forwards an equal share; the loss is normalised by the whole batch's tokens)."""
 
@@ -200,20 +200,11 @@ class SFT:
     def stop(self, metrics: dict[str, float]) -> str | None:
         return accuracy_reached(self.config.stop_at_accuracy, metrics)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+    def describe(self, run: common.Run) -> str:
+        return (f"SFT: {describe_parameters(self.model)}, {len(self.examples)} examples ({self.data_stats}), "
+                f"precision={self.setup.precision_name}, run dir {run.dir}")
 
 
 def train(config: SFTConfig) -> dict[str, float]:
     """Run SFT end to end; returns the final evaluation metrics (plus ``initial/...`` ones)."""
-    setup = ModelSetup.from_config(config)
-    method = SFT(config, setup)
-    run = common.start_run(config, "sft")
-    run.tracker.print(
-        f"SFT: {describe_parameters(method.model)}, {len(method.examples)} examples "
-        f"({method.data_stats}), precision={setup.precision_name}, run dir {run.dir}"
-    )
-    return loop.run(config, method, run)
+    return loop.train(SFT, config, "sft")
