@@ -21,7 +21,8 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
-from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, field  # noqa: F401 - re-exported
+from lmrl.config_base import (ConfigError, Section, check_at_least, check_output_dir, expand_home, field,  # noqa: F401
+                              finite)  # re-exported
 from lmrl.parallel.config import ParallelSection
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -156,17 +157,16 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
                 pass
         raise ConfigError(f"'{key}' must be an integer, got {value!r}.")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"'{key}' must be a number, got {value!r}.")
+        try:
+            number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise ConfigError(f"'{key}' must be a number, got {value!r}.")
+        return finite(key, number)
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
+            return expand_home(key, str(value))
         raise ConfigError(f"'{key}' must be a string, got {value!r}.")
     return value
 

@@ -7,6 +7,7 @@ only need the blocks import them from here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from pathlib import Path
@@ -36,18 +37,48 @@ class Section:
 
     def __post_init__(self) -> None:
         check_counts(self)
+        for f in dataclasses.fields(self):  # configs built in Python (no `coerce`): the same two rules
+            value = getattr(self, f.name)
+            items = value if isinstance(value, list) else [value]
+            checked = [expand_home(f.name, finite(f.name, v)) for v in items]
+            setattr(self, f.name, checked if isinstance(value, list) else checked[0])
 
 
 COUNT_SUFFIXES = ("batch_size", "_per_step", "_per_prompt")
-"""Integer keys ending in these are counts of examples, prompts or samples: 0 would fail only after the model
-loaded (an empty batch), so `Section` refuses it at start-up for every config."""
+COUNT_KEYS = ("train_rows",)
+"""Integer keys ending in `COUNT_SUFFIXES`, or named in `COUNT_KEYS`, are counts of examples, prompts or samples: 0
+would fail only after the model loaded (an empty batch), so `Section` refuses it at start-up for every config."""
 
 
 def check_counts(config: Any) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name.endswith(COUNT_SUFFIXES) and isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ConfigError(f"'{f.name}' must be >= 1, got {value}.")
+        is_count = f.name.endswith(COUNT_SUFFIXES) or f.name in COUNT_KEYS
+        if is_count and isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            every = " (or null: every row)" if f.name.endswith("_rows") else ""
+            raise ConfigError(f"'{f.name}' must be >= 1{every}, got {value}.")
+
+
+def finite(key: str, value: Any) -> Any:
+    """``value``, refused when it is a NaN or infinite float: every float key of every config goes through here
+    (`lmrl.config.coerce` at load, `Section` for configs built in Python), so ``kl_coef=nan`` cannot train with no
+    KL, nor ``lr=inf`` fail later with a message that names no key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"'{key}' must be a finite number, got {value}.")
+    return value
+
+
+TEXT_KEY_SUFFIXES = ("prompt", "prompts", "stop", "template")
+"""String keys that hold text rather than paths: a leading ``~`` in them is kept."""
+
+
+def expand_home(key: str, value: Any) -> Any:
+    """A string config value that starts with ``~/`` (or is ``~``) is a path under the home directory: expanded, so
+    ``output_dir=~/runs/x`` writes to ``$HOME/runs/x`` and not to a folder named ``~`` (keys of text excepted)."""
+    name = key.split("[")[0].split(".")[-1]
+    if isinstance(value, str) and (value == "~" or value.startswith("~/")) and not name.endswith(TEXT_KEY_SUFFIXES):
+        return os.path.expanduser(value)
+    return value
 
 
 def check_at_least(config: Any, names: typing.Iterable[str], minimum: float, inclusive: bool = True) -> None:

@@ -104,6 +104,7 @@ class Tracker:
         self.task = self.progress.add_task(description, total=total_steps, completed=start_step, metrics="")
         self.progress.start()
         self.backends = [b for b in (_open_backend(name, self.dir, config) for name in report_to) if b is not None]
+        self.on_close: list = []  # called once by `close`, e.g. the run directory's lock release
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}, "time_s": round(time.time() - self.start_time, 3)}
@@ -138,11 +139,16 @@ class Tracker:
         self.progress.console.print(*objects)
 
     def close(self) -> list[Path]:
-        """Stop the progress bar, close backends and write plots; returns the plot paths."""
-        self.progress.stop()
-        for backend in self.backends:
-            backend.close()
-        return plot_metrics(self.metrics_path, self.dir / "plots")
+        """Stop the progress bar, close backends and write plots; returns the plot paths. Then the `on_close`
+        callbacks run (the run is over: its directory's lock is released), whatever happened before."""
+        try:
+            self.progress.stop()
+            for backend in self.backends:
+                backend.close()
+            return plot_metrics(self.metrics_path, self.dir / "plots")
+        finally:
+            while self.on_close:
+                self.on_close.pop()()
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

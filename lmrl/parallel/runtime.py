@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -25,11 +26,36 @@ def init(device: torch.device) -> torch.device:
     """Join the torchrun process group (once); returns this rank's device (``cuda:LOCAL_RANK`` on GPUs)."""
     if env_world_size() <= 1 or dist.is_initialized():
         return local_device(device)
+    die_with_parent()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     return local_device(device)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent (torchrun, or ``lmrl ... nproc=N``) dies: a
+    killed launcher then leaves no rank training as an orphan. Linux only (elsewhere a no-op, False). A parent that
+    died while the call took effect stops this process at once."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # the parent died before the call took effect: no signal would come
+        os.kill(os.getpid(), sig)
+    return True
 
 
 def local_device(device: torch.device) -> torch.device:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -84,7 +85,7 @@ class LiveRun:
                 "max_steps": config.get("max_steps"), "skipped_lines": self.skipped,
                 "swarm": (self.path / "nodes").is_dir(), "method": RunData(self.path, self.name, config, [], 0, [],
                                                                             [], [], {}).method,
-                **{k: last.get(k) for k in KEY_METRICS if k in last}}
+                **{k: shown(last[k]) for k in KEY_METRICS if k in last}}
 
 
 class Runs:
@@ -120,6 +121,7 @@ def run_payload(run: LiveRun, samples: int) -> dict[str, Any]:
     figs.update(figures.swarm_figures(data))
     rows = data.samples[-samples:]
     return {"name": run.name, "figures": {k: json.loads(f.to_json()) for k, f in figs.items()},
+            "ids": figures.plot_ids(list(figs)),
             "samples": rows, "sample_cols": list(dict.fromkeys(k for r in rows for k in r)),
             "nodes": swarm_table(data.nodes), "checkpoints": data.checkpoints, "skipped_lines": run.skipped,
             "steps_logged": len(data.metrics)}
@@ -156,7 +158,7 @@ def make_handler(runs: Runs, config: DashboardConfig) -> type[BaseHTTPRequestHan
                 self._json({"error": "not found"}, status=404)
 
         def _json(self, data: Any, status: int = 200) -> None:
-            self._send(json.dumps(data, default=_jsonable).encode(), "application/json", status)
+            self._send(to_json(data).encode(), "application/json", status)
 
         def _send(self, body: bytes, kind: str, status: int = 200) -> None:
             self.send_response(status)
@@ -179,6 +181,27 @@ def host_allowed(host: str | None, port: int) -> bool:
 
 def _jsonable(value: Any) -> Any:
     return str(value)
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN/inf float as None: bare ``NaN`` is not JSON, and a browser that cannot parse a
+    poll's answer showed "server unreachable" for as long as any run had a NaN metric."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(finite_json(data), default=_jsonable, allow_nan=False)
+
+
+def shown(value: Any) -> Any:
+    """A run-table cell: a NaN/inf metric as its name ("nan"), so a diverged run shows it rather than a blank."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class _Server(ThreadingHTTPServer):

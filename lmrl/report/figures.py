@@ -7,6 +7,7 @@ keys in no group are grouped by their first path part (``time/...``, ``evals/...
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -36,10 +37,30 @@ def metric_groups(keys: list[str]) -> dict[str, list[str]]:
         if key not in used and not key.startswith("node/"):
             rest.setdefault(key.split("/")[0] if "/" in key else "other", []).append(key)
     for name, members in rest.items():
+        base = name if name not in groups else f"{name}: other"  # reward/std next to PLOT_GROUPS' "reward"
         for i in range(0, len(members), MAX_LINES):
-            label = name if i == 0 else f"{name} ({i // MAX_LINES + 1})"
-            groups[label if label not in groups else f"{label} "] = members[i : i + MAX_LINES]
+            label = base if i == 0 else f"{base} ({i // MAX_LINES + 1})"
+            while label in groups:
+                label += "+"
+            groups[label] = members[i : i + MAX_LINES]
     return groups
+
+
+def slug(name: str) -> str:
+    return "-".join("".join(c if c.isalnum() else " " for c in name).split())
+
+
+def plot_ids(names: list[str]) -> dict[str, str]:
+    """A distinct HTML id per figure name (``plot-<slug>``): two figures under one id draw into one element."""
+    ids: dict[str, str] = {}
+    for name in names:
+        base = f"plot-{slug(name) or 'figure'}"
+        candidate, n = base, 1
+        while candidate in ids.values():
+            n += 1
+            candidate = f"{base}-{n}"
+        ids[name] = candidate
+    return ids
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -51,6 +72,11 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
 def _layout(fig: go.Figure, title: str, x: str = "step", y: str = "") -> go.Figure:
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=340, margin=dict(l=50, r=20, t=50, b=40),
                       template="plotly_white", legend=dict(font=dict(size=10)))
+    ys = [v for trace in fig.data for v in (trace.y or ()) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if ys and min(ys) == max(ys) != 0:  # plotly spans a flat line +-1: a constant lr of 1e-4 would sit on "0"
+        fig.update_yaxes(range=[ys[0] - abs(ys[0]) / 2, ys[0] + abs(ys[0]) / 2])
+    if ys and 0 < max(abs(v) for v in ys) < 1e-2:
+        fig.update_yaxes(exponentformat="e")  # 1e-4, not 100µ
     return fig
 
 

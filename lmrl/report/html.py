@@ -88,23 +88,21 @@ def render(runs: list[RunData], samples: int = SAMPLE_ROWS) -> str:
     differ, same = config_diff([r.config for r in runs])
     if len(runs) == 1:
         differ, same = same, []  # one run: every key in the main table
-    plots = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{_slug(name)}")
-             for name, fig in figures.metric_figures(runs).items()]
+    metric = figures.metric_figures(runs)
+    swarm_figs = [(name if len(runs) == 1 else f"{run.name} {name}", fig)
+                  for run in runs for name, fig in figures.swarm_figures(run).items()]
+    ids = figures.plot_ids(["reward vs kl", *metric, *(name for name, _ in swarm_figs)])  # one id per figure
+    plots = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=ids[name]) for name, fig in metric.items()]
     kl = figures.reward_vs_kl(runs)
-    swarm = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{_slug(name)}")
-             for run in runs for name, fig in figures.swarm_figures(run).items()]
+    swarm = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=ids[name]) for name, fig in swarm_figs]
     eval_keys = list(dict.fromkeys(k for v in views for k in [*v["initial"], *v["final"]]))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
     title = f"lmrl report: {runs[0].name}" if len(runs) == 1 else f"lmrl report: {len(runs)} runs"
     return env.get_template("report.html").render(
         title=title, created=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), plotly_js=get_plotlyjs(),
         runs=views, config_differ=differ, compare=len(runs) > 1, config_same=same, plots=plots,
-        kl_plot=kl.to_html(full_html=False, include_plotlyjs=False, div_id="plot-reward-vs-kl") if kl else None,
+        kl_plot=kl.to_html(full_html=False, include_plotlyjs=False, div_id=ids["reward vs kl"]) if kl else None,
         eval_keys=eval_keys, swarm=swarm, fmt=fmt)
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-")
 
 
 def run(config: ReportConfig) -> Path:

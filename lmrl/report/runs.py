@@ -1,8 +1,8 @@
 """Reading run directories for reports and the dashboard: config, metrics, samples, evals, checkpoints, nodes.
 
-A corrupt line of metrics.jsonl or samples.jsonl (a half-written last line of a live run, an edit gone wrong) is
-skipped and counted, never fatal; a directory without metrics.jsonl is an error that says what a run directory
-holds.
+A corrupt line of metrics.jsonl or samples.jsonl (a half-written last line of a live run, an edit gone wrong, a
+record whose step is not an integer) is skipped and counted, never fatal; a directory without metrics.jsonl is an
+error that says what a run directory holds.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ class Jsonl:
 
 
 def read_jsonl(path: Path, offset: int = 0) -> Jsonl:
-    """Records of complete lines from byte ``offset``; a corrupt or non-object line is skipped and counted. A last
-    line without its newline (still being written) is left for the next read."""
+    """Records of complete lines from byte ``offset``; a corrupt line, or one that is not an object with an integer
+    ``step`` (a float such as 3.0 counts as 3), is skipped and counted. A last line without its newline (still being
+    written) is left for the next read."""
     out = Jsonl(offset=offset)
     if not path.is_file():
         return out
@@ -45,9 +46,12 @@ def read_jsonl(path: Path, offset: int = 0) -> Jsonl:
         except (json.JSONDecodeError, UnicodeDecodeError):
             out.skipped += 1
             continue
-        if isinstance(record, dict):
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, float) and step.is_integer():
+            record["step"] = step = int(step)
+        if isinstance(step, int) and not isinstance(step, bool):
             out.records.append({k: _number(v) for k, v in record.items()})
-        else:
+        else:  # not an object, or no integer step (every plot, table and merge keys on it)
             out.skipped += 1
     out.offset = offset + end
     return out
@@ -110,7 +114,8 @@ def load_run(path: str | Path, max_samples: int = 200) -> RunData:
                        "Give a run's output_dir, e.g. runs/sft-tiny-arithmetic.")
     metrics = read_jsonl(metrics_file)
     samples = read_jsonl(run / "samples.jsonl")
-    return RunData(run, run.name, read_config(run), metrics.records, metrics.skipped + samples.skipped,
+    cut = int(metrics_file.stat().st_size > metrics.offset)  # a last line without its newline: counted here
+    return RunData(run, run.name, read_config(run), metrics.records, metrics.skipped + samples.skipped + cut,
                    samples.records[-max_samples:], read_evals(run), list_checkpoints(run), read_nodes(run))
 
 

@@ -26,7 +26,7 @@ from lmrl.models.loading import save_model
 from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
 from lmrl.models.memory import keep_freed_memory
 from lmrl.models.precision import RUN_FILE, precision_of
-from lmrl.trainers import rundir
+from lmrl.trainers import intact, rundir, runlock
 from lmrl.parallel import runtime
 from lmrl.tracking import Tracker, console
 
@@ -58,6 +58,7 @@ class Run:
     start_step: int
     checkpoint: Path | None  # the checkpoint to resume from, if any
     evaluator: Any = None  # `lmrl.eval.runner.Evaluator` of config.eval_metrics, or None
+    method: str = ""  # `rundir.method_name` of the run's config, recorded in run.json
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -69,7 +70,9 @@ def start_run(config: TrainConfig, description: str) -> Run:
     by `write_run_config` once the checkpoint has loaded (`lmrl.trainers.rundir` says what lmrl owns there).
 
     Before touching the directory: the ``eval_metrics`` evaluator is built (its input errors stop the run here)
-    and the training data is checked for 8-gram overlap with the evaluation sets (a warning)."""
+    and the training data is checked for 8-gram overlap with the evaluation sets (a warning). Then rank 0 locks the
+    directory for the run (`lmrl.trainers.runlock`; released when the tracker closes) and, on resume, picks the
+    newest intact checkpoint (`lmrl.trainers.intact`) of a run of the same method (`rundir.check_method`)."""
     evaluator = build_evaluator(config)
     run_dir = Path(config.output_dir)
     if not runtime.is_main():  # rank 0 prepares the directory and alone writes to it
@@ -80,7 +83,20 @@ def start_run(config: TrainConfig, description: str) -> Run:
         return Run(run_dir, runtime.NullTracker(), start_step, checkpoint, evaluator)
     contaminated = contamination(config, evaluator)
     rundir.check_writable(run_dir)
-    checkpoint = latest_checkpoint(run_dir) if config.resume else None
+    lock = runlock.acquire(run_dir, notice=console.print)  # held until the run's tracker closes
+    try:
+        return _open_run(config, description, run_dir, evaluator, contaminated, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _open_run(config: TrainConfig, description: str, run_dir: Path, evaluator, contaminated, lock) -> Run:
+    """`start_run` on rank 0, in the locked directory."""
+    method = rundir.method_name(type(config).__name__, to_dict(config))
+    checkpoint = intact.newest_intact(list_checkpoints(run_dir), STATE_FILE, console.print) if config.resume else None
+    if checkpoint is not None:
+        rundir.check_method(run_dir, method)  # a run of another verb or method is not continued
     if not config.resume and rundir.has_run(run_dir) and not config.overwrite:
         raise FileExistsError(
             f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, overwrite=true "
@@ -103,12 +119,13 @@ def start_run(config: TrainConfig, description: str) -> Run:
     if config.keep_freed_memory:
         keep_freed_memory()
     tracker = Tracker(run_dir, config.max_steps, to_dict(config), config.report_to, description, start_step)
+    tracker.on_close.append(lock.release)
     if checkpoint:
         tracker.print(f"Resuming from {checkpoint} (step {start_step}).")
     for source, report in contaminated:
         tracker.print(f"[bold yellow]{escape(warning_text(config.dataset, source, report))}")
     runtime.barrier()
-    return Run(run_dir, tracker, start_step, checkpoint, evaluator)
+    return Run(run_dir, tracker, start_step, checkpoint, evaluator, method)
 
 
 def write_run_config(run: Run, config: TrainConfig, setup: Any = None) -> None:
@@ -116,7 +133,8 @@ def write_run_config(run: Run, config: TrainConfig, setup: Any = None) -> None:
     after a resumed checkpoint has loaded, so a refused resume leaves the run's config.yaml as it was."""
     if not runtime.is_main():  # rank 0 alone writes to the run directory
         return
-    rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None)
+    rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None,
+                        run.method)
 
 
 # --------------------------------------------------------------------------- seeding and RNG
@@ -291,20 +309,32 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
     final = run.checkpoints_dir / f"step-{step}"
     tmp = run.checkpoints_dir / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, tokenizer, tmp)
-    if has_frozen_weights(model):  # LoRA: the adapters (and heads) by name, for an exact resume
-        save_trainable(model, tmp)
-    torch.save(
-        {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-         "trainer": state or {}},
-        tmp / STATE_FILE,
-    )
+    try:
+        tmp.mkdir(parents=True)
+        save_model(model, tokenizer, tmp)
+        if has_frozen_weights(model):  # LoRA: the adapters (and heads) by name, for an exact resume
+            save_trainable(model, tmp)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng": rng_state(), "trainer": state or {}}, tmp / STATE_FILE)
+    except OSError as exc:  # a full disk, a quota, a lost mount: one paragraph, not the writer's traceback
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise checkpoint_failed(run, step, exc) from None
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in list_checkpoints(run.dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoint_failed(run: Run, step: int, exc: OSError) -> TrainingStopped:
+    """The error of a checkpoint that could not be written: where, why, and that the previous one is intact."""
+    previous = latest_checkpoint(run.dir)
+    kept = (f"the previous checkpoint {previous} is intact, and resume=true continues from it" if previous else
+            "there is no earlier checkpoint (resume=true starts again from step 0)")
+    why = exc.strerror or str(exc) or type(exc).__name__
+    return TrainingStopped(
+        f"Writing checkpoint step-{step} in {run.checkpoints_dir} failed: {why}. The partial checkpoint was removed; "
+        f"{kept}. Free space there (or keep fewer checkpoints: keep_checkpoints=1, save_every=...) and resume.")
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:

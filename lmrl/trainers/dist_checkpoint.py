@@ -43,12 +43,16 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
         tmp.mkdir(parents=True)
     runtime.barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
-    torch.save(rng_state(), tmp / rng_file(runtime.rank()))
-    runtime.barrier()
+    try:  # a full disk: every rank that fails says so in one paragraph (torchrun stops the others)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        torch.save(rng_state(), tmp / rng_file(runtime.rank()))
+        runtime.barrier()
+        if runtime.is_main():
+            tokenizer.save_pretrained(tmp)
+            torch.save({"step": step, "scheduler": scheduler.state_dict(), "trainer": state or {}}, tmp / STATE_FILE)
+    except OSError as exc:
+        raise common.checkpoint_failed(run, step, exc) from None
     if runtime.is_main():
-        tokenizer.save_pretrained(tmp)
-        torch.save({"step": step, "scheduler": scheduler.state_dict(), "trainer": state or {}}, tmp / STATE_FILE)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in list_checkpoints(run.dir)[:-keep]:

@@ -78,12 +78,46 @@ def check_writable(run_dir: Path) -> None:
                           f"Choose a writable output_dir=...") from None
 
 
-def write_config(run_dir: Path, config_dict: dict[str, Any], precision: str | None = None) -> None:
-    """``config.yaml`` (with `CONFIG_HEADER`) and, when known, the resolved precision in ``run.json``."""
+def write_config(run_dir: Path, config_dict: dict[str, Any], precision: str | None = None,
+                 method: str | None = None) -> None:
+    """``config.yaml`` (with `CONFIG_HEADER`) and, when known, the resolved precision and the run's method
+    (`method_name`) in ``run.json``."""
     check_writable(run_dir)
     (run_dir / "config.yaml").write_text(CONFIG_HEADER + yaml.safe_dump(config_dict, sort_keys=False))
-    if precision is not None:
-        (run_dir / RUN_FILE).write_text(json.dumps({"precision": precision}) + "\n")
+    record = {k: v for k, v in (("precision", precision), ("method", method)) if v}
+    if record:
+        (run_dir / RUN_FILE).write_text(json.dumps({**read_run_file(run_dir), **record}) + "\n")
+
+
+def read_run_file(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+METHOD_KEYS = ("mode", "algorithm", "objective", "variant", "online")
+"""Keys that pick the method within a verb (``lmrl rl algorithm=ppo``, ``lmrl dpo online=true``): part of
+`method_name`."""
+
+
+def method_name(config_class: str, config_dict: dict[str, Any]) -> str:
+    """The verb and method a run trains, e.g. ``rl algorithm=grpo`` (from ``RLConfig``) or ``sft``."""
+    verb = config_class.removesuffix("Config").lower()
+    return " ".join([verb, *(f"{k}={config_dict[k]}".lower() for k in METHOD_KEYS if k in config_dict)])
+
+
+def check_method(run_dir: Path, method: str) -> None:
+    """Refuse to resume the run in ``run_dir`` with another verb or method than the one ``run.json`` records (a
+    GRPO run continued from an SFT run's checkpoint would start from its weights and optimizer as if it were its
+    own). Runs from before the method was recorded are not checked."""
+    recorded = read_run_file(run_dir).get("method")
+    if recorded and recorded != method:
+        raise ConfigError(
+            f"resume=true: output_dir '{run_dir}' holds a run of `lmrl {recorded}`, and this is `lmrl {method}`. A "
+            f"resume continues a run with its own method. Choose another output_dir=... (to start from that run's "
+            f"weights: model={run_dir / 'final'}, or one of its checkpoints), or overwrite=true to replace it.")
 
 
 def saved_config(checkpoint: Path, state: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,11 +2,13 @@
 
 import dataclasses
 import importlib
+import re
+import typing
 
 import pytest
 
 from lmrl import cli
-from lmrl.config import ConfigError, from_dict
+from lmrl.config import ConfigError, Section, from_dict
 
 COUNT_KEYS = [(verb, f.name) for verb, v in cli.VERBS.items()
               for f in dataclasses.fields(getattr(importlib.import_module(v.module), v.config))
@@ -61,3 +63,41 @@ def test_non_positive_temperature_fails_in_the_config(verb):
 def test_grpo_with_one_sample_per_prompt_fails_in_the_config():
     with pytest.raises(ConfigError, match="samples_per_prompt >= 2"):
         from_dict(config_class("rl"), {"algorithm": "grpo", "samples_per_prompt": 1})
+
+
+def float_keys(verb):
+    """The keys of ``verb`` that take a float: float, float | None, list[float]."""
+    cls = config_class(verb)
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if "float" in str(hints[f.name])]
+
+
+FLOAT_KEYS = [(verb, key) for verb in cli.VERBS for key in float_keys(verb)]
+
+
+@pytest.mark.parametrize("verb, key", FLOAT_KEYS, ids=[f"{v}-{k}" for v, k in FLOAT_KEYS])
+def test_nan_and_inf_fail_in_the_config_for_every_float_key(verb, key):
+    """main: kl_coef=nan trained with no KL; lr/max_grad_norm/temperature=nan|inf failed later, naming no key."""
+    is_list = str(typing.get_type_hints(config_class(verb))[key]).startswith("list")
+    for value in ("nan", float("inf"), float("-inf")):
+        with pytest.raises(ConfigError, match=re.escape(f"'{key}{'[0]' if is_list else ''}' must be a finite number")):
+            from_dict(config_class(verb), {key: [value] if is_list else value})
+
+
+def test_every_float_key_of_the_issue_is_covered():
+    assert {("rl", "kl_coef"), ("sft", "lr"), ("sft", "max_grad_norm"), ("rl", "temperature")} <= set(FLOAT_KEYS)
+
+
+def test_nan_in_a_config_built_in_python_names_the_key():
+    with pytest.raises(ConfigError, match="'lr' must be a finite number"):
+        config_class("sft")(lr=float("nan"))
+
+
+TRAIN_ROWS_VERBS = [verb for verb in cli.VERBS if "train_rows" in {f.name for f in dataclasses.fields(config_class(verb))}
+                    and issubclass(config_class(verb), Section)]
+
+
+@pytest.mark.parametrize("verb", TRAIN_ROWS_VERBS)
+def test_zero_train_rows_names_the_key(verb):
+    with pytest.raises(ConfigError, match=r"'train_rows' must be >= 1 \(or null: every row\), got 0"):
+        from_dict(config_class(verb), {"train_rows": 0})  # main: "limit must be >= 1 or None, got 0."

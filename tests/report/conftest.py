@@ -63,3 +63,36 @@ def runs_dir(tmp_path: Path) -> Path:
     write_rl_run(tmp_path / "runs" / "grpo-a")
     write_swarm_run(tmp_path / "runs" / "swarm-sim")
     return tmp_path / "runs"
+
+
+REAL_RL_ARGS = ["precision=fp32", "model_args.hidden_size=32", "model_args.num_hidden_layers=1",
+                "model_args.intermediate_size=64", "model_args.num_attention_heads=2", "task_args.digits=1",
+                "train_rows=16", "eval_rows=4", "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=4",
+                "eval_every=2", "max_steps=3", "log_every=1", "lr=1e-4", "lr_schedule=constant", "warmup_steps=0",
+                "kl_coef=0.01", "check_contamination=false"]
+GARBAGE = ['{"step": 4, "loss": NaN, "reward/mean": NaN}',  # bare NaN: Python reads it, strict JSON does not
+           '{"step": "four", "loss": 1.0}', '{"step": 4.5, "loss": 1.0}', '{"loss": 2.0}', '[1, 2]', 'not json']
+GARBAGE_SKIPPED = 5  # every line but the NaN one (a valid record with an integer step)
+CUT_LINE = '{"step": 6, "loss": 0.'
+
+
+@pytest.fixture(scope="session")
+def real_rl_run(tmp_path_factory) -> Path:
+    """A real 3-step GRPO run of a tiny model (a few seconds): metrics.jsonl as the trainer writes it."""
+    from lmrl import cli
+
+    out = tmp_path_factory.mktemp("real") / "grpo-real"
+    assert cli.main(["rl", f"output_dir={out}", *REAL_RL_ARGS]) == 0
+    return out
+
+
+@pytest.fixture
+def garbled_rl_run(real_rl_run: Path, tmp_path: Path) -> Path:
+    """A copy of the real run with garbage appended to metrics.jsonl: NaN, non-integer steps, a cut last line."""
+    import shutil
+
+    run = tmp_path / "runs" / "grpo-garbled"
+    shutil.copytree(real_rl_run, run, ignore=shutil.ignore_patterns("checkpoints", "final", "plots"))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("\n".join(GARBAGE) + "\n" + CUT_LINE)
+    return run

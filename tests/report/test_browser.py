@@ -110,3 +110,25 @@ def test_dashboard_in_browser_updates_live(runs_dir, page):
         assert page.errors == []
     finally:
         server.shutdown()
+
+
+def test_a_real_rl_run_with_nan_metrics_in_the_report_and_the_dashboard(garbled_rl_run, page):
+    html = run(ReportConfig(runs=[str(garbled_rl_run)]))
+    page.goto(html.as_uri())
+    page.wait_for_selector("#plot-lr .main-svg")
+    assert [t["name"] for t in plot_data(page, "plot-reward")] == ["reward/mean"]  # main: reward/std, reward/errors
+    ticks = page.evaluate("Array.from(document.querySelectorAll('#plot-lr .ytick text')).map(t => t.textContent)")
+    assert "1e\u22124" in ticks  # main: -1, -0.5, 0, 0.5, 1 (the constant lr 1e-4 drawn on 0)
+    assert page.errors == []
+    server = serve(DashboardConfig(runs_dir=str(garbled_rl_run.parent), port=0, poll_ms=300))
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.wait_for_selector("#runs-body tr[data-name='grpo-garbled']")
+        page.wait_for_selector("#plot-reward .main-svg")
+        page.wait_for_timeout(1000)  # a few polls
+        assert "unreachable" not in page.inner_text("#status")  # main: forever, once a run had a NaN metric
+        assert "nan" in page.inner_text("#runs-body tr[data-name='grpo-garbled']")
+        assert [t["name"] for t in plot_data(page, "plot-reward")] == ["reward/mean"]
+        assert page.errors == []
+    finally:
+        server.shutdown()

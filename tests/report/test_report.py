@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 
-from conftest import EVAL_ACC, KLS, REWARDS, write_rl_run
+import pytest
+from conftest import EVAL_ACC, GARBAGE_SKIPPED, KLS, REWARDS, write_rl_run
 
 from lmrl.cli import main
+from lmrl.report.dashboard import DashboardConfig, serve
 from lmrl.report.figures import metric_figures, reward_vs_kl
 from lmrl.report.html import ReportConfig, run
-from lmrl.report.runs import config_diff, load_run, read_jsonl
+from lmrl.report.runs import config_diff, load_run, numeric_keys, read_jsonl
 
 
 def test_corrupt_lines_are_skipped_and_counted(rl_run):
@@ -66,3 +70,55 @@ def test_report_html_is_self_contained_and_shows_the_numbers(rl_run, tmp_path):
     assert "0.345" in html and "0.6125" in html  # final eval and lmrl eval's file
     assert "1 corrupt line(s)" in html
     assert "step-4" in html and "2.0" in html  # the checkpoint and its size in MB
+
+
+# issue 33: what users see of a real RL run (a 3-step GRPO run; `garbled_rl_run` adds garbage lines to it)
+
+
+def test_the_reward_curve_of_an_rl_run_is_plotted_and_every_metric_is_in_a_panel(real_rl_run, tmp_path):
+    data = load_run(real_rl_run)
+    figs = metric_figures([data])
+    assert [t.name for t in figs["reward"].data] == ["reward/mean"]  # main: reward/std and reward/errors drew here
+    assert {"reward/std", "reward/errors"} <= {t.name for t in figs["reward: other"].data}
+    plotted = {t.name for fig in figs.values() for t in fig.data}
+    assert set(numeric_keys(data.metrics)) <= plotted
+    html = run(ReportConfig(runs=[str(real_rl_run)], output_file=str(tmp_path / "r.html"))).read_text()
+    ids = re.findall(r'<div id="(plot-[^"]+)"', html)
+    assert len(ids) == len(set(ids)) == len(figs) + 1  # one element per figure (and reward vs KL)
+
+
+def test_a_constant_lr_is_drawn_at_its_value(real_rl_run):
+    lr = metric_figures([load_run(real_rl_run)])["lr"]
+    assert set(lr.data[0].y) == {1e-4}
+    low, high = lr.layout.yaxis.range  # main: none, so plotly spanned the flat line -1..1 and 1e-4 sat on "0"
+    assert 0 < low < 1e-4 < high < 2e-4 and lr.layout.yaxis.exponentformat == "e"
+
+
+def test_garbage_lines_are_skipped_with_a_count_and_the_report_is_written(garbled_rl_run, capsys):
+    data = load_run(garbled_rl_run)
+    assert data.skipped_lines == GARBAGE_SKIPPED + 1  # and the cut last line
+    assert all(isinstance(r["step"], int) for r in data.metrics)
+    assert main(["report", str(garbled_rl_run)]) == 0  # main: TypeError comparing a str step with an int
+    assert f"{GARBAGE_SKIPPED + 1} corrupt line(s) skipped" in " ".join(capsys.readouterr().out.split())
+    html = (garbled_rl_run / "report.html").read_text()
+    assert f"{GARBAGE_SKIPPED + 1} corrupt line(s)" in html
+
+
+def _strict_json(url: str):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read(), parse_constant=lambda name: pytest.fail(f"bare {name} in {url}"))
+
+
+def test_the_dashboard_answers_strict_json_when_a_run_has_nan_metrics(garbled_rl_run):
+    server = serve(DashboardConfig(runs_dir=str(garbled_rl_run.parent), port=0))
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        runs = _strict_json(f"{base}/api/runs")["runs"]  # main: bare NaN, which the page's JSON.parse refuses
+        assert [(r["name"], r["step"], r["loss"]) for r in runs] == [("grpo-garbled", 4, "nan")]
+        payload = _strict_json(f"{base}/api/run?name=grpo-garbled")
+        assert len(set(payload["ids"].values())) == len(payload["figures"])
+        reward = payload["figures"]["reward"]["data"]
+        assert [t["name"] for t in reward] == ["reward/mean"] and reward[0]["y"][-1] is None  # NaN: a gap
+        assert payload["skipped_lines"] == GARBAGE_SKIPPED
+    finally:
+        server.shutdown()

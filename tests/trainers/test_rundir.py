@@ -128,3 +128,58 @@ def test_a_cut_last_line_of_metrics_jsonl_is_dropped_with_a_warning_on_resume(tm
     assert sft_main(run, "max_steps=3", "resume=true") == 0
     assert "dropped 1 unreadable line" in capsys.readouterr().out
     assert max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) == 3
+
+
+# issue 33, item 3: a damaged newest checkpoint, a full disk while checkpointing
+
+
+def cut(path, keep=0.5):
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+
+
+@pytest.mark.parametrize("damaged", [common.STATE_FILE, "model.safetensors"])
+def test_a_cut_newest_checkpoint_is_skipped_with_a_notice_and_the_previous_one_resumed(tmp_path, capsys, damaged):
+    run = tmp_path / "run"
+    assert sft_main(run, "max_steps=2", "save_every=1") == 0
+    cut(run / "checkpoints" / "step-2" / damaged)
+    assert sft_main(run, "max_steps=3", "save_every=1", "resume=true") == 0  # main: a traceback, no fallback
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"checkpoint step-2 is damaged: {damaged} is cut" in out and "resuming from step-1 instead" in out
+    assert (run / "checkpoints" / "damaged-step-2" / damaged).exists()  # kept aside, out of the resume order
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2, 3]  # step 2 trained again from step 1's checkpoint
+    assert [p.name for p in common.list_checkpoints(run)] == ["step-2", "step-3"]
+
+
+def test_no_whole_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sft_main(run, "max_steps=2", "save_every=1") == 0
+    for step in (1, 2):
+        cut(run / "checkpoints" / f"step-{step}" / common.STATE_FILE)
+    listing = sorted(p.relative_to(run) for p in run.rglob("*"))
+    assert sft_main(run, "max_steps=3", "resume=true") == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no checkpoint in" in out and "step-2: trainer_state.pt is cut" in out and "Traceback" not in out
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing
+
+
+def test_a_full_disk_while_checkpointing_is_one_paragraph_and_the_previous_checkpoint_stays(tmp_path, capsys,
+                                                                                            monkeypatch):
+    import errno
+
+    run = tmp_path / "run"
+    real_save = common.save_model
+
+    def disk_full_at_step_2(model, tokenizer, path):
+        real_save(model, tokenizer, path)
+        if path.name == ".tmp-step-2":
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(common, "save_model", disk_full_at_step_2)
+    assert sft_main(run, "max_steps=3", "save_every=1") == 1  # main: an 80-line traceback out of cli.main
+    out = capsys.readouterr().out
+    message = out[out.index("Training stopped"):]
+    squashed = "".join(message.split())  # rich folds long paths
+    assert "Nospaceleftondevice" in squashed and f"{run / 'checkpoints' / 'step-1'}isintact" in squashed
+    assert "Traceback" not in out and len(message.strip().splitlines()) <= 8
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-1"]  # the partial step-2 removed
