@@ -32,7 +32,8 @@ __all__ = [
     "value_loss",
 ]
 
-from .preference import PREFERENCE_LOSSES, implicit_rewards, kto_reference_kl, preference_loss, preference_stats
+from .preference import (PREFERENCE_LOSSES, RunningDelta, implicit_rewards, kto_reference_kl, preference_loss,
+                         preference_stats)
 from .reward_model import REWARD_MODEL_LOSSES, reward_model_loss
 from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
 from .best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
@@ -40,6 +41,7 @@ from .selfplay import challenger_advantages, selfplay_advantages, solver_advanta
 
 __all__ += [
     "PREFERENCE_LOSSES",
+    "RunningDelta",
     "implicit_rewards",
     "kto_reference_kl",
     "preference_loss",

@@ -15,6 +15,11 @@ Extra fields, named on the entries that need them: `chosen_nll` (orpo,
 dpo_nll), `delta` (bco), `chosen_score`/`rejected_score` (odpo); KTO is
 unpaired: `logp`, `ref_logp`, `label`, `kl_ref`.
 
+Entries declare what a trainer must provide as traits (`PREFERENCE_LOSSES.trait(name, key)`), so no trainer
+tests a loss's name: ``unpaired`` (KTO: labelled single completions), ``needs_scores`` (ODPO: chosen/rejected
+ratings), ``running_delta`` (BCO: the running mean δ of the implicit rewards, kept by a `RunningDelta`),
+``reference_free`` (SimPO, ORPO: no π_ref).
+
 Notation: u = logπθ(y) − logπref(y) (summed log-ratio of one completion),
 h = u_c − u_r (the DPO logit), σ = sigmoid, avg(y) = logπθ(y) / |y|.
 """
@@ -278,7 +283,7 @@ def hinge(batch: Mapping[str, Tensor], *, beta: float = 0.1) -> Tensor:
     return torch.relu(1 - beta * (u_c - u_r))
 
 
-@PREFERENCE_LOSSES.register("simpo")
+@PREFERENCE_LOSSES.register("simpo", reference_free=True)
 def simpo(batch: Mapping[str, Tensor], *, beta: float = 2.0, gamma: float = 0.5) -> Tensor:
     """SimPO: L = −log σ(β·logπθ(yc)/|yc| − β·logπθ(yr)/|yr| − γ). No reference.
 
@@ -303,7 +308,7 @@ def _log1mexp(x: Tensor) -> Tensor:
     return torch.where(x > log_half, near_zero, far)
 
 
-@PREFERENCE_LOSSES.register("orpo")
+@PREFERENCE_LOSSES.register("orpo", reference_free=True)
 def orpo(batch: Mapping[str, Tensor], *, lam: float = 0.1) -> Tensor:
     """ORPO: L = NLL(yc) + λ·(−log σ(log odds(yc) − log odds(yr))). No reference.
 
@@ -338,7 +343,7 @@ def dpo_nll(batch: Mapping[str, Tensor], *, beta: float = 0.1, alpha: float = 1.
     return -F.logsigmoid(beta * (u_c - u_r)) + alpha * _chosen_nll(batch, "dpo_nll")
 
 
-@PREFERENCE_LOSSES.register("odpo")
+@PREFERENCE_LOSSES.register("odpo", needs_scores=True)
 def odpo(batch: Mapping[str, Tensor], *, beta: float = 0.1, alpha: float = 1.0) -> Tensor:
     """ODPO: L = −log σ(β·h − Δ), Δ = α·log(s_c − s_r) (Amini et al. 2024).
 
@@ -357,7 +362,7 @@ def odpo(batch: Mapping[str, Tensor], *, beta: float = 0.1, alpha: float = 1.0) 
     return -F.logsigmoid(beta * (u_c - u_r) - alpha * torch.log(s_c - s_r).detach())
 
 
-@PREFERENCE_LOSSES.register("bco")
+@PREFERENCE_LOSSES.register("bco", running_delta=True)
 def bco(batch: Mapping[str, Tensor], *, beta: float = 0.1) -> Tensor:
     """BCO (paired): L = −log σ(β·u_c − δ) − log σ(δ − β·u_r) (Jung et al. 2024).
 
@@ -384,7 +389,7 @@ def cal_dpo(batch: Mapping[str, Tensor], *, beta: float = 0.1) -> Tensor:
     return -F.logsigmoid(u_c - u_r) + 0.5 * ((u_c - target) ** 2 + (u_r + target) ** 2)
 
 
-@PREFERENCE_LOSSES.register("kto")
+@PREFERENCE_LOSSES.register("kto", unpaired=True)
 def kto(
     batch: Mapping[str, Tensor],
     *,
@@ -423,3 +428,23 @@ def kto(
     )  # (B,) v(x, y)
     weight = lambda_u + (lambda_d - lambda_u) * desirable.to(value)  # (B,) λ_y
     return weight - value
+
+
+class RunningDelta:
+    """BCO's δ: the running mean of β·u over every chosen and rejected completion so far; state (sum, count)."""
+
+    def __init__(self, total: float = 0.0, count: int = 0) -> None:
+        self.total, self.count = float(total), int(count)
+
+    @property
+    def value(self) -> float:
+        return self.total / max(1, self.count)
+
+    def update(self, batch: Mapping[str, Tensor], beta: float, rows: int) -> None:
+        """Add β·u of the first ``rows`` pairs' chosen and rejected completions."""
+        u = torch.stack([batch["chosen"] - batch["ref_chosen"], batch["rejected"] - batch["ref_rejected"]])[:, :rows]
+        self.total += beta * u.detach().sum().item()
+        self.count += u.numel()
+
+    def state_dict(self) -> tuple[float, int]:
+        return self.total, self.count

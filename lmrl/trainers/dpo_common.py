@@ -2,7 +2,8 @@
 completion log-probs of the policy and of π_ref, the DPO-family loss step and the held-out evaluation.
 
 Every loss comes from the registry `lmrl.algorithms.preference_loss(name, batch)`; `train_step` accumulates it over
-``grad_accum`` micro-batches and keeps BCO's running δ in the trainer ``state`` (saved in checkpoints).
+``grad_accum`` micro-batches and updates BCO's running δ (`lmrl.algorithms.RunningDelta`, saved in checkpoints).
+What a loss needs (unpaired examples, scores, δ, a reference) comes from its registry traits, never its name.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import kto_reference_kl, preference_loss, preference_stats
+from lmrl.algorithms import RunningDelta, kto_reference_kl, preference_loss, preference_stats
 from lmrl.data import preference as prefs
 from lmrl.data.chat import render_prompt
 from lmrl.models.placement import model_device, to_device
@@ -37,7 +38,7 @@ class Example:
 def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -> tuple[list[Example], int]:
     """Tokenized pairs (or KTO examples) of `rows`, dropping overlong ones; errors name the row."""
     tok = lambda p, c, w: prefs.tokenize(tokenizer, p, c, config.chat, w)  # noqa: E731
-    if config.loss == "kto":
+    if config.unpaired:  # KTO: labelled single completions
         if "label" in rows[0] and "completion" in rows[0]:
             records = [(r.prompt, r.completion, r.label, r.where) for r in prefs.parse_labelled_rows(rows, where)]
         else:
@@ -52,9 +53,10 @@ def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -
             examples.append(Example((tok(prompt, completion, w), tok(prompt, other[1], w)), label))
     else:
         pairs = prefs.to_pairs(prefs.parse_preference_rows(rows, where), config.ranking_pairs)
-        if config.loss == "odpo" and any(g.scores is None for g in pairs):
+        if config.needs_scores and any(g.scores is None for g in pairs):
             bad = next(g for g in pairs if g.scores is None)
-            raise ValueError(f"{bad.where}: loss=odpo needs chosen_score and rejected_score (or ranked `scores`).")
+            raise ValueError(f"{bad.where}: loss={config.loss} needs chosen_score and rejected_score (or ranked "
+                             "`scores`).")
         examples = [Example((tok(g.prompt, g.completions[0], g.where), tok(g.prompt, g.completions[1], g.where)),
                             scores=g.scores) for g in pairs]
     kept = [e for e in examples if max(len(s) for s in e.seqs) <= config.max_length]
@@ -123,14 +125,14 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
     b = len(examples)
     rows = rows or b
     ref = torch.zeros(b, 2) if ref is None else ref
-    if config.loss == "kto":
+    if config.unpaired:
         logp, _ = sequence_logps(model, [e.seqs[0] for e in examples], pad_id, dtype, config.logprob_chunk_mb)  # (b,)
         with torch.no_grad():
             mismatched, _ = sequence_logps(model, [e.seqs[1] for e in examples], pad_id, dtype, config.logprob_chunk_mb)
         label = torch.tensor([float(e.label) for e in examples])
         kl_ref = kto_reference_kl(mismatched, ref[:, 1])
         fields = {"logp": logp, "ref_logp": ref[:, 0], "label": label, "kl_ref": kl_ref}
-        losses = preference_loss("kto", fields, **config.loss_options)
+        losses = preference_loss(config.loss, fields, **config.loss_options)
         reward = config.beta * (logp - ref[:, 0]).detach()
         stats = {"kl_ref": float(fields["kl_ref"])}
         for name, sel in (("chosen", label == 1), ("rejected", label == 0)):
@@ -142,17 +144,17 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
                                     config.logprob_chunk_mb)
     fields = {"chosen": logps[:b], "rejected": logps[b:], "ref_chosen": ref[:, 0], "ref_rejected": ref[:, 1],
               "chosen_len": lengths[:b], "rejected_len": lengths[b:]}
-    if config.loss == "odpo":
+    if config.needs_scores:
         fields["chosen_score"] = torch.tensor([e.scores[0] for e in examples])
         fields["rejected_score"] = torch.tensor([e.scores[1] for e in examples])
-    if config.loss == "bco":
+    if config.running_delta:
         fields["delta"] = torch.tensor(bco_delta)
     losses = preference_loss(config.loss, fields, **config.loss_options)
     counted = {key: value[:rows] for key, value in fields.items() if value.dim()}
     return losses, preference_stats(counted, config.beta, reference_free=not config.uses_reference), fields
 
 
-def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, state: dict,
+def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, delta: RunningDelta,
                batch_size: int | None = None, real: int | None = None) -> dict[str, float]:
     """Forward/backward over grad_accum micro-batches; the loss is the mean over all ``batch_size`` examples of the
     step (default: ``examples``; with several processes ``examples`` is this rank's share). Only the first ``real``
@@ -164,17 +166,14 @@ def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int
     for part in torch.arange(len(examples)).tensor_split(config.grad_accum):  # equal parts when divisible
         if not len(part):
             continue
-        delta = state["bco"][0] / max(1, state["bco"][1])
         kept = int((part < real).sum())  # the real examples lead: a part's first `kept` count
         losses, stats, fields = example_loss(model, [examples[i] for i in part], None if ref is None else ref[part],
-                                             config, pad_id, dtype, delta, kept)
+                                             config, pad_id, dtype, delta.value, kept)
         loss = losses[:kept].sum() / batch_size  # pads: forward and backward (the same collectives), gradient 0
         common.check_finite(loss, step)
         loss.backward()
-        if config.loss == "bco":  # δ: running mean of the implicit rewards β·u of chosen and rejected
-            u = torch.cat([fields["chosen"] - fields["ref_chosen"], fields["rejected"] - fields["ref_rejected"]])
-            u = u.view(2, -1)[:, :kept]  # (2, kept)
-            state["bco"] = (state["bco"][0] + config.beta * u.detach().sum().item(), state["bco"][1] + u.numel())
+        if config.running_delta:  # BCO's δ: running mean of the implicit rewards β·u of chosen and rejected
+            delta.update(fields, config.beta, kept)
         weight = kept * runtime.world() / batch_size
         for key, value in {"loss": losses[:kept].mean().item() if kept else 0.0, **stats}.items():
             sums[key] = sums.get(key, 0.0) + (value * weight if kept else 0.0)
@@ -186,16 +185,16 @@ def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int
 
 @torch.no_grad()
 def evaluate(model, tokenizer, examples, ref: Reference, gold_rows, config: DPOConfig, dtype,
-             state) -> tuple[dict, list]:
+             delta: RunningDelta) -> tuple[dict, list]:
     """Held-out loss and implicit-reward stats, plus the gold score of greedy generations (built-in data)."""
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
-    pad_id, delta = tokenizer.pad_token_id, state["bco"][0] / max(1, state["bco"][1])
+    pad_id = tokenizer.pad_token_id
     for start in range(0, len(examples), 64):
         chunk = examples[start : start + 64]
         ref_chunk = ref.logps("eval", range(start, start + len(chunk)), chunk, pad_id, dtype)
-        losses, stats, _ = example_loss(model, chunk, ref_chunk, config, pad_id, dtype, delta)
+        losses, stats, _ = example_loss(model, chunk, ref_chunk, config, pad_id, dtype, delta.value)
         for key, value in {"loss": losses.mean().item(), **stats}.items():
             sums[key] = sums.get(key, 0.0) + value * len(chunk) / len(examples)
     metrics = {f"eval/{k}": v for k, v in sums.items()}

@@ -15,8 +15,6 @@ from lmrl.algorithms.registry import check_options, keyword_options
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.rollout.engine_section import EngineSection
 
-REFERENCE_FREE = ("simpo", "orpo")  # losses whose formula has no π_ref: no reference log-probs needed
-ONLINE_LOSSES_EXCLUDED = ("kto",)  # unpaired: online sampling yields pairs
 JUDGE_OPTIONS = ("swap", "max_new_tokens", "batch_size", "prompt", "chat")
 
 
@@ -73,14 +71,15 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
             raise ConfigError(f"'beta' must be > 0, got {self.beta}.")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
-        if self.loss == "kto" and self.batch_size // self.grad_accum < 2:
-            raise ConfigError("loss=kto needs >= 2 examples per micro-batch (z0 pairs prompts with other completions).")
+        if self.unpaired and self.batch_size // self.grad_accum < 2:
+            raise ConfigError(f"loss={self.loss} needs >= 2 examples per micro-batch (z0 pairs prompts with other "
+                              "completions).")
         if self.online:
             self.check_online()
 
     def check_online(self) -> None:
         """The online keys (the sampling and reward sections check their own values)."""
-        if self.loss in ONLINE_LOSSES_EXCLUDED:
+        if self.unpaired:  # online sampling yields pairs
             raise ConfigError(f"online=true does not support loss={self.loss} (it takes unpaired examples); use a "
                               "paired loss such as dpo, ipo or simpo.")
         if self.samples_per_prompt < 2:
@@ -91,8 +90,9 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
         if self.judge and self.samples_per_prompt != 2:
             raise ConfigError(f"judge=... compares two completions: set samples_per_prompt=2 (got "
                               f"{self.samples_per_prompt}), or label K samples with rewards=[judge] against a reference.")
-        if self.judge and self.loss == "odpo":
-            raise ConfigError("loss=odpo needs label scores; a pairwise judge gives none. Use rewards=[...] with odpo.")
+        if self.judge and self.needs_scores:
+            raise ConfigError(f"loss={self.loss} needs label scores; a pairwise judge gives none. Use rewards=[...] "
+                              f"with {self.loss}.")
         unknown = set(self.judge_args) - set(JUDGE_OPTIONS)
         if unknown:
             raise ConfigError(f"judge_args: unknown options {sorted(unknown)}; they are {', '.join(JUDGE_OPTIONS)}.")
@@ -104,4 +104,19 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
 
     @property
     def uses_reference(self) -> bool:
-        return self.loss not in REFERENCE_FREE
+        return not PREFERENCE_LOSSES.trait(self.loss, "reference_free", False)
+
+    @property
+    def unpaired(self) -> bool:
+        """The loss takes labelled single completions (KTO), not pairs."""
+        return bool(PREFERENCE_LOSSES.trait(self.loss, "unpaired", False))
+
+    @property
+    def needs_scores(self) -> bool:
+        """The loss reads the pairs' ratings (ODPO's offset)."""
+        return bool(PREFERENCE_LOSSES.trait(self.loss, "needs_scores", False))
+
+    @property
+    def running_delta(self) -> bool:
+        """The loss reads the running mean δ of the implicit rewards (BCO)."""
+        return bool(PREFERENCE_LOSSES.trait(self.loss, "running_delta", False))

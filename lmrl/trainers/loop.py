@@ -117,10 +117,10 @@ def train(method_class, config: TrainConfig, name: str) -> dict[str, float]:
 
     method = method_class(config, ModelSetup.from_config(config))
     run_dir = common.start_run(config, name)
-    run_dir.tracker.print(method.describe(run_dir))
     try:
+        run_dir.tracker.print(method.describe(run_dir))
         method.start(run_dir)
-    except BaseException:  # a failed or interrupted start (e.g. a warm start): stop the progress bar
+    except BaseException:  # a failed or interrupted start (e.g. a warm start): stop the progress bar, free the lock
         run_dir.tracker.close()
         raise
     return run(config, method, run_dir)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from lmrl.algorithms import RunningDelta
 from lmrl.data import preference as prefs
 from lmrl.data.loading import is_generated
 from lmrl.data.chat import encode_prompt
@@ -164,7 +165,7 @@ def to_examples(batch: RolloutBatch, prompt_ids: list[list[int]], pairs, scores,
             for _, c, r in pairs]
 
 
-def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: int, state: dict,
+def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: int, delta: RunningDelta,
                 tracker) -> dict[str, float]:
     """Sample, label, and one DPO-family optimizer step on the kept pairs; returns the step's metrics."""
     t0 = time.perf_counter()
@@ -195,7 +196,7 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
     examples += to_examples(batch, prompt_ids, [(0, 0, 1)], scores, k) * (most - len(pairs))
     ref = (reference_logps(parts.ref_model, examples, pad_id, dtype, chunk_mb=config.logprob_chunk_mb)
            if parts.ref_model is not None else None)
-    stats = train_step(parts.model, examples, ref, config, pad_id, dtype, step, state, total, len(pairs))
+    stats = train_step(parts.model, examples, ref, config, pad_id, dtype, step, delta, total, len(pairs))
     grad_norm = common.optimizer_step(parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
     metrics.update({**stats, "grad_norm": grad_norm, "time/train_s": time.perf_counter() - t2,
                     "tokens_per_s": batch.completion_mask.sum().item() / (t1 - t0)})
@@ -224,11 +225,12 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
     return rows, eval_examples, gold_rows, task_rows
 
 
-def evaluate_online(parts: Parts, data, config: DPOConfig, dtype, state) -> tuple[dict[str, float], list[dict]]:
+def evaluate_online(parts: Parts, data, config: DPOConfig, dtype,
+                    delta: RunningDelta) -> tuple[dict[str, float], list[dict]]:
     """Held-out implicit-reward stats and gold score (`dpo_common.evaluate`), plus greedy task accuracy."""
     _, eval_examples, gold_rows, task_rows = data
     ref = Reference(model=parts.ref_model, chunk_mb=config.logprob_chunk_mb)
-    metrics, samples = evaluate(parts.model, parts.tokenizer, eval_examples, ref, gold_rows, config, dtype, state)
+    metrics, samples = evaluate(parts.model, parts.tokenizer, eval_examples, ref, gold_rows, config, dtype, delta)
     if task_rows:
         acc, task_samples = task_accuracy(parts.model, parts.tokenizer, task_rows, config.max_new_tokens, dtype,
                                           num_samples=config.num_samples)
@@ -269,13 +271,13 @@ class OnlineDPO(loop.MethodDefaults):
         engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config))
         self.parts = Parts(self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer,
                            self.scheduler)
-        self.state: dict[str, Any] = {"bco": (0.0, 0)}  # BCO's running (sum, count) of implicit rewards
+        self.delta = RunningDelta()  # BCO's running mean of the implicit rewards (the other losses ignore it)
 
     def step(self, step: int) -> dict[str, float]:
         config = self.config
         rows = [self.rows[i] for i in common.epoch_batch_indices(len(self.rows), config.batch_size, step, config.seed)]
         rows = runtime.shard(rows)  # this rank's share of the step's prompts
-        return online_step(self.parts, rows, config, self.setup.dtype, step, self.state, self.tracker)
+        return online_step(self.parts, rows, config, self.setup.dtype, step, self.delta, self.tracker)
 
     def close(self) -> None:
         self.parts.engine.close()
@@ -288,13 +290,13 @@ class OnlineDPO(loop.MethodDefaults):
                 f"precision={self.setup.precision_name}, run dir {run.dir}")
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        return evaluate_online(self.parts, self.data, self.config, self.setup.dtype, self.state)
+        return evaluate_online(self.parts, self.data, self.config, self.setup.dtype, self.delta)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"bco": self.state["bco"]}
+        return {"bco": self.delta.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state["bco"] = state["bco"]
+        self.delta = RunningDelta(*state["bco"])
 
 
 def train(config: DPOConfig) -> dict[str, float]:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from lmrl.algorithms import RunningDelta
 from lmrl.data import preference as prefs
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
@@ -131,7 +132,7 @@ class DPO(loop.MethodDefaults):
         needs_model = config.uses_reference and (config.ref_model or not config.precompute_ref)
         self.ref_model = setup.frozen(config.ref_model, self.tokenizer) if needs_model else None
         self.reference: Reference | None = None  # π_ref's log-probs: set by `start(run)` before the first step
-        self.state: dict[str, Any] = {"bco": (0.0, 0)}  # BCO's running (sum, count) of implicit rewards
+        self.delta = RunningDelta()  # BCO's running mean of the implicit rewards (the other losses ignore it)
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
 
@@ -142,7 +143,7 @@ class DPO(loop.MethodDefaults):
 
     def start(self, run: common.Run) -> None:
         """KTO's balance warning, and π_ref's log-probs (before `loop.run` restores a checkpoint into the policy)."""
-        if self.config.loss == "kto":
+        if self.config.unpaired:
             check_kto_balance(self.examples, self.config, run.tracker)
         ref_model = self.ref_model if self.ref_model is not None else self.model
         self.reference = setup_reference(self.config, run.dir, ref_model, self.tokenizer, self.examples,
@@ -154,7 +155,7 @@ class DPO(loop.MethodDefaults):
         idx = runtime.shard(common.epoch_batch_indices(len(self.examples), config.batch_size, step, config.seed))
         batch = [self.examples[i] for i in idx]  # this rank's share of the step's batch_size examples
         stats = train_step(self.model, batch, self.reference.logps("train", idx, batch, pad_id, dtype), config, pad_id,
-                           dtype, step, self.state, config.batch_size)
+                           dtype, step, self.delta, config.batch_size)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         tokens = sum(len(s) for e in batch for s in e.seqs)
@@ -163,13 +164,13 @@ class DPO(loop.MethodDefaults):
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate(self.model, self.tokenizer, self.eval_examples, self.reference, self.gold_rows, self.config,
-                        self.setup.dtype, self.state)
+                        self.setup.dtype, self.delta)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"bco": self.state["bco"]}
+        return {"bco": self.delta.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state["bco"] = state["bco"]
+        self.delta = RunningDelta(*state["bco"])
 
 
 def train(config: DPOConfig) -> dict[str, float]:

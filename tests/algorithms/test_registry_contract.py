@@ -51,3 +51,44 @@ def test_parts_weighted_by_their_global_share_add_up_to_the_whole_batchs_aggrega
                "seq_mean": ((x * mask).sum(1)[m.any(1)] / mask.sum(1)[m.any(1)]).sum() / rows,
                "seq_sum_norm": (x * mask).sum() / 5 / rows}[mode]
     torch.testing.assert_close(total, by_hand)
+
+
+def test_preference_losses_declare_what_the_trainer_provides():
+    from lmrl.algorithms import PREFERENCE_LOSSES
+
+    traits = {name: {k for k in ("unpaired", "needs_scores", "running_delta", "reference_free")
+                     if PREFERENCE_LOSSES.trait(name, k, False)} for name in PREFERENCE_LOSSES}
+    assert traits["kto"] == {"unpaired"} and traits["odpo"] == {"needs_scores"} and traits["bco"] == {"running_delta"}
+    assert traits["simpo"] == traits["orpo"] == {"reference_free"} and traits["dpo"] == set()
+
+
+def test_running_delta_is_the_mean_of_beta_u_over_chosen_and_rejected():
+    from lmrl.algorithms import RunningDelta
+
+    delta = RunningDelta()
+    batch = {"chosen": torch.tensor([1.0, 2.0, 9.0]), "ref_chosen": torch.tensor([0.5, 0.5, 0.0]),
+             "rejected": torch.tensor([0.0, 1.0, 9.0]), "ref_rejected": torch.tensor([1.0, 0.0, 0.0])}
+    delta.update(batch, beta=0.1, rows=2)  # the third pair is padding
+    # u: chosen 0.5, 1.5; rejected -1.0, 1.0 -> beta * sum = 0.2 over 4 completions
+    assert delta.state_dict() == pytest.approx((0.2, 4)) and delta.value == pytest.approx(0.05)
+    assert RunningDelta(*delta.state_dict()).value == pytest.approx(0.05)
+
+
+def test_no_trainer_tests_a_registry_entrys_name():
+    import ast
+    from pathlib import Path
+
+    from lmrl.algorithms import ADVANTAGES, POLICY_LOSSES, PREFERENCE_LOSSES
+
+    names = set(ADVANTAGES) | set(POLICY_LOSSES) | set(PREFERENCE_LOSSES)
+    trainers = Path(__file__).resolve().parents[2] / "lmrl" / "trainers"
+    found = []
+    for file in ("online.py", "rl_update.py", "rl_config.py", "dpo_common.py", "dpo_config.py", "preference.py",
+                 "online_dpo.py"):
+        for node in ast.walk(ast.parse((trainers / file).read_text())):
+            if isinstance(node, ast.Compare):
+                values = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                values += [e.value for c in node.comparators if isinstance(c, (ast.Tuple, ast.List))
+                           for e in c.elts if isinstance(e, ast.Constant)]
+                found += [f"{file}: {ast.unparse(node)}" for v in values if v in names]
+    assert found == []

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmrl.algorithms import RunningDelta
 from lmrl.config import ConfigError, load_config
 from lmrl.data import preference as prefs
 from lmrl.models.setup import ModelSetup
@@ -98,7 +99,7 @@ def test_online_step_changes_the_policy_not_the_reference(tmp_path):
     rows = online_dpo.load_online_data(cfg, parts.tokenizer)[0][:8]
     before = {k: v.clone() for k, v in parts.model.state_dict().items()}
     ref_before = {k: v.clone() for k, v in parts.ref_model.state_dict().items()}
-    metrics = online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet())
+    metrics = online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     assert metrics["label/pairs"] > 0
     # first step: the policy equals π_ref, so h = 0 and the DPO loss is -log σ(0) = log 2
     assert metrics["loss"] == pytest.approx(0.693147, abs=1e-5) and metrics["rewards/margin"] == pytest.approx(0)
@@ -113,7 +114,7 @@ def test_random_builtin_judge_failures_are_counted_and_skip_the_update(tmp_path)
     parts = make_parts(cfg)
     rows = online_dpo.load_online_data(cfg, parts.tokenizer)[0][:4]
     before = {k: v.clone() for k, v in parts.model.state_dict().items()}
-    metrics = online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet())
+    metrics = online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     # 4 pairs x 2 orders of garbage: 8 unparsed judgements, 4 failed verdicts, no pair, no update, no error
     assert metrics["label/judge_parse_failures"] == 8 and metrics["label/judge_failures"] == 4
     assert metrics["label/pairs"] == 0 and metrics["label/skipped_frac"] == 1.0 and "loss" not in metrics
@@ -165,7 +166,7 @@ def test_odpo_online_uses_label_scores(tmp_path):
     cfg = config(tmp_path, "loss=odpo", "loss_args.alpha=1.0")
     parts = make_parts(cfg)
     rows = online_dpo.load_online_data(cfg, parts.tokenizer)[0][:8]
-    metrics = online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet())
+    metrics = online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     # h = 0 at the first step: L = -log σ(0 - α·log(s_c - s_r)) = log(1 + (s_c - s_r)^α) per pair, α = 1;
     # the step's loss is the mean over pairs, so it lies between log(1 + min gap) and log(1 + max gap) and
     # differs from DPO's log 2 unless every gap is 1
@@ -231,9 +232,9 @@ def test_on_reward_error_skips_the_step_or_stops(tmp_path, policy):
     before = {k: v.clone() for k, v in parts.model.state_dict().items()}
     if policy == "stop":
         with pytest.raises(RewardError, match="boom"):
-            online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet())
+            online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     else:
-        assert online_dpo.online_step(parts, rows, cfg, None, 1, {"bco": (0.0, 0)}, Quiet()) == {"reward/errors": 1.0}
+        assert online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet()) == {"reward/errors": 1.0}
     assert all(torch.equal(before[k], v) for k, v in parts.model.state_dict().items())  # no update either way
 
 

@@ -13,7 +13,7 @@ from lmrl.data import preference as prefs
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import dpo_common, dpo_config, preference, sft
+from lmrl.trainers import dpo_common, preference, sft
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]
@@ -124,7 +124,7 @@ def test_every_registered_loss_trains(tmp_path, loss):
     steps = [r for r in read_jsonl(Path(cfg.output_dir) / "metrics.jsonl") if "loss" in r]
     assert len(steps) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
     assert torch.isfinite(torch.tensor(result["eval/loss"]))
-    assert (Path(cfg.output_dir) / preference.REF_CACHE).exists() == (loss not in dpo_config.REFERENCE_FREE)
+    assert (Path(cfg.output_dir) / preference.REF_CACHE).exists() == cfg.uses_reference
 
 
 def test_kto_builds_unpaired_examples_from_pairs_and_files(tmp_path, tok):
