@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.lmrl-installed
 
-.PHONY: install demo test test-all test-vllm bench gpu-check clean chromium smollm2
+.PHONY: install demo lint test test-all test-vllm bench gpu-check clean chromium smollm2
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -31,6 +31,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/lmrl demo
+
+# ruff's lint rules (pyproject.toml [tool.ruff]); CI runs it after the tests.
+lint: $(STAMP)
+	$(PY) -m ruff check lmrl tests benchmarks experiments
 
 # The browser tests drive Debian's chromium with Playwright (which never downloads a browser here).
 chromium:

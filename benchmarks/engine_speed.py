@@ -22,13 +22,13 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
+from rollout_speed import EOS, PAD, _IdTokenizer, race  # noqa: E402
 from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from lmrl.models.loading import builtin_config  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.vllm_client import server_driver  # noqa: E402
 from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
-from rollout_speed import EOS, PAD, _IdTokenizer, race  # noqa: E402
 
 
 def build(name: str, vocab: int, hidden: int = 512, layers: int = 8):

@@ -413,10 +413,11 @@ def task_style(args: argparse.Namespace) -> str:
 def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Save the shared model + tokenizer (a plain HF folder) and the prompt rows; check both frameworks' prompts
     tokenize the same."""
+    from transformers.utils import logging as hf_logging
+
     from lmrl.data.chat import render_prompt
     from lmrl.data.tasks import get_task, make_rows
     from lmrl.models import count_parameters
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader's own progress bars

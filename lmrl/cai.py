@@ -180,7 +180,7 @@ def run(config: CAIConfig) -> dict[str, float]:
     """Write the revised SFT rows or the AI-labelled pairs; print the counts (and gold figures on builtin:prefs)."""
     from lmrl.data.preference import load_preference_rows
     from lmrl.models.setup import ModelSetup
-    from lmrl.rewards.judge import PairwiseJudge, GreedyGenerator, question_text
+    from lmrl.rewards.judge import GreedyGenerator, PairwiseJudge, question_text
 
     rows = load_preference_rows(config.dataset, split=config.split, limit=config.rows)
     needed = {"prompt"} if config.mode == "revise" else {"prompt", "chosen", "rejected"}

@@ -11,8 +11,8 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lmrl.config import ConfigError, describe, load_config
 from lmrl.parallel.launch import launch, should_launch
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rich.markup import escape
 
-    from lmrl.tracking import console
     from lmrl.rollout.ray import WorkersFailed
     from lmrl.rollout.vllm_client import VLLMServerError
+    from lmrl.tracking import console
     from lmrl.trainers.common import TrainingStopped
 
     overrides = list(args.overrides)

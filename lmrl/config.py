@@ -16,13 +16,13 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from lmrl.config_base import (ConfigError, Section, check_at_least, check_output_dir, expand_home, field,  # noqa: F401
-                              finite)  # re-exported
+from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, expand_home, field, finite  # noqa
 from lmrl.parallel.config import ParallelSection
 
 RECIPES_DIR = Path(__file__).parent / "recipes"

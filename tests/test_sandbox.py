@@ -6,8 +6,7 @@ import tempfile
 import pytest
 
 from lmrl import sandbox
-from lmrl.sandbox import runner
-from lmrl.sandbox import SandboxLimits, network_namespace_available, run_python
+from lmrl.sandbox import SandboxLimits, network_namespace_available, run_python, runner
 
 LIMITS = SandboxLimits(timeout_s=3, cpu_s=2, memory_mb=256, max_output_chars=200)
 

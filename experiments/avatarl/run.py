@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         futures = [submit(*job) for job in first]
         for future, job in zip(futures, first):
             if job[0] == "critic":
-                print("critic done in %.0f s" % future.result()[1], flush=True)
+                print(f"critic done in {future.result()[1]:.0f} s", flush=True)
         futures += [submit(name, recipe, [*extra, f"critic={critic_dir}"]) for name, recipe, extra in todo
                     if name.startswith("avatarl")]
         for future in futures:

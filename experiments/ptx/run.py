@@ -42,11 +42,14 @@ def train_verb(verb: str, recipe: str, overrides: list[str], run_dir: Path) -> f
     from lmrl.config import load_config
 
     if verb == "pretrain":
-        from lmrl.trainers.pretrain import PretrainConfig as Config, train
+        from lmrl.trainers.pretrain import PretrainConfig as Config
+        from lmrl.trainers.pretrain import train
     elif verb == "sft":
-        from lmrl.trainers.sft import SFTConfig as Config, train
+        from lmrl.trainers.sft import SFTConfig as Config
+        from lmrl.trainers.sft import train
     else:
-        from lmrl.trainers.online import RLConfig as Config, train
+        from lmrl.trainers.online import RLConfig as Config
+        from lmrl.trainers.online import train
     start = time.time()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{run_dir}.log", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -141,12 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_one_thread) as pool:
         if not args.summary_only:
             if not pretrained.exists():
-                print("pretrain: %.0f s" % pool.submit(train_verb, "pretrain", "pretrain/ce_tiny_pydoc", args.set,
-                                                       pretrained.parent).result(), flush=True)
+                seconds = pool.submit(train_verb, "pretrain", "pretrain/ce_tiny_pydoc", args.set, pretrained.parent).result()
+                print(f"pretrain: {seconds:.0f} s", flush=True)
             if not (sft / "final").exists():
-                print("sft: %.0f s" % pool.submit(train_verb, "sft", "sft/demo_arithmetic",
-                                                  [f"model={pretrained}", "precision=fp32", "seed=0", *args.set], sft).result(),
-                      flush=True)
+                seconds = pool.submit(train_verb, "sft", "sft/demo_arithmetic",
+                                      [f"model={pretrained}", "precision=fp32", "seed=0", *args.set], sft).result()
+                print(f"sft: {seconds:.0f} s", flush=True)
             jobs = {run_name(c, s): pool.submit(train_verb, "rl", "rl/demo_arithmetic_grpo",
                                                 [f"model={sft / 'final'}", f"ptx_coef={c}", f"seed={s}", *PTX, *args.set],
                                                 out / run_name(c, s))

@@ -5,11 +5,11 @@ Layout: B prompts x G samples are prompt-major (rewards of prompt i are
 is 1 on completion tokens only. Append new modules' re-exports below.
 """
 
-from .registry import Registry
-from .aggregation import AGGREGATIONS, aggregate, global_share, masked_mean
 from .advantages import ADVANTAGES, advantages, gae, group_stats, whiten, zero_variance_groups
+from .aggregation import AGGREGATIONS, aggregate, global_share, masked_mean
 from .kl import KL_ESTIMATORS, kl, kl_penalized_rewards
 from .policy_losses import POLICY_LOSSES, policy_loss
+from .registry import Registry
 from .value import value_loss
 
 __all__ = [
@@ -32,11 +32,17 @@ __all__ = [
     "value_loss",
 ]
 
-from .preference import (PREFERENCE_LOSSES, RunningDelta, implicit_rewards, kto_reference_kl, preference_loss,
-                         preference_stats)
-from .reward_model import REWARD_MODEL_LOSSES, reward_model_loss
 from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
 from .best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
+from .preference import (
+    PREFERENCE_LOSSES,
+    RunningDelta,
+    implicit_rewards,
+    kto_reference_kl,
+    preference_loss,
+    preference_stats,
+)
+from .reward_model import REWARD_MODEL_LOSSES, reward_model_loss
 from .selfplay import challenger_advantages, selfplay_advantages, solver_advantages
 
 __all__ += [

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Callable, Iterable, Iterator, Mapping, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 

@@ -17,7 +17,8 @@ exactly as `render_prompt` + `encode_prompt` tokenize it for generation.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 IGNORE_INDEX = -100
 """Label of tokens that are not in the loss (the convention of torch/HF cross-entropy)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from lmrl.data.chat import validate_messages
 

@@ -7,13 +7,14 @@ completions (assistant turns) are learned.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
 from lmrl.data.chat import IGNORE_INDEX, tokenize_messages, tokenize_prompt_completion
-from lmrl.data.tool_chat import ToolContext, has_tool_turns, tokenize_tool_conversation, tool_row_messages
 from lmrl.data.loading import check_completion, check_messages, check_prompt, detect_format, row_where
+from lmrl.data.tool_chat import ToolContext, has_tool_turns, tokenize_tool_conversation, tool_row_messages
 
 Overlong = Literal["truncate", "drop", "error"]
 

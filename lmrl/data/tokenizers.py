@@ -12,7 +12,7 @@ import functools
 import json
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast

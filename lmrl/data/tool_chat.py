@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
-from lmrl.data.chat import CHATML_TEMPLATE, IGNORE_INDEX, END_OF_TURN, _encode, _prefix_check, _turn_end
+from lmrl.data.chat import CHATML_TEMPLATE, END_OF_TURN, IGNORE_INDEX, _encode, _prefix_check, _turn_end
 
 CHATML_TOOLS_TEMPLATE = (
     "{{ bos_token if bos_token is defined and bos_token else '' }}"

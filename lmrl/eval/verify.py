@@ -10,8 +10,8 @@ Every verifier returns (parsed answer, score in [0, 1]); the parsed answer is wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from lmrl.data.tasks import extract_answer, get_task
 
@@ -50,7 +50,8 @@ def scorer(verifier: str, answer_column: str = "answer") -> Scorer:
             return parsed, task.score(completion, row["answer"], meta)
         gold = str(row[answer_column])
         if verifier == "math":
-            from lmrl.rewards.math_verifier import extract_answer as math_extract, math_score
+            from lmrl.rewards.math_verifier import extract_answer as math_extract
+            from lmrl.rewards.math_verifier import math_score
 
             return math_extract(completion), math_score(completion, gold)[0]
         parsed = extract_answer(completion)

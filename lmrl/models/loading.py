@@ -28,8 +28,8 @@ from transformers import (
 )
 
 from lmrl.data.tokenizers import BUILTIN_TOKENIZERS, load_tokenizer
-from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models import lora
+from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models.gguf import check_gguf, gguf_file, load_gguf_config, load_gguf_model
 from lmrl.models.saving import save_model  # noqa: F401 - re-exported: lmrl.models.loading.save_model
 

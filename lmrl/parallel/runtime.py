@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -8,7 +8,7 @@ draws what a one-process run with one shard always drew. Used by online RL, onli
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -82,7 +82,7 @@ class ToolEnv:
             self.stats["parse_errors"] += 1
             self.stats["call_errors"] += 1
             observations.append({"role": "tool", "content": f"Error: malformed tool call: {error}"})
-        for k, call in enumerate(parsed.calls):
+        for call in parsed.calls:
             self.stats["calls"] += 1
             result = self.toolbox.execute(call)
             if result.error is not None:

@@ -11,8 +11,8 @@ of (seed, step, shard): a run's samples are resume-exact and do not depend on ho
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 

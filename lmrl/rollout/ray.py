@@ -17,7 +17,8 @@ the last checkpoint intact. Ray actors, ``ray.put`` and ``ray.get`` are all that
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

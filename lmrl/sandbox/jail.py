@@ -89,8 +89,12 @@ def _check(ret: int, what: str) -> int:
     return ret
 
 
+def _encode(text):
+    return None if text is None else os.fsencode(text)
+
+
 def _mount(src, target, fstype, flags, data=None) -> None:
-    enc = (lambda s: None if s is None else os.fsencode(s))
+    enc = _encode
     _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 

@@ -117,7 +117,7 @@ REASONS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def isolation_problem() -> str | None:
     """Why the namespace sandbox cannot run here (a trivial program fails), or None when it works."""
     result, _ = _execute("print('ok')", SandboxLimits(timeout_s=20, isolation="namespaces"), check=False)

@@ -7,7 +7,8 @@ from typing import Literal
 
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.data.tasks import TASKS
-from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX, dataset_names
+from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX
+from lmrl.data.tasks.reasoning_gym import dataset_names
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.swarm.sampling import PEER_SAMPLERS
 

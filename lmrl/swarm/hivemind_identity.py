@@ -20,12 +20,12 @@ from cryptography.hazmat.primitives import serialization
 from lmrl.swarm.hivemind_import import (
     P2P,
     DHTRecord,
-    get_dht_time,
     PeerID,
     RSAPrivateKey,
     RSAPublicKey,
     RSASignatureValidator,
     crypto_pb2,
+    get_dht_time,
 )
 from lmrl.swarm.hivemind_options import MAX_EXPIRATION_S, MAX_PAYLOAD_BYTES, MAX_VALUE_BYTES
 

@@ -82,7 +82,7 @@ class HivemindTransport:
     publishes that did not reach the DHT.
     """
 
-    def __init__(self, options: HivemindOptions = HivemindOptions()) -> None:
+    def __init__(self, options: HivemindOptions = HivemindOptions()) -> None:  # noqa: B008 - frozen, shared safely
         self.options = options
         self.stats = SkipCounter()
         self.publish_failures = 0

@@ -44,8 +44,15 @@ from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import GroupOptions, LocalGroups
 from lmrl.rollout.types import RolloutBatch
-from lmrl.swarm.batch import (TokenizedGroup, concat_batches, groups_to_batch, has_special_tokens, special_strings,
-                              tokenize_groups, with_sampler_logp)
+from lmrl.swarm.batch import (
+    TokenizedGroup,
+    concat_batches,
+    groups_to_batch,
+    has_special_tokens,
+    special_strings,
+    tokenize_groups,
+    with_sampler_logp,
+)
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.payload import Payload, PayloadLimits, QuestionGroup, encode
 from lmrl.swarm.sampling import Candidate, fair_share, informative, select_peer_groups

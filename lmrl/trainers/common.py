@@ -26,9 +26,9 @@ from lmrl.models.loading import save_model
 from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
 from lmrl.models.memory import keep_freed_memory
 from lmrl.models.precision import RUN_FILE, precision_of
-from lmrl.trainers import intact, rundir, runlock
 from lmrl.parallel import runtime
 from lmrl.tracking import Tracker, console
+from lmrl.trainers import intact, rundir, runlock
 
 STATE_FILE = "trainer_state.pt"
 

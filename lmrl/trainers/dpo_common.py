@@ -17,9 +17,9 @@ import torch
 from lmrl.algorithms import RunningDelta, kto_reference_kl, preference_loss, preference_stats
 from lmrl.data import preference as prefs
 from lmrl.data.chat import render_prompt
-from lmrl.models.placement import model_device, to_device
 from lmrl.models.head import DEFAULT_CHUNK_MB
 from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.placement import model_device, to_device
 from lmrl.parallel import runtime
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.trainers import common

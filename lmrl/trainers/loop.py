@@ -35,9 +35,8 @@ import torch
 
 from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
-from lmrl.trainers import dist_checkpoint
 from lmrl.parallel import runtime
-from lmrl.trainers import common
+from lmrl.trainers import common, dist_checkpoint
 
 
 class Method(Protocol):

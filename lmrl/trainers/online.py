@@ -37,19 +37,19 @@ from lmrl.models import describe_parameters
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
+from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import GroupOptions, LocalGroups, sampling_params
 from lmrl.rollout.protocol import Engine, GroupSampler
-from lmrl.rollout.types import RolloutBatch
 from lmrl.rollout.tool_config import build_env_factory
-from lmrl.parallel import runtime
+from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import agentic, common, loop
-from lmrl.trainers.ppo_value import ppo_targets
-from lmrl.trainers.rl_update import Targets, UpdateOptions, update
 from lmrl.trainers.curriculum import Curriculum
+from lmrl.trainers.ppo_value import ppo_targets
 from lmrl.trainers.ptx import PretrainingMix
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
+from lmrl.trainers.rl_update import Targets, UpdateOptions, update
 
 # ----------------------------------------------------------------------------- rollout and scoring
 

@@ -39,22 +39,21 @@ import torch
 
 from lmrl.algorithms import RunningDelta
 from lmrl.data import preference as prefs
-from lmrl.data.loading import is_generated
 from lmrl.data.chat import encode_prompt
+from lmrl.data.loading import is_generated
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
+from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import sampling_params, seeded_shards
 from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import RolloutBatch, concat_batches
-from lmrl.parallel import runtime
 from lmrl.trainers import common, loop
 from lmrl.trainers.dpo_common import Example, Reference, build_examples, evaluate, reference_logps, train_step
 from lmrl.trainers.dpo_config import DPOConfig
-
 
 # ----------------------------------------------------------------------------- labelling (pure)
 

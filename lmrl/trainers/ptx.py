@@ -15,7 +15,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from lmrl.trainers import common
-from lmrl.trainers.pretrain import train_step as pretrain_step, validation_stats
+from lmrl.trainers.pretrain import train_step as pretrain_step
+from lmrl.trainers.pretrain import validation_stats
 from lmrl.trainers.pretrain_data import load_windows
 
 

@@ -41,18 +41,18 @@ from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.generation import task_accuracy
 from lmrl.eval.training import build_evaluator, evals_metrics
-from lmrl.models.setup import ModelSetup
 from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.setup import ModelSetup
+from lmrl.parallel import runtime
+from lmrl.parallel.runtime import env_world_size
 from lmrl.rewards import RewardSet
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import seeded_shards
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.types import RolloutBatch
-from lmrl.parallel import runtime
-from lmrl.parallel.runtime import env_world_size
-from lmrl.trainers import rundir, sft
 from lmrl.tracking import Tracker
+from lmrl.trainers import rundir, sft
 
 
 @dataclasses.dataclass

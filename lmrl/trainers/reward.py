@@ -36,14 +36,14 @@ from rich.markup import escape
 from lmrl.algorithms import reward_model_loss
 from lmrl.data import preference as prefs
 from lmrl.data.chat import IGNORE_INDEX
-from lmrl.models.placement import model_device, to_device
 from lmrl.models import autocast, describe_parameters
+from lmrl.models.placement import model_device, to_device
 from lmrl.models.reward import RewardModel, last_token_index
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards.reward_model import score_texts
-from lmrl.trainers import common, loop, reward_score
 from lmrl.tracking import console
+from lmrl.trainers import common, loop, reward_score
 from lmrl.trainers.reward_config import RewardConfig  # also `lmrl reward`'s config (lmrl/cli.py)
 
 KIND_OF_LOSS = {"bt": "bt", "plackett_luce": "bt", "orm": "orm", "prm": "prm"}

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.parallel.runtime import env_world_size
 from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
-from lmrl.rollout.tool_config import ToolSection
+from lmrl.parallel.runtime import env_world_size
 from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.tool_config import ToolSection
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,8 @@ whose gradient is exactly 0 (advantage 0 under a loss that scales by it, no KL o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

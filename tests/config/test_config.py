@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from lmrl.config import ConfigError, TrainConfig, describe, load_config, parse_overrides, resolve_recipe, RECIPES_DIR
+from lmrl.config import RECIPES_DIR, ConfigError, TrainConfig, describe, load_config, parse_overrides, resolve_recipe
 
 
 def test_overrides_parse_yaml_scalars_and_dotted_keys():

@@ -6,8 +6,8 @@ from tokenizers import Tokenizer
 
 from lmrl.data.chat import (
     CHATML_TEMPLATE,
-    ensure_chat_template,
     encode_prompt,
+    ensure_chat_template,
     render_prompt,
     tokenize_conversation,
     tokenize_prompt_completion,

@@ -5,8 +5,15 @@ import pytest
 from lmrl.data.chat import CHATML_TEMPLATE, IGNORE_INDEX, tokenize_conversation
 from lmrl.data.sft import build_sft_examples
 from lmrl.data.tokenizers import build_builtin_bpe, build_char_tokenizer
-from lmrl.data.tool_chat import (CHATML_TOOLS_TEMPLATE, ToolContext, between_turns_ids, ensure_tool_template, render,
-                                 tokenize_tool_conversation, validate_tool_messages)
+from lmrl.data.tool_chat import (
+    CHATML_TOOLS_TEMPLATE,
+    ToolContext,
+    between_turns_ids,
+    ensure_tool_template,
+    render,
+    tokenize_tool_conversation,
+    validate_tool_messages,
+)
 from lmrl.rollout.tool_parsers import ToolCall, get_parser
 from lmrl.rollout.tools import calculator
 

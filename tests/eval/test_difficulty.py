@@ -4,6 +4,7 @@ with every column, the spread, and bad ranges refused."""
 import json
 
 import pytest
+from test_eval_runner import ScriptedEngine
 
 from lmrl.cli import main
 from lmrl.config import ConfigError, load_config
@@ -11,8 +12,6 @@ from lmrl.data.loading import load_rows
 from lmrl.data.tasks import get_task
 from lmrl.eval import runner
 from lmrl.eval.difficulty import FilterConfig, spread
-
-from test_eval_runner import ScriptedEngine
 
 
 def test_spread_counts_each_bin():

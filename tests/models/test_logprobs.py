@@ -7,7 +7,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from lmrl.models.logprobs import (
-    accepts_kwarg, completion_logprobs, entropy_from_logits, prompt_groups, selective_log_softmax,
+    accepts_kwarg,
+    completion_logprobs,
+    entropy_from_logits,
+    prompt_groups,
+    selective_log_softmax,
 )
 
 PAD = 0

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from dist_helpers import TINY, final_weights, max_weight_diff, run_ranks
 from safetensors.torch import load_file
 
-from dist_helpers import TINY, final_weights, max_weight_diff, run_ranks
 from lmrl.config import ConfigError, load_config
+from lmrl.data.corpus import builtin_corpus
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model, load_model_and_tokenizer
 from lmrl.tracking import read_jsonl
-from lmrl.data.corpus import builtin_corpus
 from lmrl.trainers import distill, online, preference, pretrain, rejection, reward, selfplay, sft
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainers"))  # env=agentic_envs:digits

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dist_helpers import TINY, max_weight_diff, run_ranks
+
 from lmrl.config import load_config
 from lmrl.trainers import online
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from dist_helpers import TINY
+
 from lmrl.config import ConfigError, load_config
 from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl

@@ -192,7 +192,7 @@ def test_nan_inf_and_non_numbers_name_the_sample(bad, index, text):
         out[index] = bad
         return out
 
-    with pytest.raises(RewardError, match=r"failed on sample %d of 4" % index) as info:
+    with pytest.raises(RewardError, match=rf"failed on sample {index} of 4") as info:
         RewardSet([fn]).compute(PROMPTS, COMPLETIONS)
     assert text in str(info.value) and info.value.completion == COMPLETIONS[index]
 

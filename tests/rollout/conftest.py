@@ -1,9 +1,9 @@
 """Fixtures of the engine tests (a test module may define its own of the same name)."""
 
 import pytest
+from vllm_helpers import char_prompts
 
 from lmrl.data.tokenizers import build_char_tokenizer
-from vllm_helpers import char_prompts
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,9 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rollout.engine_section import EngineSection
 from lmrl.generate import GenerateConfig
-from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.rollout import engines
+from lmrl.rollout import HFEngine, SamplingParams, engines
+from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.vllm_engine import apply_stop_strings, check_exact_logprobs
 from lmrl.rollout.vllm_weights import checkpoint_name, hf_weights
 from lmrl.swarm.config import SwarmConfig

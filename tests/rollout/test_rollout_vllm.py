@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-
 from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
 
 require_vllm()

@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-
 from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
 
 require_vllm()

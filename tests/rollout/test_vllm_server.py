@@ -7,7 +7,6 @@ the server stops the next request with a clear error instead of hanging it.
 
 import pytest
 import torch
-
 from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
 
 require_vllm()
@@ -15,11 +14,14 @@ require_vllm()
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
-from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
-from lmrl.rollout import vllm_client  # noqa: E402
+from lmrl.rollout import (  # noqa: E402
+    HFEngine,
+    SamplingParams,
+    vllm_client,  # noqa: E402
+)
 from lmrl.rollout.vllm_client import VLLMServerError, spawn  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine, model_spec  # noqa: E402
 from lmrl.rollout.vllm_driver import VLLMOptions  # noqa: E402
+from lmrl.rollout.vllm_engine import VLLMEngine, model_spec  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)

@@ -190,8 +190,8 @@ def test_join_over_a_shared_folder_trains_on_peers_and_resumes(tmp_path, no_plot
     assert (tmp_path / "me" / "final" / "config.json").exists()
     resumed = run(config(tmp_path, *common, "max_steps=2", "resume=true", name="me"))
     assert resumed["swarm/accepted"] == 2 and resumed["swarm/round"] == 2  # counters restored, one more round
-    assert {e.name for e in (hub_dir / f"round-{2:012d}").iterdir()} == {"peer".encode().hex() + ".msgpack",
-                                                                       "me".encode().hex() + ".msgpack"}
+    assert {e.name for e in (hub_dir / f"round-{2:012d}").iterdir()} == {b"peer".hex() + ".msgpack",
+                                                                       b"me".hex() + ".msgpack"}
 
 
 @pytest.mark.slow  # ~15 s: starting the libp2p daemon

@@ -241,7 +241,7 @@ def test_file_hub_expiry_and_odd_files(tmp_path):
     (folder / ".tmp-123").write_bytes(b"half-written")
     (folder / "zz-not-hex.msgpack").write_bytes(b"junk")
     (folder / "README").write_text("foreign file")
-    (folder / ("c".encode().hex() + ".msgpack")).write_bytes(b"y" * 1000)  # a huge entry is read capped
+    (folder / (b"c".hex() + ".msgpack")).write_bytes(b"y" * 1000)  # a huge entry is read capped
     assert b.fetch(2) == [("a/../x", b"r2"), ("c", b"y" * 11)]
     counter = SkipCounter()
     assert fetch_valid(b, 2, PayloadLimits(max_bytes=10), counter) == []
@@ -284,7 +284,7 @@ def test_a_fifo_in_the_file_hub_does_not_hang_a_fetch(tmp_path):
 
     hub = FileHub(tmp_path)
     MemoryTransport(hub, "a").publish(0, b"a0")
-    os.mkfifo(tmp_path / "round-000000000000" / ("evil".encode().hex() + ".msgpack"))
+    os.mkfifo(tmp_path / "round-000000000000" / (b"evil".hex() + ".msgpack"))
     result = []
     thread = threading.Thread(target=lambda: result.append(MemoryTransport(hub, "b").fetch(0)), daemon=True)
     thread.start()

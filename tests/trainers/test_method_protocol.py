@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from lmrl.swarm.cli import JoinedNode
-from lmrl.trainers import distill, loop, online, online_dpo, pretrain, preference, reward, selfplay, sft
+from lmrl.trainers import distill, loop, online, online_dpo, preference, pretrain, reward, selfplay, sft
 
 METHODS = [sft.SFT, distill.Distill, preference.DPO, online_dpo.OnlineDPO, reward.RewardModelTraining,
            pretrain.Pretrain, selfplay.SelfPlay, online.OnlineRL, JoinedNode]

@@ -4,15 +4,14 @@ likelihood of the pretraining text where RL alone lets it drift, and eval/ptx_ce
 import pytest
 import torch
 import torch.nn.functional as F
+from test_online import rl_config
 
 from lmrl.config import ConfigError
-from lmrl.models import load_model
 from lmrl.data.tokenizers import build_char_tokenizer
+from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common, online
 from lmrl.trainers.ptx import PretrainingMix
-
-from test_online import rl_config
 
 
 def test_the_ptx_term_adds_gamma_times_the_pretraining_gradient(tmp_path):

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
-from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.data.loading import load_rows
 from lmrl.data.sft import build_sft_examples
+from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
-from lmrl.trainers import common, sft
 from lmrl.tracking import read_jsonl
+from lmrl.trainers import common, sft
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]

@@ -13,13 +13,13 @@ import typing
 from typing import Any
 
 from lmrl.config import coerce
-
 from lmrl.data.tasks.arithmetic import Arithmetic
 from lmrl.data.tasks.base import Example, Task, extract_answer, make_rows, split_of
 from lmrl.data.tasks.code import Code
 from lmrl.data.tasks.countdown import Countdown
 from lmrl.data.tasks.linear import Linear
-from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX, ReasoningGym, dataset_names
+from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX
+from lmrl.data.tasks.reasoning_gym import ReasoningGym, dataset_names
 from lmrl.data.tasks.sorting import Sorting
 from lmrl.data.tasks.strings import Count, Reverse
 from lmrl.data.tasks.tool_arithmetic import ToolArithmetic

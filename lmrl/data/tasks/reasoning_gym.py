@@ -36,7 +36,7 @@ def _reasoning_gym():
     return reasoning_gym
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scorer(dataset: str):
     return _reasoning_gym().get_score_answer_fn(dataset)
 
