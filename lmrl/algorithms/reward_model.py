@@ -10,6 +10,10 @@ batch-mean loss ready for `.backward()`. Batch fields per entry:
     plackett_luce   scores (B, K), optional ranking (B, K)
     orm             logits (B, T), labels (B, T) in {0, 1} or -100 (ignored)
     prm             logits (B, T, C), labels (B, T) in [0, C) or -100 (ignored)
+Traits tell a trainer what each entry needs without testing its name: ``data`` (``ranked`` completions per
+prompt, ``labelled`` completions with a 0/1 label, or ``steps`` labelled -1/0/+1), ``head`` (the `RewardModel`
+kind whose head it trains), ``margin`` (bt takes a per-pair margin) and ``listwise`` (one loss over the whole
+ranking rather than its pairs).
 `scores` are ranked best first, unless `ranking` is given: then `ranking[b, k]`
 is the column of `scores[b]` holding the k-th best completion (a permutation
 of 0..K-1, the σ of the Plackett-Luce formula).
@@ -106,7 +110,7 @@ def _labelled(labels: Tensor, loss: str, allowed: str, valid: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------
 
 
-@REWARD_MODEL_LOSSES.register("bt")
+@REWARD_MODEL_LOSSES.register("bt", data="ranked", head="bt", margin=True)
 def bt(batch: Mapping[str, Tensor], *, center_coef: float = 0.0) -> Tensor:
     """Bradley-Terry: L = mean(−log σ(r_c − r_r − m)) + c·mean((r_c + r_r)²).
 
@@ -136,7 +140,7 @@ def bt(batch: Mapping[str, Tensor], *, center_coef: float = 0.0) -> Tensor:
     return loss
 
 
-@REWARD_MODEL_LOSSES.register("bt_kwise")
+@REWARD_MODEL_LOSSES.register("bt_kwise", data="ranked", head="bt")
 def bt_kwise(batch: Mapping[str, Tensor]) -> Tensor:
     """K-wise Bradley-Terry: per prompt, the mean of −log σ(r_i − r_j) over all
     C(K,2) pairs with i ranked above j; then the mean over prompts.
@@ -151,7 +155,7 @@ def bt_kwise(batch: Mapping[str, Tensor]) -> Tensor:
     return pair_losses.mean()
 
 
-@REWARD_MODEL_LOSSES.register("plackett_luce")
+@REWARD_MODEL_LOSSES.register("plackett_luce", data="ranked", head="bt", listwise=True)
 def plackett_luce(batch: Mapping[str, Tensor]) -> Tensor:
     """Plackett-Luce NLL: −Σ_k [r_σ(k) − log Σ_{j≥k} exp r_σ(j)], mean over prompts.
 
@@ -162,7 +166,7 @@ def plackett_luce(batch: Mapping[str, Tensor]) -> Tensor:
     return -(ordered - tail_lse).sum(dim=1).mean()
 
 
-@REWARD_MODEL_LOSSES.register("orm")
+@REWARD_MODEL_LOSSES.register("orm", data="labelled", head="orm")
 def orm(batch: Mapping[str, Tensor]) -> Tensor:
     """Outcome RM: per-token BCE −[y·log p + (1−y)·log(1−p)], p = σ(logit), mean
     over labelled tokens (Cobbe et al. 2021; book ch. 5).
@@ -180,7 +184,7 @@ def orm(batch: Mapping[str, Tensor]) -> Tensor:
     return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].to(logits))
 
 
-@REWARD_MODEL_LOSSES.register("prm")
+@REWARD_MODEL_LOSSES.register("prm", data="steps", head="prm")
 def prm(batch: Mapping[str, Tensor]) -> Tensor:
     """Process RM: cross-entropy over C classes at labelled step positions, mean
     over steps (Lightman et al. 2023; book ch. 5; TRL PRMTrainer).

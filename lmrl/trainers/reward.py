@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from rich.markup import escape
 
-from lmrl.algorithms import reward_model_loss
+from lmrl.algorithms import REWARD_MODEL_LOSSES, reward_model_loss
 from lmrl.data import preference as prefs
 from lmrl.data.chat import IGNORE_INDEX
 from lmrl.models import autocast, describe_parameters
@@ -46,7 +46,10 @@ from lmrl.tracking import console
 from lmrl.trainers import common, loop, reward_score
 from lmrl.trainers.reward_config import RewardConfig  # also `lmrl reward`'s config (lmrl/cli.py)
 
-KIND_OF_LOSS = {"bt": "bt", "plackett_luce": "bt", "orm": "orm", "prm": "prm"}
+
+def trait(config: RewardConfig, key: str):
+    """What the configured loss declares (`lmrl.algorithms.reward_model`): its data, head, margin, listwise."""
+    return REWARD_MODEL_LOSSES.trait(config.loss, key, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +68,12 @@ def build_items(rows: list[dict], tokenizer, config: RewardConfig, where: str) -
     """Validated, tokenized items of `rows`, their parsed records, and how many were dropped as overlong."""
     tok = lambda p, c, w: prefs.tokenize(tokenizer, p, c, config.chat, w)  # noqa: E731
     items: list[Item] = []
-    if config.loss == "orm":
+    if trait(config, "data") == "labelled":
         records = prefs.parse_labelled_rows(rows, where)
         for r in records:
             t = tok(r.prompt, r.completion, r.where)
             items.append(Item((t,), labels=tuple((j, r.label) for j, m in enumerate(t.learn) if m)))
-    elif config.loss == "prm":
+    elif trait(config, "data") == "steps":
         records = prefs.parse_step_rows(rows, where)
         for r in records:
             t = tok(r.prompt, r.completion, r.where)
@@ -128,20 +131,21 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
     batch = to_device(prefs.collate_sequences(seqs, pad_id), device)
     with autocast(device.type, dtype):
         out = model(batch["input_ids"], batch["attention_mask"])  # (B*K, L, C)
-    if config.loss in ("orm", "prm"):
+    if trait(config, "data") != "ranked":  # labels at tokens (orm) or steps (prm)
         labels = torch.full(out.shape[:2], IGNORE_INDEX, dtype=torch.long, device=device)  # (B, L)
         for b, (item, seq) in enumerate(zip(items, seqs)):
             for pos, y in item.labels:
                 labels[b, len(seq.prompt_ids) + pos] = y
-        logits = out[..., 0] if config.loss == "orm" else out  # (B, L) or (B, L, 3)
+        binary = out.shape[-1] == 1
+        logits = out[..., 0] if binary else out  # (B, L) or (B, L, 3)
         loss = reward_model_loss(config.loss, {"logits": logits, "labels": labels})
         mask = labels != IGNORE_INDEX
-        pred = (logits[mask] > 0).long() if config.loss == "orm" else logits[mask].argmax(-1)
+        pred = (logits[mask] > 0).long() if binary else logits[mask].argmax(-1)
         return loss, {"accuracy": (pred == labels[mask]).float().mean().item(), "n": int(mask.sum())}
     k = len(items[0].seqs)
     scores = out[..., 0].gather(1, last_token_index(batch["attention_mask"])[:, None]).view(len(items), k)  # (B, K)
-    if config.loss == "plackett_luce":
-        loss = reward_model_loss("plackett_luce", {"scores": scores})
+    if trait(config, "listwise"):
+        loss = reward_model_loss(config.loss, {"scores": scores})
     elif k > 2:
         loss = reward_model_loss("bt_kwise", {"scores": scores})
     else:
@@ -157,7 +161,7 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
 
 def item_weight(item: Item, config: RewardConfig) -> int:
     """An item's share of the batch loss: one prompt (bt/PL), or its labelled tokens (orm/prm)."""
-    return len(item.labels) if config.loss in ("orm", "prm") else 1
+    return len(item.labels) if trait(config, "data") != "ranked" else 1
 
 
 def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtype, step: int,
@@ -228,7 +232,7 @@ class RewardModelTraining(loop.MethodDefaults):
         self.config, self.setup = config, setup
         lm, self.tokenizer = setup.policy(distribute=False)
         # several processes: the head is sharded (or replicated) with the backbone, as one module
-        self.model = setup.distribute(RewardModel(lm, KIND_OF_LOSS[config.loss], chat=config.chat, seed=config.seed))
+        self.model = setup.distribute(RewardModel(lm, trait(config, "head"), chat=config.chat, seed=config.seed))
         self.model.train()
         self.items, self.eval_items, self.eval_records, self.dropped = load_data(config, self.tokenizer)
         self.optimizer = common.build_optimizer(self.model, config)

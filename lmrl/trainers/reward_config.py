@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from lmrl.algorithms import REWARD_MODEL_LOSSES
 from lmrl.config import ConfigError, TrainConfig, field
 
 
@@ -39,7 +40,7 @@ class RewardConfig(TrainConfig):
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
         if self.center_coef < 0:
             raise ConfigError(f"'center_coef' must be >= 0, got {self.center_coef}.")
-        if (self.margin or self.center_coef) and self.loss != "bt":
+        if (self.margin or self.center_coef) and not REWARD_MODEL_LOSSES.trait(self.loss, "margin", False):
             raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
         if self.max_length < 2:
             raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")

@@ -78,13 +78,13 @@ def test_no_trainer_tests_a_registry_entrys_name():
     import ast
     from pathlib import Path
 
-    from lmrl.algorithms import ADVANTAGES, POLICY_LOSSES, PREFERENCE_LOSSES
+    from lmrl.algorithms import ADVANTAGES, POLICY_LOSSES, PREFERENCE_LOSSES, REWARD_MODEL_LOSSES
 
-    names = set(ADVANTAGES) | set(POLICY_LOSSES) | set(PREFERENCE_LOSSES)
+    names = set(ADVANTAGES) | set(POLICY_LOSSES) | set(PREFERENCE_LOSSES) | set(REWARD_MODEL_LOSSES)
     trainers = Path(__file__).resolve().parents[2] / "lmrl" / "trainers"
     found = []
     for file in ("online.py", "rl_update.py", "rl_config.py", "dpo_common.py", "dpo_config.py", "preference.py",
-                 "online_dpo.py"):
+                 "online_dpo.py", "reward.py", "reward_config.py"):
         for node in ast.walk(ast.parse((trainers / file).read_text())):
             if isinstance(node, ast.Compare):
                 values = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
@@ -92,3 +92,13 @@ def test_no_trainer_tests_a_registry_entrys_name():
                            for e in c.elts if isinstance(e, ast.Constant)]
                 found += [f"{file}: {ast.unparse(node)}" for v in values if v in names]
     assert found == []
+
+
+def test_reward_model_losses_declare_their_data_and_head():
+    from lmrl.algorithms import REWARD_MODEL_LOSSES
+    from lmrl.models.reward import KINDS
+
+    for name in REWARD_MODEL_LOSSES:
+        assert REWARD_MODEL_LOSSES.trait(name, "data") in ("ranked", "labelled", "steps")
+        assert REWARD_MODEL_LOSSES.trait(name, "head") in KINDS
+    assert REWARD_MODEL_LOSSES.trait("plackett_luce", "listwise") and REWARD_MODEL_LOSSES.trait("bt", "margin")
