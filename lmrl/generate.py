@@ -35,7 +35,7 @@ from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.multiturn import run_episodes
 from lmrl.rollout.tool_config import ToolSection, build_env_factory
 from lmrl.rollout.types import RolloutBatch
-from lmrl.tracking import console
+from lmrl.tracking import console, plain
 
 
 @dataclasses.dataclass
@@ -131,7 +131,8 @@ def run(config: GenerateConfig) -> list[list[str]]:
     for i, prompt in enumerate(prompts):
         for j, completion in enumerate(grouped[i]):
             k = i * config.n + j
-            table.add_row(prompt if j == 0 else "", completion, str(int(lengths[k])), batch.finish_reason[k])
+            table.add_row(plain(prompt if j == 0 else ""), plain(completion), str(int(lengths[k])),
+                          batch.finish_reason[k])
     console.print(table)
     return grouped
 
@@ -169,7 +170,8 @@ def show_best_of(batch: RolloutBatch, rows: torch.Tensor, out: dict, prompts: li
         table.add_column(column, overflow="fold")
     lengths = batch.completion_lengths.tolist()
     for i, k in enumerate(rows.tolist()):
-        table.add_row(prompts[i], out["completion"][i], f"{out['reward'][i]:.4g}", f"{pool[i, :n].mean().item():.4g}",
+        table.add_row(plain(prompts[i]), plain(out["completion"][i]), f"{out['reward'][i]:.4g}",
+                      f"{pool[i, :n].mean().item():.4g}",
                       str(int(lengths[k])), batch.finish_reason[k])
     console.print(table)
     console.print(
@@ -197,7 +199,8 @@ def run_tool_episodes(config, engine, tokenizer, params, prompts: list[str]) -> 
     for column in ("prompt", "transcript", "turns", "tool calls", "finish"):
         table.add_column(column, overflow="fold")
     for k, info in enumerate(batch.info):
-        table.add_row(rows[k]["prompt"] if k % config.n == 0 else "", info["transcript"], str(info["num_turns"]),
+        table.add_row(plain(rows[k]["prompt"] if k % config.n == 0 else ""), plain(info["transcript"]),
+                      str(info["num_turns"]),
                       f"{info['stats'].get('calls', 0)} ({info['stats'].get('call_errors', 0)} errors)", info["finish"])
     console.print(table)
     if config.output_file:

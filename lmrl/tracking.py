@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 console = Console(highlight=False)
 
@@ -55,6 +56,11 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def plain(text: object) -> Text:
+    """A table cell shown as it is: model output such as ``[calculator(x=1)]`` is not read as rich markup."""
+    return Text(str(text))
 
 
 def _fmt(value: Any) -> str:
@@ -132,7 +138,7 @@ class Tracker:
         for column in columns:
             table.add_column(column, overflow="fold", max_width=60)
         for row in rows:
-            table.add_row(*(_fmt(_clean(row.get(c, ""))) for c in columns))
+            table.add_row(*(plain(_fmt(_clean(row.get(c, "")))) for c in columns))
         self.print(table)
 
     def print(self, *objects: Any) -> None:

@@ -28,7 +28,7 @@ from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
 from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.rollout.engine_section import EngineSection
-from lmrl.tracking import console
+from lmrl.tracking import console, plain
 
 
 @dataclasses.dataclass
@@ -197,7 +197,7 @@ def show(config: EvalConfig, metrics: dict[str, float], samples: list[dict]) -> 
         for column in columns:
             sample_table.add_column(column, overflow="fold", max_width=50)
         for s in samples:
-            sample_table.add_row(*(str(s.get(c, "")).replace("\n", "\\n") for c in columns))
+            sample_table.add_row(*(plain(str(s.get(c, "")).replace("\n", "\\n")) for c in columns))
         console.print(sample_table)
 
 
@@ -236,7 +236,7 @@ def decontaminate(config: DecontamConfig) -> dict[str, Any]:
     for column in ("eval row", "overlap", "prompt"):
         table.add_column(column, overflow="fold", max_width=70)
     for i in report.contaminated[:20]:
-        table.add_row(str(i), f"{report.shares[i]:.0%}", str(evals[i].get("prompt", evals[i]))[:200])
+        table.add_row(str(i), f"{report.shares[i]:.0%}", plain(str(evals[i].get("prompt", evals[i]))[:200]))
     console.print(table)
     console.print(f"{len(report.contaminated)} of {report.eval_rows} eval rows ({report.fraction:.1%}) share >= "
                   f"{config.threshold:.0%} of their {config.n}-grams with {len(train)} training rows.")
