@@ -78,7 +78,15 @@ def _target(verb: Verb) -> tuple[type, Callable]:
     return getattr(module, verb.config), getattr(module, verb.run)
 
 
+def use_working_directory() -> None:
+    """Modules in the current folder import (``rewards=[my_rewards:f]``, ``env=my_envs:make``), as with `python -m
+    lmrl`: the `lmrl` script's own folder is first on sys.path, not the current one."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def main(argv: list[str] | None = None) -> int:
+    use_working_directory()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.verb:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Literal
 
 from lmrl.config_base import ConfigError, Section, check_at_least, field
@@ -22,7 +23,24 @@ class ParallelSection(Section):
     def __post_init__(self) -> None:
         check_at_least(self, ("nproc",), 1)
         check_world(self, self.nproc if self.nproc > 1 else env_world_size())
+        check_launch(self.nproc)
         super().__post_init__()
+
+
+def check_launch(nproc: int) -> None:
+    """No more processes than this machine has GPUs (or CPU cores without one), and no torchrun variables left in
+    the environment of a process torchrun did not start (its rendezvous would wait forever)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    have, what = (gpus, "GPUs") if gpus else (os.cpu_count() or 1, "CPU cores")
+    if nproc > have:
+        raise ConfigError(f"nproc={nproc} starts {nproc} training processes, but this machine has {have} {what}; "
+                          f"each process holds a whole model. Fix: nproc<={have}.")
+    if env_world_size() > 1 and "MASTER_ADDR" not in os.environ:
+        raise ConfigError(f"WORLD_SIZE={env_world_size()} is set in the environment, but this process was not started "
+                          "by torchrun (no MASTER_ADDR): it would wait forever for the other processes. Fix: unset "
+                          "WORLD_SIZE and RANK, or start it with torchrun / nproc=N.")
 
 
 def check_world(config, world: int) -> None:

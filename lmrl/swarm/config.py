@@ -76,6 +76,9 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.nproc > 1:
+            raise ConfigError(f"lmrl swarm runs one process per node (got nproc={self.nproc}): every rank would run "
+                              "the same node. Fix: nproc=1; more nodes: nodes=N (sim) or one `lmrl swarm join` each.")
         for name in ("local", "external", "fetch_window"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")

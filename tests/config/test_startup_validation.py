@@ -101,3 +101,20 @@ TRAIN_ROWS_VERBS = [verb for verb in cli.VERBS if "train_rows" in {f.name for f 
 def test_zero_train_rows_names_the_key(verb):
     with pytest.raises(ConfigError, match=r"'train_rows' must be >= 1 \(or null: every row\), got 0"):
         from_dict(config_class(verb), {"train_rows": 0})  # main: "limit must be >= 1 or None, got 0."
+
+
+def test_the_lmrl_command_imports_modules_from_the_current_folder(tmp_path, monkeypatch):
+    """`lmrl rl rewards=[my_rewards:f]` run from the folder holding my_rewards.py finds it, as `python -m lmrl` does
+    (the console script's sys.path starts with its own folder)."""
+    import sys
+
+    from lmrl import cli
+    from lmrl.rewards.registry import load_reward
+
+    (tmp_path / "my_rewards_here.py").write_text("def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(ValueError, match="no module named 'my_rewards_here'"):
+        load_reward("my_rewards_here:f")
+    cli.use_working_directory()
+    assert load_reward("my_rewards_here:f")(["p"], ["c"]) == [1.0]

@@ -278,3 +278,18 @@ def test_methods_without_a_data_parallel_step_refuse_several_processes(tmp_path,
     # rejection sampling shards its prompts: they must split evenly
     with pytest.raises(ConfigError, match="divide train_rows=15"):
         load_config(rejection.RejectionConfig, None, [f"output_dir={tmp_path}", "nproc=2", "train_rows=15"])
+
+
+def test_more_processes_than_cores_and_a_stale_world_size_are_refused_at_start_up(tmp_path, monkeypatch):
+    import os
+
+    from lmrl.trainers import sft
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match=r"nproc=4 starts 4 training processes, but this machine has 2 CPU cores"):
+        load_config(sft.SFTConfig, None, [f"output_dir={tmp_path}", "nproc=4", "batch_size=8"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ConfigError, match="WORLD_SIZE=2 is set in the environment.*unset WORLD_SIZE"):
+        load_config(sft.SFTConfig, None, [f"output_dir={tmp_path}", "batch_size=8"])

@@ -160,6 +160,7 @@ def test_warm_start_trains_once_and_is_reused(tmp_path, monkeypatch, no_plots):
     (["algorithm=rloo", "node_samples_per_prompt=[1, 4]"], "rloo needs samples_per_prompt >= 2"),
     (["samples_per_prompt=1"], "grpo needs samples_per_prompt >= 2"),
     (["external=-1"], "'external' must be >= 0"),
+    (["nproc=2"], "lmrl swarm runs one process per node"),
 ])
 def test_config_errors_name_the_key(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
