@@ -177,6 +177,9 @@ class RewardSet:
             if err.index is not None:
                 raise fail(err.cause, err.index, fix=_OUTPUT_FIX) from None
             batch_cause, batch_err, fix = err.cause, None, _OUTPUT_FIX
+        except SystemExit as err:  # sys.exit() in a reward would end the run with its exit code and no message
+            raise fail(f"it called sys.exit({err.code!r}), which would end the training run", None,
+                       config_error=True, fix="return a reward (e.g. 0.0) instead of exiting.") from None
         except Exception as err:
             batch_cause, batch_err, fix = f"it raised {type(err).__name__}: {err}", err, ""
         index, cause = _find_bad_sample(fn, prompts, completions, columns)

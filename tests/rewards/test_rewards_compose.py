@@ -272,3 +272,12 @@ def test_max_skipped_steps_failures_in_a_row_stop_and_a_success_resets_the_count
             if not err.skippable:
                 assert "2 steps in a row" in str(err) and "max_skipped_steps" in str(err)
     assert outcomes == ["skip", "stop", "ok", "skip", "stop"]
+
+
+def test_a_reward_that_calls_sys_exit_stops_the_run_with_a_message():
+    def quits(prompts, completions, **kwargs):
+        raise SystemExit(0)
+
+    with pytest.raises(RewardError, match=r"(?s)called sys.exit\(0\).*return a reward") as info:
+        RewardSet([quits], on_reward_error="skip").compute(PROMPTS, COMPLETIONS)
+    assert not info.value.skippable  # no retry fixes it: the run stops, naming the function
