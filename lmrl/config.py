@@ -29,8 +29,7 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.2 booleans: only true/false. (YAML 1.1 reads off/on/yes/no as booleans,
-    which would turn ``dynamic_sampling=off`` into False.)"""
+    """YAML 1.2 booleans: only true/false. (YAML 1.1 reads off/on/yes/no as booleans: ``dynamic_sampling=off``.)"""
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -363,6 +362,8 @@ class RunSection(Section):
     eval_every: int = field(100, "evaluate every N steps (0: only at the start and end)")
     save_every: int = field(100, "save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = field(2, "how many step-N checkpoints to keep")
+    keep_best: str | None = field(None, "also keep best/: the model (HF format) at the evaluation with the best value of this metric, e.g. eval/accuracy (null: off)")
+    keep_best_mode: Literal["auto", "max", "min"] = field("auto", "keep_best: higher is better, or with auto lower for a metric named loss* or *ce (eval/loss, eval/ptx_ce)")
     num_samples: int = field(4, "completions written to samples.jsonl at each evaluation")
     report_to: list[str] = field([], "extra trackers: tensorboard, wandb, trackio (when installed)")
 
@@ -400,8 +401,7 @@ class EvalSection(Section):
 
 @dataclasses.dataclass
 class TrainConfig(ParallelSection, EvalSection, RunSection, OptimSection, ModelSection):
-    """Fields every training verb shares: model, optimizer and schedule, run directory. Method configs
-    subclass it, compose the sections they use (sampling, rewards) and add their own keys."""
+    """Fields every verb shares (model, optimizer, run directory); method configs add sections and their own keys."""
 
 
 @dataclasses.dataclass

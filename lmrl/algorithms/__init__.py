@@ -34,6 +34,7 @@ __all__ = [
 
 from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
 from .best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
+from .controls import adaptive_entropy_coef, adaptive_kl_coef, high_entropy_tokens, overlong_filter
 from .preference import (
     PREFERENCE_LOSSES,
     RunningDelta,
@@ -46,6 +47,10 @@ from .reward_model import REWARD_MODEL_LOSSES, reward_model_loss
 from .selfplay import challenger_advantages, selfplay_advantages, solver_advantages
 
 __all__ += [
+    "adaptive_entropy_coef",
+    "adaptive_kl_coef",
+    "high_entropy_tokens",
+    "overlong_filter",
     "PREFERENCE_LOSSES",
     "RunningDelta",
     "implicit_rewards",

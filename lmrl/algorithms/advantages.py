@@ -75,6 +75,23 @@ def _reinforce(rewards: Tensor, group_size: int) -> Tensor:
     return rewards - rewards.mean()
 
 
+@ADVANTAGES.register("reinforce_pp")
+def _reinforce_pp(rewards: Tensor, group_size: int, *, eps: float = 1e-8) -> Tensor:
+    """A_i = (r_i - mean_j r_j) / (std_j r_j + eps): REINFORCE++ (Hu 2025, arXiv 2501.03262, eq. 7 "global batch
+    advantage normalization"; OpenRLHF ``reinforce_plus_plus``, verl ``reinforce_plus_plus``).
+
+    No per-prompt baseline: the mean and std (unbiased) are over the whole batch (every rank's rewards), so it works
+    with one sample per prompt. Here on outcome rewards, one advantage per completion; the paper normalises
+    token-level returns that include a k1 KL penalty (use ``kl_coef`` for a KL in the loss instead).
+    """
+    if rewards.numel() < 2:
+        raise ValueError("The 'reinforce_pp' advantage normalises by the std of the batch's rewards: it needs at "
+                         f"least 2 rewards, got {rewards.numel()}. Sample more prompts per step.")
+    if not eps > 0:
+        raise ValueError(f"reinforce_pp `eps` must be > 0 (it keeps the division finite), got {eps!r}.")
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
 @ADVANTAGES.register("rloo")
 def _rloo(rewards: Tensor, group_size: int) -> Tensor:
     """A_k = R_k - 1/(K-1) sum_{i != k} R_i = K/(K-1) (R_k - mean R) (RLOO, Ahmadian et al. 2024;
@@ -133,7 +150,7 @@ def _dr_grpo(rewards: Tensor, group_size: int) -> Tensor:
 def advantages(name: str, rewards: Tensor, group_size: int, **opts) -> Tensor:
     """Outcome advantages (N,) from rewards (N,) with the estimator `name` in `ADVANTAGES`.
 
-    Names: reinforce, rloo, grpo (opts `eps`, `scale`), dr_grpo. Unknown options raise.
+    Names: reinforce, reinforce_pp (opt `eps`), rloo, grpo (opts `eps`, `scale`), dr_grpo. Unknown options raise.
     """
     fn = ADVANTAGES.get(name)
     check_options(f"advantage estimator '{name}'", opts, keyword_options(fn))

@@ -5,7 +5,8 @@ Every entry of `POLICY_LOSSES` has the signature
 and receives sanitised inputs: advantages already broadcast to (N, T), everything
 but `logp` detached, and 0 at masked-out positions. `policy_loss` adds what all
 entries share exactly once: truncated importance sampling (TIS), the KL-in-loss
-term, aggregation and the common stats. Sources: RLHF book ch. 6 (§6.1, §6.2).
+term, the entropy bonus, a token selection (`train_tokens`), aggregation and the
+common stats. Sources: RLHF book ch. 6 (§6.1, §6.2).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ POLICY_LOSSES = Registry("policy loss")
 LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| cap before exp: keeps ratios and their gradients finite
 TIS_LOG_RATIO_CLAMP = 10.0  # RLHF book §6.2 TIS code: exp(clamp(lp_learner - lp_sampler, -10, 10))
 
-SHARED_OPTIONS = ("agg", "max_len", "kl_coef", "ref_logp", "kl_estimator", "tis_cap", "sampler_logp")
+SHARED_OPTIONS = ("agg", "max_len", "kl_coef", "ref_logp", "kl_estimator", "tis_cap", "sampler_logp", "entropy",
+                  "entropy_coef", "train_tokens")
 
 
 def _check_clip(name: str, clip_low: float, clip_high: float) -> None:
@@ -57,6 +59,8 @@ def _ppo(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float | None = None,
+    clip_delta: float | None = None,
 ) -> tuple[Tensor, dict]:
     """l_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - clip_low, 1 + clip_high)), rho_t = exp(logp - old_logp).
 
@@ -64,13 +68,34 @@ def _ppo(
     (Shao et al. 2024). Defaults eps = 0.2 both sides; DAPO's clip-higher uses
     clip_high = 0.28 (Yu et al. 2025). clip_frac = share of tokens where the clipped
     branch is strictly larger (the gradient is 0 there).
+
+    Bounds on the ratio of tokens with A_t < 0, whose PPO loss grows without bound in rho_t:
+    - ``clip_ratio_c`` = c > 1, dual-clip PPO (Ye et al. 2020, arXiv 1912.09729; verl ``clip_ratio_c``):
+      l_t = min(l_t, -A_t c) where A_t < 0 (the gradient is 0 once rho_t > c). clip_frac_lower = share of
+      tokens where that bound is active (verl ``pg_clipfrac_lower``).
+    - ``clip_delta`` = delta > 1 + clip_high, INTELLECT-2's two-sided clip (Prime Intellect 2025, arXiv
+      2505.07291 §3.2; TRL ``delta``): the unclipped branch uses min(rho_t, delta),
+      l_t = max(-A_t min(rho_t, delta), -A_t clip(rho_t, ...)); on A_t < 0 tokens this equals dual-clip with
+      c = delta, and A_t > 0 tokens are unchanged (their clipped branch is already below delta).
     """
     _check_clip("ppo", clip_low, clip_high)
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"ppo: dual-clip `clip_ratio_c` must be > 1 (verl uses 3.0), got {clip_ratio_c!r}.")
+    if clip_delta is not None and not clip_delta > 1 + clip_high:
+        raise ValueError(f"ppo: `clip_delta` must be > 1 + clip_high = {1 + clip_high} (INTELLECT-2 uses 4), got "
+                         f"{clip_delta!r}; a smaller bound would also cut tokens with positive advantages.")
     ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (N, T)
-    unclipped = -advantages * ratio
+    bounded = ratio.clamp(max=clip_delta) if clip_delta is not None else ratio
+    unclipped = -advantages * bounded
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    clip_frac = masked_mean((clipped > unclipped).float(), mask)
-    return torch.maximum(unclipped, clipped), {"clip_frac": float(clip_frac)}
+    stats = {"clip_frac": float(masked_mean((clipped > unclipped).float(), mask))}
+    per_token = torch.maximum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        bound = -advantages * clip_ratio_c  # (N, T)
+        lower = (advantages < 0) & (per_token > bound)
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, bound), per_token)
+        stats["clip_frac_lower"] = float(masked_mean(lower.float(), mask))
+    return per_token, stats
 
 
 @POLICY_LOSSES.register("gspo", scales_by_advantage=True)
@@ -185,20 +210,28 @@ def policy_loss(
     kl_estimator: str = "k3",
     tis_cap: float | None = None,
     sampler_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    train_tokens: Tensor | None = None,
     **opts,
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar policy loss and float stats for the surrogate `name` in `POLICY_LOSSES`.
 
     Shapes: logp, old_logp, mask, ref_logp, sampler_logp (N, T); advantages (N,) or (N, T).
     Only `logp` carries gradient; the others are treated as constants (detached).
-    Per token: l = entry(...) * w + kl_coef * kl(logp, ref_logp), where w is the TIS
-    weight min(exp(clamp(old_logp - sampler_logp, -10, 10)), tis_cap) (RLHF book §6.2,
-    Yao et al. 2025), then `aggregate(l, mask, agg, max_len)`.
+    Per token: l = entry(...) * k * w + kl_coef * kl(logp, ref_logp) - entropy_coef * H, where w is
+    the TIS weight min(exp(clamp(old_logp - sampler_logp, -10, 10)), tis_cap) (RLHF book §6.2,
+    Yao et al. 2025), k = `train_tokens` (bool (N, T), e.g. `high_entropy_tokens`; default all) and
+    H = `entropy` (N, T), the policy's per-token entropy WITH gradient (the entropy bonus, Williams &
+    Peng 1991; Schulman et al. 2017 eq. 9, verl ``entropy_coeff``); then `aggregate(l, mask, agg,
+    max_len)`: tokens outside `train_tokens` add 0 to the surrogate but still count in the normaliser
+    (TRL ``top_entropy_quantile``), and the bonus is aggregated like the policy loss.
     Entry options (e.g. clip_low, clip_high) go in `opts`; unknown options raise.
     Stats (floats, masked token means): clip_frac, approx_kl = mean 0.5 (logp - old_logp)^2,
     ratio/mean and ratio/max of the per-token ratio (gspo adds seq_ratio/*), and when
     given: kl (the `kl_estimator` value, logged whenever ref_logp is passed),
-    tis/weight_mean, tis/clip_frac, sampler_logp_gap = mean |old_logp - sampler_logp|.
+    tis/weight_mean, tis/clip_frac, sampler_logp_gap = mean |old_logp - sampler_logp|, loss/entropy =
+    -entropy_coef * aggregate(H) (part of the loss) and entropy/trained_frac = share of tokens in train_tokens.
     """
     fn = POLICY_LOSSES.get(name)
     check_options(f"policy loss '{name}'", opts, SHARED_OPTIONS + keyword_options(fn))
@@ -217,6 +250,9 @@ def policy_loss(
         )
     if tis_cap is not None and not tis_cap > 0:
         raise ValueError(f"`tis_cap` must be > 0 (the book uses 2.0), got {tis_cap!r}.")
+    if not entropy_coef >= 0 or (entropy_coef > 0 and entropy is None):
+        raise ValueError(f"`entropy_coef` must be >= 0 and, when > 0, comes with `entropy` (N, T) (the policy's "
+                         f"per-token entropy, with gradient), got entropy_coef={entropy_coef!r}.")
 
     logp = logp.masked_fill(~m, 0.0)  # (N, T); padding logp may be -inf: keep grads finite
     if not bool(torch.isfinite(logp.detach()).all()):
@@ -229,6 +265,10 @@ def policy_loss(
     sampler_logp = _constant(sampler_logp, logp, m, "sampler_logp")
 
     per_token, stats = fn(logp, old_logp, adv, m, **opts)  # (N, T)
+    if train_tokens is not None:
+        keep = check_mask(train_tokens, logp, "train_tokens") & m  # (N, T)
+        per_token = per_token * keep
+        stats["entropy/trained_frac"] = float(masked_mean(keep.float(), m))
 
     log_ratio = logp.detach() - old_logp  # (N, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -251,5 +291,12 @@ def policy_loss(
         stats["kl"] = float(masked_mean(kl_tok.detach(), m))
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl_tok
+
+    if entropy_coef > 0:
+        if not isinstance(entropy, Tensor) or entropy.shape != logp.shape:
+            raise ValueError(f"`entropy` must be a tensor {tuple(logp.shape)} like `logp`.")
+        bonus = entropy_coef * entropy.masked_fill(~m, 0.0)  # (N, T), keeps its gradient
+        per_token = per_token - bonus
+        stats["loss/entropy"] = -float(aggregate(bonus.detach(), m, agg, max_len))
 
     return aggregate(per_token, m, agg, max_len), stats

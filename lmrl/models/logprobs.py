@@ -99,6 +99,7 @@ def completion_logprobs(
     linear_outputs=None,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     usage: dict[str, int] | None = None,
+    entropy_grad: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
 
@@ -112,7 +113,8 @@ def completion_logprobs(
     share_prompts: rows with the same prompt (a group of G samples) run their prompt through the model once;
     the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_outputs`). Same
     values and gradients, (G-1)/G fewer prompt FLOPs; ignored when every prompt is distinct or the model takes
-    no KV cache. The entropy is computed without gradient (it is a metric, not a loss term).
+    no KV cache. The entropy is computed without gradient (it is a metric) unless ``entropy_grad`` (an entropy
+    bonus in the loss): then it keeps its gradient and the full logits are built (no chunked LM head).
 
     linear_outputs: the `LinearOutputs` the sampler recorded for these rows (`RolloutBatch.linear_outputs`); with
     share_prompts, layers return them instead of recomputing (`lmrl.models.replay`: same values and gradients up
@@ -149,7 +151,7 @@ def completion_logprobs(
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
-    parts = chunked_head(model, targets.numel(), chunk_mb)
+    parts = chunked_head(model, targets.numel(), chunk_mb) if not (return_entropy and entropy_grad) else None
     replay = (replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None
               else contextlib.nullcontext({}))
     with ctx, replay as replayed:
@@ -178,7 +180,7 @@ def completion_logprobs(
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     if not return_entropy:
         return logp
-    with torch.no_grad():
+    with torch.no_grad() if not entropy_grad else contextlib.nullcontext():
         entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
     return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
 

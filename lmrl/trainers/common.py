@@ -384,9 +384,9 @@ def load_full_weights(model, checkpoint: Path) -> None:
                          f"(its config.yaml), or start a new run.")
 
 
-def save_final(run: Run, model, tokenizer, merge_lora: bool = False) -> Path:
-    """``output_dir/final``: the trained model in HF format, loadable with ``model=<run>/final``; with LoRA the
-    adapter (loads as base + adapter), or with ``merge_lora`` the merged model and the adapter in final/adapter."""
+def save_final(run: Run, model, tokenizer, merge_lora: bool = False, name: str = "final") -> Path:
+    """``output_dir/final`` (or ``name``): the trained model in HF format, loadable with ``model=<run>/final``; with
+    LoRA the adapter (loads as base + adapter), or with ``merge_lora`` the merged model and the adapter in adapter/."""
     if is_peft(model):
-        return save_adapter(model, tokenizer, run.dir / "final", merge=merge_lora)
-    return save_model(model, tokenizer, run.dir / "final")
+        return save_adapter(model, tokenizer, run.dir / name, merge=merge_lora)
+    return save_model(model, tokenizer, run.dir / name)

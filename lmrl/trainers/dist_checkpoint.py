@@ -78,19 +78,19 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[st
     return state["trainer"]
 
 
-def save_final(run: Run, model, tokenizer, merge_lora: bool = False) -> Path:
-    """``final/``: FSDP: the full weights gathered to rank 0 and saved as one HF directory; DDP: rank 0 saves its
-    full replica as one process would (LoRA: the adapter, or merged with ``merge_lora``)."""
+def save_final(run: Run, model, tokenizer, merge_lora: bool = False, name: str = "final") -> Path:
+    """``final/`` (or ``name``): FSDP: the full weights gathered to rank 0 and saved as one HF directory; DDP: rank 0
+    saves its full replica as one process would (LoRA: the adapter, or merged with ``merge_lora``)."""
     from torch.distributed.fsdp import FSDPModule
 
-    path = run.dir / "final"
+    path = run.dir / name
     if not any(isinstance(m, FSDPModule) for m in model.modules()):
         if runtime.is_main() and merge_lora and is_peft(model):
             # a DDP replica cannot be deep-copied (merged_copy): merge in place, the run's training is over
             save_adapter(model, tokenizer, path / "adapter", merge=False)
             save_model(model.merge_and_unload(), tokenizer, path)
         elif runtime.is_main():
-            common.save_final(run, model, tokenizer)
+            common.save_final(run, model, tokenizer, name=name)
         runtime.barrier()
         return path
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -37,6 +37,7 @@ from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
 from lmrl.parallel import runtime
 from lmrl.trainers import common, dist_checkpoint
+from lmrl.trainers.best import BestKeeper
 
 
 class Method(Protocol):
@@ -149,8 +150,9 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         initial = state.get("initial", {})
         method.load_state_dict(state)
     common.write_run_config(run, config, setup)
+    best = BestKeeper(run.dir, config.keep_best, config.keep_best_mode) if config.keep_best else None
     if not run.checkpoint:
-        metrics, samples = evaluate(method, 0, run)
+        metrics, samples = evaluate(method, 0, run, best)
         initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
         tracker.log(0, {**metrics, **extra})
         tracker.log_samples(0, samples, title)
@@ -163,7 +165,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
             else:
                 tracker.advance(step)
             if common.is_due(step, config.eval_every, config.max_steps):
-                metrics, samples = evaluate(method, step, run)
+                metrics, samples = evaluate(method, step, run, best)
                 tracker.log(step, metrics)
                 tracker.log_samples(step, samples, title)
                 reason = method.stop(metrics)
@@ -173,7 +175,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
                     break
             if common.is_due(step, config.save_every, config.max_steps):
                 save(run, step, method, initial, config)
-        final, samples = evaluate(method, last_step, run)
+        final, samples = evaluate(method, last_step, run, best)
     except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
         tracker.close()
         method.close()
@@ -191,9 +193,11 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     return {**initial, **final}
 
 
-def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def evaluate(method: Method, step: int, run: common.Run,
+             best: BestKeeper | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any. Several
-    processes: rank 0 evaluates the unsharded model and every rank gets its result."""
+    processes: rank 0 evaluates the unsharded model and every rank gets its result. ``best`` (keep_best): the model
+    is saved as ``best/`` when the evaluation beats the best so far."""
     setup = method.setup
     result = None
     with runtime.full_params(*getattr(setup, "sharded", [])):
@@ -201,7 +205,10 @@ def evaluate(method: Method, step: int, run: common.Run) -> tuple[dict[str, floa
             metrics, samples = method.evaluate(step)
             dtype = getattr(setup, "dtype", None)
             result = {**metrics, **evals_metrics(run.evaluator, method.model, method.tokenizer, dtype)}, samples
-    return runtime.broadcast_object(result)
+    result = runtime.broadcast_object(result)
+    if best is not None:
+        best.offer(run, step, result[0], method.model, method.tokenizer)
+    return result
 
 
 def save(run: common.Run, step: int, method: Method, initial: dict[str, float], config: TrainConfig) -> None:

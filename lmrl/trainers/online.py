@@ -1,11 +1,12 @@
-"""Online policy-gradient RL: REINFORCE, RLOO, PPO, GRPO, Dr. GRPO, DAPO, GSPO, CISPO.
+"""Online policy-gradient RL: REINFORCE, REINFORCE++, RLOO, PPO, GRPO, Dr. GRPO, DAPO, GSPO, CISPO.
 
 One loop (RLHF book ch. 6), with parts picked by ``algorithm``:
 
 1. sample ``prompts_per_step`` prompts and ``samples_per_prompt`` completions each (prompt-major);
 2. score them with the reward functions (verifiers, user functions), log every component;
 3. optionally drop zero-variance groups (DAPO dynamic sampling);
-4. advantages from the registry (``reinforce``, ``rloo``, ``grpo``, ``dr_grpo``; PPO: GAE on a value model);
+4. advantages from the registry (``reinforce``, ``reinforce_pp``, ``rloo``, ``grpo``, ``dr_grpo``; PPO: GAE on a
+   value model); ``mask_truncated`` then zeroes the loss mask of truncated completions;
 5. ``ppo_epochs`` x ``minibatches`` optimizer steps on a policy loss from the registry
    (``pg``, ``ppo``, ``gspo``, ``cispo``), with truncated importance sampling against the
    sampler's log-probs and an optional KL to a frozen reference (in the loss, or in the reward for PPO).
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import ADVANTAGES, advantages, zero_variance_groups
+from lmrl.algorithms import ADVANTAGES, advantages, overlong_filter, zero_variance_groups
 from lmrl.data.chat import render_prompt
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.generation import task_accuracy
@@ -49,7 +50,7 @@ from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ppo_value import ppo_targets
 from lmrl.trainers.ptx import PretrainingMix
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
-from lmrl.trainers.rl_update import Targets, UpdateOptions, update
+from lmrl.trainers.rl_update import Coefficients, Targets, UpdateOptions, update
 
 # ----------------------------------------------------------------------------- rollout and scoring
 
@@ -122,6 +123,8 @@ class Parts:
     """PPO-ptx: the pretraining text of the ptx term and of eval/ptx_ce (None: no ptx_dataset)"""
     options: UpdateOptions | None = None
     """the update's options (`lmrl.trainers.rl_update`), built once from the config"""
+    coefs: Coefficients | None = None
+    """the loss coefficients that adapt during the run (adaptive KL and entropy); None: the options' own"""
     group_rewards: torch.Tensor | None = None
     """(B,) mean reward of each prompt's group in the last step (None: its rewards failed); the curriculum reads it"""
 
@@ -167,13 +170,21 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     need_old = config.updates_per_step > 1 or (parts.value_model is not None and ref_logp is not None)
     old_logp = logprobs_no_grad(parts.model, batch, config, dtype) if need_old else None
     returns = old_values = None
+    coefs, options = parts.coefs, parts.options
+    if coefs is not None:
+        options = options.with_coefficients(coefs)
     if parts.value_model is not None:
         adv, returns, old_values = ppo_targets(parts.value_model, batch, rewards, ref_logp,
-                                               old_logp if old_logp is not None else batch.sampler_logp, config, dtype)
+                                               old_logp if old_logp is not None else batch.sampler_logp, config, dtype,
+                                               kl_coef=coefs.kl_coef if coefs is not None else None)
+    if config.mask_truncated:  # after the value targets: GAE needs every row's tokens
+        batch = dataclasses.replace(batch, loss_mask=overlong_filter(batch.train_mask, batch.truncated))
     generator = torch.Generator().manual_seed(config.seed * 7_919 + step)
-    stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), parts.options, dtype, step,
+    stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), options, dtype, step,
                    generator)
     metrics.update(stats)
+    if coefs is not None:
+        metrics.update(coefs.advance(stats, len(batch) * runtime.world()))
     metrics.update({"time/train_s": time.perf_counter() - t1, "lr": parts.scheduler.get_last_lr()[0],
                     "loss": stats.get("loss/policy", 0.0) + config.vf_coef * stats.get("loss/value", 0.0)})
     return metrics
@@ -239,7 +250,8 @@ class OnlineRL(loop.MethodDefaults):
                            if config.curriculum is not None else None)
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, sampler, reward_set,
-                           self.optimizer, self.scheduler, env_factory, ptx, UpdateOptions.from_config(config))
+                           self.optimizer, self.scheduler, env_factory, ptx, UpdateOptions.from_config(config),
+                           Coefficients.from_config(config))
 
     def indices_of(self, step: int) -> list[int]:
         """The step's prompt indices in the fixed data order (a pure function of the step, so rollout workers can
@@ -283,6 +295,7 @@ class OnlineRL(loop.MethodDefaults):
             state["value_model"] = value_model.state_dict()
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
+        state["coefficients"] = self.parts.coefs.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -290,6 +303,8 @@ class OnlineRL(loop.MethodDefaults):
             self.parts.value_model.load_state_dict(state["value_model"])
         if self.curriculum is not None:
             self.curriculum.load_state_dict(state["curriculum"])
+        if "coefficients" in state:  # checkpoints from before adaptive coefficients: the config's values
+            self.parts.coefs.load_state_dict(state["coefficients"])
 
 
 def train(config: RLConfig) -> dict[str, float]:

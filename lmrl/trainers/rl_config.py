@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from lmrl.algorithms import POLICY_LOSSES
+from lmrl.algorithms.registry import keyword_options
 from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
 from lmrl.parallel.runtime import env_world_size
 from lmrl.rollout.engine_section import EngineSection
@@ -35,6 +37,7 @@ ALGORITHMS: dict[str, Preset] = {
     "dapo": Preset("grpo", "ppo", clip=(0.2, 0.28), dynamic_sampling="drop"),
     "gspo": Preset("grpo", "gspo", clip=(3e-4, 4e-4), agg="seq_mean"),
     "cispo": Preset("grpo", "cispo", clip=(1.0, 0.28)),
+    "reinforce_pp": Preset("reinforce_pp", "ppo"),
     "ppo": Preset("gae", "ppo", kl_in="reward"),
 }
 
@@ -62,7 +65,7 @@ class PtxSection(Section):
 
 @dataclasses.dataclass
 class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSection, TrainConfig):
-    algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo"] = field("grpo", "the method; sets the defaults below")
+    algorithm: Literal["reinforce", "rloo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "ppo", "reinforce_pp"] = field("grpo", "the method; sets the defaults below")
     dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
     task_args: dict = field({}, "arguments of a built-in task")
     train_rows: int | None = field(2000, "prompts generated for a built-in task, or the first N rows of a dataset")
@@ -72,6 +75,15 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     minibatches: int = field(1, "optimizer steps per pass (the B*G rows are split evenly)")
     clip_low: float | None = field(None, "lower ratio clip (default: the algorithm's)")
     clip_high: float | None = field(None, "upper ratio clip (default: the algorithm's)")
+    clip_ratio_c: float | None = field(None, "dual-clip PPO c > 1 (Ye et al. 2020, verl clip_ratio_c, e.g. 3.0): a token with negative advantage loses at most -A*c, however large its ratio (null: off; ppo loss only)")
+    clip_delta: float | None = field(None, "INTELLECT-2 two-sided clip delta > 1 + clip_high (TRL delta, e.g. 4.0): the unclipped ratio is capped at delta (null: off; ppo loss only)")
+    entropy_coef: float = field(0.0, "entropy bonus: loss -= entropy_coef * the policy's mean entropy, aggregated like the policy loss (0: off; > 0 builds the full logits, no chunked LM head)")
+    entropy_target: float | None = field(None, "adaptive entropy control (Skywork-OR1): entropy_coef (the start value) moves by entropy_coef_step each step towards keeping the mean entropy at this target (nats; null: fixed)")
+    entropy_coef_step: float = field(0.005, "entropy_target: the step of the coefficient per optimizer step")
+    top_entropy_quantile: float = field(1.0, "train the policy loss only on this top share of each micro-batch's tokens by entropy (0.2: the 80/20 forking tokens of Wang et al. 2025; 1: every token)")
+    mask_truncated: bool = field(False, "completions that hit max_new_tokens get loss mask 0 (DAPO overlong filtering); their rewards still count in the baselines")
+    kl_target: float | None = field(None, "adaptive KL (Ziegler et al. 2019): kl_coef (the start value) is scaled each step by 1 + clip(kl/kl_target - 1, +-0.2) * completions/kl_horizon (null: fixed)")
+    kl_horizon: int = field(10000, "kl_target: completions over which kl_coef may move by about e^0.2")
     loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] | None = field(None, "loss aggregation (default: the algorithm's)")
     adv_scale: Literal["group", "batch", "none"] = field("group", "GRPO advantage scaling by std (none = Dr. GRPO)")
     dynamic_sampling: Literal["off", "drop", "count"] | None = field(None, "zero-variance groups: drop (DAPO) or only count")
@@ -115,9 +127,29 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         if rows % (self.minibatches * self.grad_accum):
             raise ConfigError(f"prompts_per_step*samples_per_prompt ({rows}) must be divisible by minibatches*grad_accum "
                               f"({self.minibatches}*{self.grad_accum}).")
+        self.check_knobs()
         self.check_processes(self.nproc if self.nproc > 1 else env_world_size())
         if self.placement == "ray":
             self.check_ray()
+
+    def check_knobs(self) -> None:
+        """The loss knobs: ranges, and options that the algorithm's policy loss must declare."""
+        check_at_least(self, ("entropy_coef", "entropy_coef_step"), 0)
+        check_at_least(self, ("kl_horizon",), 1)
+        own = keyword_options(POLICY_LOSSES.get(self.preset.loss))
+        for key in ("clip_ratio_c", "clip_delta"):
+            if getattr(self, key) is not None and key not in own:
+                raise ConfigError(f"{key} bounds the ratio of the ppo policy loss; algorithm={self.algorithm} uses the "
+                                  f"'{self.preset.loss}' loss, which has no such option. Fix: {key}=null, or an "
+                                  f"algorithm with the ppo loss (grpo, dapo, ppo, reinforce_pp).")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise ConfigError(f"top_entropy_quantile is the share of tokens trained, in (0, 1], got "
+                              f"{self.top_entropy_quantile}.")
+        if self.entropy_target is not None and not self.entropy_target > 0:
+            raise ConfigError(f"entropy_target is a mean entropy in nats and must be > 0, got {self.entropy_target}.")
+        if self.kl_target is not None and not (self.kl_target > 0 and self.kl_coef > 0):
+            raise ConfigError(f"kl_target={self.kl_target} adapts kl_coef from its start value: it needs kl_target > 0 "
+                              f"and kl_coef > 0 (got kl_coef={self.kl_coef}), e.g. kl_coef=0.05 kl_target=0.1.")
 
     def check_ray(self) -> None:
         check_at_least(self, ("rollout_workers",), 1)

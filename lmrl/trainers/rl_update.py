@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import POLICY_LOSSES, global_share, policy_loss
+from lmrl.algorithms import (
+    POLICY_LOSSES,
+    adaptive_entropy_coef,
+    adaptive_kl_coef,
+    global_share,
+    high_entropy_tokens,
+    policy_loss,
+)
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
@@ -55,6 +62,7 @@ class UpdateOptions:
     vf_coef: float = 0.1
     value_clip: float | None = 0.2
     skip_zero_advantage: bool = True
+    top_entropy_quantile: float = 1.0
 
     @property
     def updates(self) -> int:
@@ -63,6 +71,17 @@ class UpdateOptions:
     @property
     def kl_in_loss(self) -> bool:
         return self.loss.options.get("kl_coef", 0.0) > 0
+
+    @property
+    def entropy_in_loss(self) -> bool:
+        """An entropy bonus (fixed or adaptive): the training forward's entropy keeps its gradient."""
+        return "entropy_coef" in self.loss.options
+
+    def with_coefficients(self, coefs: Coefficients) -> UpdateOptions:
+        """These options with the step's adaptive coefficients in place of the loss's kl_coef and entropy_coef."""
+        current = {"kl_coef": coefs.kl_coef, "entropy_coef": coefs.entropy_coef}
+        loss_options = {**self.loss.options, **{k: v for k, v in current.items() if k in self.loss.options}}
+        return dataclasses.replace(self, loss=LossSpec(self.loss.name, loss_options))
 
     @classmethod
     def from_config(cls, config) -> UpdateOptions:
@@ -73,12 +92,54 @@ class UpdateOptions:
                                    "kl_estimator": config.kl_estimator}
         options.update(POLICY_LOSSES.own_options(preset.loss, {
             "clip_low": config.clip_low if config.clip_low is not None else low,
-            "clip_high": config.clip_high if config.clip_high is not None else high}))
+            "clip_high": config.clip_high if config.clip_high is not None else high,
+            **{k: getattr(config, k) for k in ("clip_ratio_c", "clip_delta") if getattr(config, k) is not None}}))
         if config.kl_coef > 0 and preset.kl_in == "loss":
             options["kl_coef"] = config.kl_coef
+        if config.entropy_coef > 0 or config.entropy_target is not None:
+            options["entropy_coef"] = config.entropy_coef
         return cls(LossSpec(preset.loss, options), config.ppo_epochs, config.minibatches, config.grad_accum,
                    config.samples_per_prompt, config.temperature, config.logprob_chunk_mb, config.share_prompts,
-                   config.max_grad_norm, config.vf_coef, config.value_clip, config.skip_zero_advantage)
+                   config.max_grad_norm, config.vf_coef, config.value_clip, config.skip_zero_advantage,
+                   config.top_entropy_quantile)
+
+
+@dataclasses.dataclass
+class Coefficients:
+    """The loss coefficients of a run that adapt step by step (`lmrl.algorithms.controls`): kl_coef towards
+    ``kl_target`` (Ziegler et al. 2019) and entropy_coef towards ``entropy_target`` (Skywork-OR1). Without targets
+    they stay the config's. Saved in the method state, so a resumed run continues with the same values."""
+
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    kl_target: float | None = None
+    kl_horizon: int = 10000
+    entropy_target: float | None = None
+    entropy_coef_step: float = 0.005
+
+    @classmethod
+    def from_config(cls, config) -> Coefficients:
+        return cls(config.kl_coef, config.entropy_coef, config.kl_target, config.kl_horizon, config.entropy_target,
+                   config.entropy_coef_step)
+
+    def advance(self, stats: dict[str, float], completions: int) -> dict[str, float]:
+        """After a step's update: move each adaptive coefficient with the step's measured ``kl`` and ``entropy``
+        (the update's metrics) over its ``completions`` (every rank's); returns the coefficients used next step."""
+        out = {}
+        if self.kl_target is not None and "kl" in stats:
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, stats["kl"], self.kl_target, self.kl_horizon, completions)
+            out["kl_coef"] = self.kl_coef
+        if self.entropy_target is not None and "entropy" in stats:
+            self.entropy_coef = adaptive_entropy_coef(self.entropy_coef, stats["entropy"], self.entropy_target,
+                                                      self.entropy_coef_step)
+            out["entropy_coef"] = self.entropy_coef
+        return out
+
+    def state_dict(self) -> dict[str, float]:
+        return {"kl_coef": self.kl_coef, "entropy_coef": self.entropy_coef}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.kl_coef, self.entropy_coef = float(state["kl_coef"]), float(state["entropy_coef"])
 
 
 @dataclasses.dataclass
@@ -131,10 +192,11 @@ def train_micro(parts, sub: RolloutBatch, targets: Targets, options: UpdateOptio
     logp, entropy = completion_logprobs(parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                         temperature=options.temperature, return_entropy=True, autocast_dtype=dtype,
                                         share_prompts=options.share_prompts, chunk_mb=options.chunk_mb,
-                                        linear_outputs=record, usage=usage)
+                                        linear_outputs=record, usage=usage, entropy_grad=options.entropy_in_loss)
     old_logp = logp.detach() if targets.old_logp is None else targets.old_logp
+    keep = high_entropy_tokens(entropy, mask, options.top_entropy_quantile) if options.top_entropy_quantile < 1 else None
     loss, stats = policy_loss(options.loss.name, logp, old_logp, targets.advantages, mask, ref_logp=targets.ref_logp,
-                              sampler_logp=sub.sampler_logp, **options.loss.options)
+                              sampler_logp=sub.sampler_logp, entropy=entropy, train_tokens=keep, **options.loss.options)
     share = float(global_share(options.loss.options["agg"], mask, *counts))
     stats.update({"loss/policy": loss.item(),
                   "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))})
@@ -192,10 +254,11 @@ def micro_batches(mb: torch.Tensor, skip: torch.Tensor | None, n: int, options: 
 
 def zero_gradient_rows(adv: torch.Tensor, options: UpdateOptions, has_value_model: bool) -> torch.Tensor | None:
     """Rows (N,) bool, on the CPU, whose loss gradient is exactly 0: advantage 0 on every token under a loss that
-    scales each row's term by its advantage (a registry trait), no KL in the loss and no value loss. None: skip
-    nothing (also with several processes: every rank runs the same forwards, FSDP gathers weights in each)."""
+    scales each row's term by its advantage (a registry trait), no KL or entropy term in the loss and no value loss.
+    None: skip nothing (also with several processes: every rank runs the same forwards, FSDP gathers weights in
+    each)."""
     if (not options.skip_zero_advantage or not options.loss.scales_by_advantage or options.kl_in_loss
-            or has_value_model or runtime.world() > 1):
+            or options.entropy_in_loss or has_value_model or runtime.world() > 1):
         return None
     return ((adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0).cpu()
 

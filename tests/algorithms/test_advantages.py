@@ -306,3 +306,17 @@ def test_whiten_without_mask_uses_all_entries():
 def test_whiten_needs_two_entries():
     with pytest.raises(ValueError, match="at least 2"):
         whiten(torch.ones(1, 3), torch.tensor([[1, 0, 0]]))
+
+
+def test_reinforce_pp_normalises_by_the_whole_batch_without_a_group_baseline():
+    # rewards 1 0 | 0 1 | 1 1 (G = 2): batch mean 2/3; deviations 1/3 -2/3 -2/3 1/3 1/3 1/3,
+    # squares sum 12/9 -> unbiased var 4/15, std 0.516398; A = (r - 2/3) / std
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    std = math.sqrt(4 / 15)
+    expected = torch.tensor([1 / 3, -2 / 3, -2 / 3, 1 / 3, 1 / 3, 1 / 3], dtype=torch.float64) / (std + 1e-8)
+    torch.testing.assert_close(advantages("reinforce_pp", rewards, 2), expected, atol=1e-12, rtol=0)
+    # the all-correct group still gets a positive advantage (a group baseline, as in GRPO, gives it 0)
+    assert advantages("grpo", rewards, 2)[4:].abs().max() == 0.0
+    assert advantages("reinforce_pp", rewards, 1).tolist() == advantages("reinforce_pp", rewards, 6).tolist()
+    with pytest.raises(ValueError, match="at least 2 rewards"):
+        advantages("reinforce_pp", torch.tensor([1.0]), 1)

@@ -306,3 +306,77 @@ def test_bad_shapes_and_values():
     nan_old[0, 0] = float("nan")
     with pytest.raises(ValueError, match="old_logp"):
         policy_loss("ppo", logp, nan_old, adv, mask)
+
+
+# ----------------------------------------------------------------------------- dual clip, two-sided clip
+
+
+def _dual_clip_batch():
+    # one token per row, old_logp 0, eps 0.2: rho = 4, 2, 4, 0.5 with A = -1, -1, +1, -2
+    old = torch.zeros(4, 1, dtype=D)
+    logp = _leaf([[LOG(4.0)], [LOG(2.0)], [LOG(4.0)], [LOG(0.5)]])
+    return logp, old, torch.tensor([-1.0, -1.0, 1.0, -2.0], dtype=D), torch.ones(4, 1)
+
+
+@pytest.mark.parametrize("bound", [{"clip_ratio_c": 3.0}, {"clip_delta": 3.0}])
+def test_dual_clip_and_two_sided_clip_bound_the_loss_of_negative_advantages(bound):
+    # a) A=-1, rho=4: PPO max(4, 1.2) = 4; bound -A c = 3 -> 3, grad 0
+    # b) A=-1, rho=2: max(2, 1.2) = 2 < 3 -> 2, grad -A rho = 2
+    # c) A=+1, rho=4: max(-4, -1.2) = -1.2 (positive advantages are not dual-clipped), grad 0
+    # d) A=-2, rho=0.5: max(1, 1.6) = 1.6 < 6 -> 1.6, grad 0
+    # token_mean = (3 + 2 - 1.2 + 1.6) / 4 = 1.35 (plain PPO: (4 + 2 - 1.2 + 1.6) / 4 = 1.6)
+    logp, old, adv, mask = _dual_clip_batch()
+    loss, stats = policy_loss("ppo", logp, old, adv, mask, **bound)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.35, abs=1e-12)
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0], [2.0], [0.0], [0.0]], dtype=D) / 4, atol=1e-12, rtol=0)
+    assert stats["clip_frac"] == pytest.approx(0.5)  # c) and d): the clipped branch is larger
+    if "clip_ratio_c" in bound:
+        assert stats["clip_frac_lower"] == pytest.approx(0.25)  # a)
+    plain, _ = policy_loss("ppo", logp.detach(), old, adv, mask)
+    assert plain.item() == pytest.approx(1.6, abs=1e-12)
+
+
+def test_dual_clip_and_two_sided_clip_refuse_bounds_that_would_cut_the_band():
+    logp, old, adv, mask = _dual_clip_batch()
+    with pytest.raises(ValueError, match="must be > 1"):
+        policy_loss("ppo", logp, old, adv, mask, clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match=r"> 1 \+ clip_high"):
+        policy_loss("ppo", logp, old, adv, mask, clip_delta=1.1)
+    with pytest.raises(ValueError, match="Unknown option 'clip_ratio_c'"):
+        policy_loss("cispo", logp, old, adv, mask, clip_ratio_c=3.0)
+
+
+# ----------------------------------------------------------------------------- entropy bonus, trained tokens
+
+
+@pytest.mark.parametrize("agg, value, grads", [
+    # H = [[1, 2], [3, pad]]: token_mean -0.1 * 6/3 = -0.2, dl/dH = -0.1/3 per token
+    ("token_mean", -0.2, [[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]]),
+    # seq_mean -0.1 * mean(1.5, 3) = -0.225; dl/dH = -0.1/(2*2) on row 0, -0.1/(1*2) on row 1
+    ("seq_mean", -0.225, [[-0.025, -0.025], [-0.05, 0.0]]),
+])
+def test_entropy_bonus_is_minus_coef_times_the_entropy_aggregated_like_the_loss(agg, value, grads):
+    logp = _leaf([[-1.0, -2.0], [-0.5, float("-inf")]])
+    entropy = _leaf([[1.0, 2.0], [3.0, 7.0]])  # 7.0 is padding
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.zeros(2, dtype=D)  # the surrogate is 0: the loss is the bonus alone
+    loss, stats = policy_loss("pg", logp, logp.detach(), adv, mask, agg=agg, entropy=entropy, entropy_coef=0.1)
+    loss.backward()
+    assert loss.item() == pytest.approx(value, abs=1e-12) and stats["loss/entropy"] == pytest.approx(value)
+    torch.testing.assert_close(entropy.grad, torch.tensor(grads, dtype=D), atol=1e-12, rtol=0)
+    off, off_stats = policy_loss("pg", logp.detach(), logp.detach(), adv, mask, agg=agg, entropy=entropy)
+    assert off.item() == 0.0 and "loss/entropy" not in off_stats  # entropy_coef 0: no term
+    with pytest.raises(ValueError, match="entropy_coef"):
+        policy_loss("pg", logp, logp.detach(), adv, mask, entropy_coef=0.1)
+
+
+def test_train_tokens_zero_the_surrogate_elsewhere_and_keep_the_normaliser():
+    # pg value -A per token; kept (0,0) with A=1 and (1,1) with A=2: (-1 - 2) / 4 tokens = -0.75
+    logp = _leaf([[-1.0, -1.0], [-1.0, -1.0]])
+    keep = torch.tensor([[True, False], [False, True]])
+    loss, stats = policy_loss("pg", logp, logp.detach(), torch.tensor([1.0, 2.0], dtype=D), torch.ones(2, 2),
+                              train_tokens=keep)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.75, abs=1e-12) and stats["entropy/trained_frac"] == pytest.approx(0.5)
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, 0.0], [0.0, -0.5]], dtype=D), atol=1e-12, rtol=0)
