@@ -436,15 +436,15 @@ class SamplingSection(DecodingSection):
 @dataclasses.dataclass
 class RewardSection(Section):
     title = "rewards"
-    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model) or module:function")
+    rewards: list[str] = field(["task"], "reward functions: registry names, model:PATH (a reward model), http(s)://HOST/PATH (a reward server) or module:function")
     reward_weights: list[float] = field([], "one weight per reward (default 1.0 each)")
     reward_kwargs: dict = field({}, "options per reward name, e.g. {overlong: {max_len: 32, cache_len: 8}}")
     on_reward_error: Literal["skip", "stop"] = field("skip", "a failing reward function skips the step or stops the run")
     max_skipped_steps: int = field(10, "on_reward_error=skip: this many failing steps in a row stop the run (exit 1)")
-
-    def __post_init__(self) -> None:
-        check_at_least(self, ("max_skipped_steps",), 1)
+    reward_workers: int = field(1, "threads that call the reward functions concurrently, each once per batch (1: one after the other)")
+    reward_normalize: bool = field(False, "standardise each reward function over the batch, (r - mean) / (std + 1e-6), before the weighted sum")
+    def __post_init__(self) -> None:  # (no blank line above: this module is at the 450-line cap)
+        check_at_least(self, ("max_skipped_steps", "reward_workers"), 1)
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
-            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards "
-                              f"{self.rewards}: give one weight per reward, or none (1.0 each).")
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards {self.rewards}: give one weight per reward, or none (1.0 each).")
         super().__post_init__()

@@ -6,10 +6,11 @@
 
 Built-ins (`REWARDS`; options via `make_reward(name, **kwargs)`): `task`, `math`, `code`, `env`,
 `exact_match`, `format`, `length`, `overlong`, `gold` (the built-in preference task), `judge` and
-`rubric` (LLM judges). A user function is 'module.path:function'; a reward model is 'model:PATH'.
+`rubric` (LLM judges), `openai_judge` (the same judges on an OpenAI-compatible chat endpoint). A user
+function is 'module.path:function'; a reward model is 'model:PATH'; a reward server is 'http://host:port/path'.
 """
 
-from lmrl.rewards import code, env, gold, judge, length, math_verifier, task, text  # noqa: F401  (registers the built-ins)
+from lmrl.rewards import code, env, gold, judge, length, math_verifier, openai_judge, task, text  # noqa: F401  (registers the built-ins)
 from lmrl.rewards.compose import ON_REWARD_ERROR, RewardResult, RewardSet
 from lmrl.rewards.errors import MissingColumnError, RewardError, RewardFailure
 from lmrl.rewards.length import overlong_penalty, target_length_reward

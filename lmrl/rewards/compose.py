@@ -17,15 +17,28 @@ naming the function and the first offending sample (found by re-running the func
 on one sample at a time when the whole batch failed). `err.skippable` is True with
 "skip" (the trainer logs `str(err)` and skips the step) and False with "stop" or for
 configuration errors (a missing column), which always stop. `RewardSet.errors` counts
-the failed calls and is reported as `reward/errors` in the metrics of later steps.
+the failed calls and is reported as `reward/errors` in the metrics of later steps. A function
+with `batch_only = True` (a reward server) is not re-run per sample to locate the failure.
+
+Concurrency (`reward_workers`): with N > 1 the functions of a set run in a thread pool of N
+threads, each once per batch (worth it for I/O-bound rewards: servers, sandboxes). An `async def`
+function is awaited (in its own event loop, in its worker thread). Rows keep their order and the
+failure policy is the same: every function runs, then the first failure in `rewards` order raises.
+
+Normalisation (`reward_normalize`): each function's rewards are standardised over the batch
+before weighting, z_k = (r_k - mean(r_k)) / (std(r_k) + 1e-6) (population std), so that
+total = sum_k w_k * z_k and the weights alone set each function's share; the components and
+their `rewards/<name>/*` metrics stay unnormalised.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import torch
@@ -34,6 +47,7 @@ from lmrl.rewards.errors import MissingColumnError, RewardError
 from lmrl.rewards.registry import RewardFn, load_reward, reward_name
 
 ON_REWARD_ERROR = ("skip", "stop")
+NORMALIZE_EPS = 1e-6
 
 
 class RewardResult(NamedTuple):
@@ -62,6 +76,8 @@ class RewardSet:
         on_reward_error: "skip" (default) or "stop", see the module docstring.
         max_skipped_steps: with "skip", this many failing calls in a row stop the run (the error turns
             non-skippable): a reward that always raises must not "train" a model on zero updates. None: never.
+        reward_workers: threads that call the functions concurrently (1: one after the other).
+        reward_normalize: standardise each function's rewards over the batch before weighting.
 
     Functions are called as `fn(prompts=..., completions=..., **columns)` (TRL's convention).
     A reward function may expose a `last_stats: dict[str, float]` attribute, refreshed on
@@ -75,6 +91,8 @@ class RewardSet:
         reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         on_reward_error: str = "skip",
         max_skipped_steps: int | None = 10,
+        reward_workers: int = 1,
+        reward_normalize: bool = False,
     ) -> None:
         if isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence) or not rewards:
             raise ValueError(
@@ -105,39 +123,71 @@ class RewardSet:
             for s in rewards
         ]
         self.weights = _check_weights(reward_weights, self.names)
+        if isinstance(reward_workers, bool) or not isinstance(reward_workers, int) or reward_workers < 1:
+            raise ValueError(f"`reward_workers` must be an integer >= 1, got {reward_workers!r}.")
+        self.reward_workers, self.reward_normalize = reward_workers, bool(reward_normalize)
         self.on_reward_error = on_reward_error
         self.max_skipped_steps = max_skipped_steps
         self.errors = 0  # number of compute() calls that raised RewardError
         self.consecutive_errors = 0  # ... in a row, up to the last compute() call
+
+    @classmethod
+    def from_config(cls, config: Any) -> RewardSet:
+        """The set a config's rewards section describes (`RewardSection` keys; absent keys take defaults)."""
+        return cls(config.rewards, config.reward_weights or None, config.reward_kwargs,
+                   getattr(config, "on_reward_error", "skip"), getattr(config, "max_skipped_steps", 10),
+                   reward_workers=getattr(config, "reward_workers", 1),
+                   reward_normalize=getattr(config, "reward_normalize", False))
 
     def compute(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> RewardResult:
         """Score a batch: each function once on the whole batch, then the weighted total and metrics."""
         _check_batch(prompts, completions, columns)
         components: dict[str, torch.Tensor] = {}
         metrics: dict[str, float] = {}
-        for name, fn in zip(self.names, self.fns):
-            try:
-                values = self._call_checked(name, fn, prompts, completions, columns)
-            except RewardError as err:
+        for name, outcome in zip(self.names, self._call_all(prompts, completions, columns)):
+            if isinstance(outcome, RewardError):
                 self.errors += 1
                 self.consecutive_errors += 1
-                if err.skippable and self.max_skipped_steps and self.consecutive_errors >= self.max_skipped_steps:
-                    err.stop_after(self.consecutive_errors)
-                raise
-            components[name] = torch.tensor(values, dtype=torch.float32)  # (N,)
+                if outcome.skippable and self.max_skipped_steps and self.consecutive_errors >= self.max_skipped_steps:
+                    outcome.stop_after(self.consecutive_errors)
+                raise outcome
+            components[name] = torch.tensor(outcome, dtype=torch.float32)  # (N,)
             metrics[f"rewards/{name}/mean"] = components[name].mean().item()
             metrics[f"rewards/{name}/std"] = components[name].std(correction=0).item()
-            stats = getattr(fn, "last_stats", None)
+            stats = getattr(self.fns[self.names.index(name)], "last_stats", None)
             if isinstance(stats, Mapping):
                 metrics.update({f"rewards/{name}/{key}": float(v) for key, v in stats.items()})
         weights = torch.tensor(self.weights, dtype=torch.float32)  # (K,)
         stacked = torch.stack([components[name] for name in self.names])  # (K, N)
+        if self.reward_normalize:
+            mean, std = stacked.mean(dim=1, keepdim=True), stacked.std(dim=1, correction=0, keepdim=True)  # (K, 1)
+            stacked = (stacked - mean) / (std + NORMALIZE_EPS)  # (K, N)
         total = (weights[:, None] * stacked).sum(dim=0)  # (N,)
         metrics["reward/mean"] = total.mean().item()
         metrics["reward/std"] = total.std(correction=0).item()
         metrics["reward/errors"] = float(self.errors)
         self.consecutive_errors = 0
         return RewardResult(total, components, metrics)
+
+    def _call_all(self, prompts: Sequence[str], completions: Sequence[str],
+                  columns: dict[str, Any]) -> list[list[float] | RewardError]:
+        """Each function's checked values or its RewardError, in `rewards` order; serial with one worker."""
+
+        def call(name: str, fn: RewardFn) -> list[float] | RewardError:
+            try:
+                return self._call_checked(name, fn, prompts, completions, columns)
+            except RewardError as err:
+                return err
+
+        if self.reward_workers == 1 or len(self.fns) == 1:
+            out: list[list[float] | RewardError] = []
+            for name, fn in zip(self.names, self.fns):
+                out.append(call(name, fn))
+                if isinstance(out[-1], RewardError):
+                    break  # as before: the functions after a failure are not called
+            return out
+        with ThreadPoolExecutor(max_workers=min(self.reward_workers, len(self.fns))) as pool:
+            return list(pool.map(call, self.names, self.fns))
 
     def _call_checked(
         self,
@@ -170,7 +220,7 @@ class RewardSet:
                 f"completions or a column ({', '.join(sorted(columns)) or 'none here'}) and end with **kwargs.",
             )
         try:
-            return _as_floats(fn(prompts=list(prompts), completions=list(completions), **columns), n)
+            return _as_floats(_invoke(fn, prompts=list(prompts), completions=list(completions), **columns), n)
         except MissingColumnError as err:
             raise fail(f"a required column is missing. {err}", None, config_error=True) from err
         except _BadOutput as err:
@@ -182,6 +232,8 @@ class RewardSet:
                        config_error=True, fix="return a reward (e.g. 0.0) instead of exiting.") from None
         except Exception as err:
             batch_cause, batch_err, fix = f"it raised {type(err).__name__}: {err}", err, ""
+        if getattr(fn, "batch_only", False):
+            raise fail(batch_cause, None, fix=fix) from batch_err
         index, cause = _find_bad_sample(fn, prompts, completions, columns)
         if index is not None and cause != batch_cause:
             batch_cause = f"{batch_cause}; run on this sample alone, {cause}"
@@ -189,6 +241,22 @@ class RewardSet:
 
 
 _OUTPUT_FIX = "return one finite float per completion, as a list or 1-D tensor of len(completions)."
+
+
+def _invoke(fn: RewardFn, **kwargs: Any) -> Any:
+    """`fn(**kwargs)`, awaited in a fresh event loop if it is an `async def` function."""
+    out = fn(**kwargs)
+    if inspect.isawaitable(out):
+        async def wait() -> Any:
+            return await out
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: the usual case
+            return asyncio.run(wait())
+        with ThreadPoolExecutor(max_workers=1) as pool:  # called from async code: a loop of its own elsewhere
+            return pool.submit(asyncio.run, wait()).result()
+    return out
 
 
 def _bind_error(fn: RewardFn, columns: dict[str, Any]) -> str:
@@ -209,7 +277,7 @@ def _find_bad_sample(
     for i in range(len(completions)):
         one = {k: v[i : i + 1] for k, v in columns.items()}
         try:
-            _as_floats(fn(prompts=[prompts[i]], completions=[completions[i]], **one), 1)
+            _as_floats(_invoke(fn, prompts=[prompts[i]], completions=[completions[i]], **one), 1)
         except _BadOutput as err:
             return i, err.cause
         except Exception as err:  # noqa: BLE001 - any failure locates the sample

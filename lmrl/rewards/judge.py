@@ -40,7 +40,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -259,15 +259,16 @@ class PairwiseJudge:
     ``{answer_a}``, ``{answer_b}``. swap: judge both orders and combine (`combine_verdicts`). chat: render the
     judge prompt with the tokenizer's chat template. After each `judge` call: ``last_stats`` (parse_failures,
     failures, inconsistent, ties, *_frac), ``last_judgements`` (texts, order (a, b) then (b, a)); over the run:
-    ``parse_failures`` (unparsed judgements) and ``failures`` (pairs with no verdict).
+    ``parse_failures`` (unparsed judgements) and ``failures`` (pairs with no verdict). generate: replaces
+    the local model (model, tokenizer may then be None), e.g. `remote.chat_generator` (an OpenAI-compatible server).
     """
 
     def __init__(self, model, tokenizer, prompt: str = PAIRWISE_PROMPT, swap: bool = True, *,
                  max_new_tokens: int = 256, batch_size: int = 16, chat: bool = True,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, generate: Callable[[Sequence[str]], list[str]] | None = None):
         _check_template(prompt, ("question", "answer_a", "answer_b"), "pairwise")
         self.prompt, self.swap = prompt, swap
-        self.generate = GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
+        self.generate = generate or GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
         self.parse_failures = 0
         self.failures = 0
         self.last_stats: dict[str, float] = {}
@@ -312,20 +313,22 @@ class RubricJudge:
     column (per-prompt rubrics, book ch. 12). max_score: the top grade per criterion. fallback: the score of a
     sample with no parsed positive-weight criterion. After each call ``last_stats`` holds ``parse_failures``
     (samples given the fallback), ``parse_fail_frac`` and ``missing_criteria`` (unparsed criteria over all
-    samples); ``failures`` counts fallbacks over the run, ``last_judgements`` keeps the texts.
+    samples); ``failures`` counts fallbacks over the run, ``last_judgements`` keeps the texts. generate: as in
+    `PairwiseJudge`.
     """
 
     __name__ = "rubric"
 
     def __init__(self, model, tokenizer, criteria: Any = None, prompt: str = RUBRIC_PROMPT, *,
                  max_score: float = 10, fallback: float = 0.0, max_new_tokens: int = 256, batch_size: int = 16,
-                 chat: bool = True, autocast_dtype: torch.dtype | None = None):
+                 chat: bool = True, autocast_dtype: torch.dtype | None = None,
+                 generate: Callable[[Sequence[str]], list[str]] | None = None):
         _check_template(prompt, ("question", "answer", "criteria"), "rubric")
         if not max_score > 0:
             raise ValueError(f"RubricJudge: max_score must be > 0, got {max_score!r}.")
         self.criteria = None if criteria is None else parse_rubric(criteria)
         self.prompt, self.max_score, self.fallback = prompt, float(max_score), float(fallback)
-        self.generate = GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
+        self.generate = generate or GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
         self.failures = 0
         self.last_stats: dict[str, float] = {}
         self.last_judgements: list[str] = []

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from lmrl.rewards.remote import is_url, url_name
 from lmrl.rewards.types import RewardFactory, RewardFn
 
 REWARDS: dict[str, RewardFactory] = {}
@@ -55,23 +56,34 @@ def make_reward(name: str, **kwargs: Any) -> RewardFn:
             "a user function is given as 'module.path:function'."
         )
     factory = REWARDS[name]
+    _check_options(name, factory, kwargs)
+    return factory(**kwargs)
+
+
+def _check_options(name: str, factory: RewardFactory, kwargs: dict[str, Any], skip: int = 0) -> None:
+    """Raise a ValueError naming the options when `factory` cannot take `kwargs` (after `skip` positionals)."""
     try:
-        inspect.signature(factory).bind(**kwargs)
+        inspect.signature(factory).bind(*[None] * skip, **kwargs)
     except TypeError as err:
         raise ValueError(
             f"Bad options for reward '{name}': {err}. Its options are "
-            f"{_describe_options(factory)}; set them in `reward_kwargs.{name}`."
+            f"{_describe_options(factory, skip)}; set them in `reward_kwargs.{reward_name(name)}`."
         ) from None
-    return factory(**kwargs)
 
 
 def load_reward(spec: str, **kwargs: Any) -> RewardFn:
     """Resolve a reward spec: a registry name (options in `kwargs`), 'model:PATH' (a reward model
-    trained with `lmrl reward`; options of `reward_model_reward`) or 'module.path:function'."""
+    trained with `lmrl reward`; options of `reward_model_reward`), 'http(s)://host:port/path' (a reward
+    server; options of `lmrl.rewards.remote.http_reward`) or 'module.path:function'."""
     if not isinstance(spec, str):
         raise ValueError(f"A reward spec must be a string, got {type(spec).__name__} {spec!r}.")
     if spec in REWARDS:
         return make_reward(spec, **kwargs)
+    if is_url(spec):
+        from lmrl.rewards.remote import http_reward
+
+        _check_options(spec, http_reward, kwargs, skip=1)
+        return http_reward(spec, **kwargs)
     if spec.startswith(MODEL_PREFIX):
         from lmrl.rewards.reward_model import reward_model_reward  # loads torch models: import on use
 
@@ -80,7 +92,7 @@ def load_reward(spec: str, **kwargs: Any) -> RewardFn:
     if match is None:
         raise ValueError(
             f"Unknown reward spec '{spec}'. Accepted are a registered name {sorted(REWARDS)} "
-            "or a user function as 'module.path:function' (the module must be importable, "
+            "a reward server as 'http://host:port/path', or a user function as 'module.path:function' (the module must be importable, "
             "e.g. on PYTHONPATH or in the working directory)."
         )
     if kwargs:
@@ -93,9 +105,11 @@ def load_reward(spec: str, **kwargs: Any) -> RewardFn:
 
 def reward_name(spec: str | RewardFn) -> str:
     """The name used in metrics (`rewards/<name>/mean`): the registry name, the function name of
-    'module:function', or a callable's `__name__`."""
+    'module:function', a URL's last path segment, or a callable's `__name__`."""
     if isinstance(spec, str) and spec.startswith(MODEL_PREFIX):
         return "reward_model"
+    if is_url(spec):
+        return url_name(spec)
     if isinstance(spec, str):
         return spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     return getattr(spec, "__name__", type(spec).__name__)
@@ -138,8 +152,8 @@ def _import_function(spec: str, module_name: str, attr_path: str) -> RewardFn:
     return obj
 
 
-def _describe_options(factory: RewardFactory) -> str:
-    params = inspect.signature(factory).parameters.values()
+def _describe_options(factory: RewardFactory, skip: int = 0) -> str:
+    params = list(inspect.signature(factory).parameters.values())[skip:]
     opts = [p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in params]
     return "(" + ", ".join(opts) + ")" if opts else "none"
 

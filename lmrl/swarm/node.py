@@ -173,8 +173,7 @@ class SwarmNode:
         tok_name = config.tokenizer if spec.model == config.model else None
         setup = dataclasses.replace(ModelSetup.from_config(config), model=spec.model, tokenizer=tok_name,
                                     model_args=dict(spec.model_args))  # device, LoRA, ... from the config
-        self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                                    config.on_reward_error, config.max_skipped_steps)
+        self.reward_set = RewardSet.from_config(config)
         if model is None:
             model, tokenizer = setup.policy()
         self.model, self.tokenizer = model, tokenizer

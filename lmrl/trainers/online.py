@@ -223,8 +223,7 @@ class OnlineRL(loop.MethodDefaults):
 
     def __init__(self, config: RLConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error,
-                               config.max_skipped_steps)
+        reward_set = RewardSet.from_config(config)
         self.rows, self.eval_rows = load_prompts(config)
         self.model, self.tokenizer = setup.policy(distribute=False)
         ref_model = setup.frozen(config.model, self.tokenizer) if config.kl_coef > 0 else None

@@ -254,8 +254,7 @@ class OnlineDPO(loop.MethodDefaults):
 
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                               config.on_reward_error, config.max_skipped_steps) if config.rewards else None
+        reward_set = RewardSet.from_config(config) if config.rewards else None
         self.model, self.tokenizer = setup.policy()
         self.model.train()
         self.data = load_online_data(config, self.tokenizer)

@@ -361,7 +361,7 @@ def train(config: RejectionConfig) -> dict[str, float]:
     writes and evaluates, and each round's SFT is data-parallel."""
     setup = ModelSetup.from_config(config)
     rows, eval_rows = load_prompts(config)
-    rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, config.on_reward_error)
+    rewards = RewardSet.from_config(config)
     # samples and is evaluated only (each round's SFT trains its own, distributed copy): a full copy on each rank
     model, tokenizer = setup.policy(distribute=False)
     evaluator = build_evaluator(config)  # eval_metrics, logged as evals/<name> after every round

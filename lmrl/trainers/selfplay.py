@@ -307,8 +307,7 @@ class SelfPlay(loop.MethodDefaults):
     def __init__(self, config: SelfPlayConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
         self.model, self.tokenizer = setup.policy()
-        self.reward_set = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                                    config.on_reward_error, config.max_skipped_steps)
+        self.reward_set = RewardSet.from_config(config)
         self.eval_rows = load_rows(config.eval_dataset, split="test", limit=config.eval_rows,
                                    **config.eval_task_args) if config.eval_dataset else []
         self.warm_start_data = warm_start_examples(config, self.tokenizer) if config.warm_start_steps else []

@@ -112,3 +112,12 @@ def test_adaptive_entropy_and_kl_coefficients_move_each_step_and_resume_exactly(
     for step in (3, 4):
         for key in ("entropy_coef", "kl_coef", "loss/policy", "kl"):
             assert half[step][key] == full[step][key], (step, key)
+
+
+def test_the_reward_section_reaches_every_sampling_trainers_reward_set(tmp_path):
+    """reward_workers and reward_normalize are not only accepted: the RL method's RewardSet runs with them."""
+    from lmrl.models.setup import ModelSetup
+
+    config = rl_config(tmp_path, "grpo", "reward_workers=2", "reward_normalize=true")
+    method = online.OnlineRL(config, ModelSetup.from_config(config))
+    assert method.parts.reward_set.reward_workers == 2 and method.parts.reward_set.reward_normalize

@@ -1,0 +1,174 @@
+"""Rewards that live elsewhere: an HTTP reward server, and an LLM judge on an OpenAI-compatible chat endpoint.
+
+**Reward server** (`rewards=[http://host:port/path]`): each batch is one JSON POST to the URL
+
+    request:  {"prompts": [...], "completions": [...], "<column>": [...], ...}   # N each
+    reply:    {"rewards": [r_0, ..., r_{N-1}]}                                    # N finite numbers
+
+with every dataset column whose values are JSON-serialisable (others, e.g. tensors, are left out). A
+connection error, a timeout, HTTP 5xx or 429 is retried `retries` times after `backoff_s`·2^k seconds;
+a reply of the wrong length, non-numbers or NaN/inf, or a 4xx, is not retried. Whatever still fails is
+raised, so `RewardSet` counts it and skips the step or stops as `on_reward_error` says; every message
+names the URL. Options (`reward_kwargs.<name>`, the name is the URL's last path segment: `score` for
+`http://127.0.0.1:8000/score`): `timeout_s`, `retries`, `backoff_s`, `batch_size` (0: one request per
+batch), `api_key_env` (a variable holding a bearer token), `headers`.
+
+**OpenAI judge** (`rewards=[openai_judge]`): the `judge`/`rubric` judges of `lmrl.rewards.judge` with their
+prompts and parsing, but each judgement is a POST to `<url>/v1/chat/completions` at temperature 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lmrl.rewards.types import RewardFn
+
+URL_PREFIXES = ("http://", "https://")
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RemoteError(RuntimeError):
+    """A reward server or judge endpoint failed (after its retries) or replied with something unusable."""
+
+
+def is_url(spec: Any) -> bool:
+    return isinstance(spec, str) and spec.startswith(URL_PREFIXES)
+
+
+def url_name(url: str) -> str:
+    """Metric name of a URL reward: its last path segment, else its host (non-word characters -> `_`)."""
+    parts = urllib.parse.urlsplit(url)
+    segments = [s for s in parts.path.split("/") if s]
+    raw = segments[-1] if segments else (parts.hostname or "http")
+    return re.sub(r"\W", "_", raw)
+
+
+def post_json(url: str, payload: Any, *, timeout_s: float, retries: int, backoff_s: float,
+              headers: Mapping[str, str] | None = None) -> Any:
+    """POST `payload` as JSON and return the decoded reply; transient failures are retried with backoff."""
+    data = json.dumps(payload).encode()
+    head = {"Content-Type": "application/json", **dict(headers or {})}
+    for attempt in range(retries + 1):
+        request = urllib.request.Request(url, data=data, headers=head, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the user's URL
+                body = response.read()
+        except urllib.error.HTTPError as err:
+            detail = err.read()[:200].decode(errors="replace")
+            cause = f"HTTP {err.code} {err.reason}: {detail}"
+            if err.code not in RETRY_STATUS:
+                raise RemoteError(f"{url} answered {cause} (not retried: fix the request or the server)") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            cause = f"timed out after {timeout_s:g}s" if isinstance(reason, TimeoutError) else f"{reason}"
+        else:
+            try:
+                return json.loads(body)
+            except json.JSONDecodeError as err:
+                raise RemoteError(f"{url} replied with invalid JSON ({err}): {body[:200]!r}") from None
+        if attempt < retries:
+            time.sleep(backoff_s * 2**attempt)
+    raise RemoteError(f"{url} failed {retries + 1} times (retries={retries}); last: {cause}")
+
+
+def auth_headers(api_key_env: str | None, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    out = dict(headers or {})
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise ValueError(f"api_key_env={api_key_env!r}: that environment variable is not set; export it or "
+                             "remove api_key_env.")
+        out["Authorization"] = f"Bearer {key}"
+    return out
+
+
+def _check_options(where: str, timeout_s: float, retries: int, backoff_s: float, batch_size: int) -> None:
+    if not timeout_s > 0 or retries < 0 or backoff_s < 0 or batch_size < 0:
+        raise ValueError(f"{where}: need timeout_s > 0, retries >= 0, backoff_s >= 0 and batch_size >= 0, got "
+                         f"{timeout_s}, {retries}, {backoff_s}, {batch_size}.")
+
+
+def _json_columns(columns: Mapping[str, Any]) -> dict[str, list]:
+    out = {}
+    for key, values in columns.items():
+        values = values.tolist() if hasattr(values, "tolist") else list(values)
+        try:
+            json.dumps(values)
+        except (TypeError, ValueError):
+            continue  # e.g. tensors or objects: the server never sees them
+        out[key] = values
+    return out
+
+
+def parse_rewards(url: str, reply: Any, n: int) -> list[float]:
+    """The `rewards` of a server reply, checked: n finite numbers, else a RemoteError naming the URL."""
+    rewards = reply.get("rewards") if isinstance(reply, Mapping) else None
+    if not isinstance(rewards, list):
+        raise RemoteError(f"{url} replied {str(reply)[:200]}, not {{\"rewards\": [float, ...]}}")
+    if len(rewards) != n:
+        raise RemoteError(f"{url} returned {len(rewards)} rewards for {n} completions; reply one per completion")
+    bad = [i for i, r in enumerate(rewards)
+           if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(float(r))]
+    if bad:
+        raise RemoteError(f"{url} returned {rewards[bad[0]]!r} at index {bad[0]} ({len(bad)} of {n} rewards are "
+                          "not finite numbers)")
+    return [float(r) for r in rewards]
+
+
+def http_reward(url: str, timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.5, batch_size: int = 0,
+                api_key_env: str | None = None, headers: Mapping[str, str] | None = None) -> RewardFn:
+    """A reward function that POSTs each batch (or `batch_size` rows at a time) to the reward server `url`."""
+    _check_options(f"reward {url}", timeout_s, retries, backoff_s, batch_size)
+    head = auth_headers(api_key_env, headers)
+
+    def remote(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
+        n = len(completions)
+        sent = _json_columns(columns)
+        step = batch_size or max(n, 1)
+        out: list[float] = []
+        for start in range(0, n, step):
+            part = slice(start, start + step)
+            payload = {"prompts": list(prompts[part]), "completions": list(completions[part]),
+                       **{k: v[part] for k, v in sent.items()}}
+            reply = post_json(url, payload, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, headers=head)
+            out += parse_rewards(url, reply, len(payload["completions"]))
+        return out
+
+    remote.__name__ = url_name(url)
+    remote.batch_only = True  # RewardSet does not re-send one sample at a time to locate a failure
+    return remote
+
+
+def chat_generator(url: str, model: str, *, api_key_env: str | None = None, max_tokens: int = 256,
+                   timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 0.5, concurrency: int = 8):
+    """`generate(texts) -> replies`: one greedy chat completion per text from an OpenAI-compatible server."""
+    _check_options(f"chat endpoint {url}", timeout_s, retries, backoff_s, 0)
+    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/chat/completions") else "/v1/chat/completions")
+    head = auth_headers(api_key_env)
+
+    def one(text: str) -> str:
+        payload = {"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0,
+                   "max_tokens": max_tokens}
+        reply = post_json(endpoint, payload, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, headers=head)
+        try:
+            return str(reply["choices"][0]["message"]["content"] or "")
+        except (KeyError, IndexError, TypeError):
+            raise RemoteError(f"{endpoint} replied {str(reply)[:200]}, not a chat completion") from None
+
+    def generate(texts: Sequence[str]) -> list[str]:
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(texts)))) as pool:
+            return list(pool.map(one, texts))
+
+    generate.endpoint = endpoint
+    return generate

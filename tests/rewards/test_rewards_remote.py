@@ -1,0 +1,115 @@
+"""The HTTP reward server reward (`rewards=[http://host:port/path]`), against a local stub server."""
+
+import time
+
+import pytest
+import torch
+
+from lmrl.rewards import RewardError, RewardSet, load_reward, reward_name
+from tests.rewards.stub_server import StubServer, slow
+
+PROMPTS = ["p0", "p1", "p2"]
+COMPLETIONS = ["a", "bb", "ccc"]
+FAST = {"backoff_s": 0.01}
+
+
+def lengths(path, payload, i):
+    return 200, {"rewards": [len(c) for c in payload["completions"]]}
+
+
+def test_batch_is_one_post_with_the_json_columns_and_rewards_come_back_in_order():
+    with StubServer(lengths) as server:
+        rs = RewardSet([server.url("/score")], reward_kwargs={"score": FAST})
+        total, components, _ = rs.compute(PROMPTS, COMPLETIONS, answer=["1", "2", "3"], truncated=[False, True, False],
+                                          blob=[object(), object(), object()])
+    assert rs.names == ["score"]
+    torch.testing.assert_close(total, torch.tensor([1.0, 2.0, 3.0]), rtol=0, atol=0)
+    assert len(server.requests) == 1
+    path, payload, _ = server.requests[0]
+    assert path == "/score"
+    # the non-JSON column `blob` is left out; the others are sent as lists aligned with the completions
+    assert payload == {"prompts": PROMPTS, "completions": COMPLETIONS, "answer": ["1", "2", "3"],
+                       "truncated": [False, True, False]}
+
+
+def test_batch_size_splits_the_batch_into_several_posts():
+    with StubServer(lengths) as server:
+        fn = load_reward(server.url(), batch_size=2, **FAST)
+        assert fn(PROMPTS, COMPLETIONS, answer=["x", "y", "z"]) == [1.0, 2.0, 3.0]
+    assert [p["completions"] for _, p, _ in server.requests] == [["a", "bb"], ["ccc"]]
+    assert server.requests[1][1]["answer"] == ["z"]
+
+
+def test_a_server_that_fails_once_then_succeeds_is_retried():
+    def flaky(path, payload, i):
+        return (503, {"error": "warming up"}) if i == 0 else lengths(path, payload, i)
+
+    with StubServer(flaky) as server:
+        rs = RewardSet([server.url()], reward_kwargs={server.url(): {"retries": 1, **FAST}})
+        total, _, metrics = rs.compute(PROMPTS, COMPLETIONS)
+    assert total.tolist() == [1.0, 2.0, 3.0] and len(server.requests) == 2
+    assert metrics["reward/errors"] == 0.0
+
+
+def test_a_server_that_always_fails_is_a_skippable_error_naming_the_url():
+    with StubServer(lambda path, payload, i: (500, {"error": "down"})) as server:
+        rs = RewardSet([server.url()], reward_kwargs={"score": {"retries": 2, **FAST}}, max_skipped_steps=2)
+        with pytest.raises(RewardError) as err:
+            rs.compute(PROMPTS, COMPLETIONS)
+        # 1 try + 2 retries, and no re-sending of single samples to locate the failure
+        assert len(server.requests) == 3
+        assert err.value.skippable and rs.errors == 1
+        assert server.url() in str(err.value) and "HTTP 500" in str(err.value) and "3 times" in str(err.value)
+        with pytest.raises(RewardError) as err:  # the second failure in a row reaches max_skipped_steps=2
+            rs.compute(PROMPTS, COMPLETIONS)
+        assert not err.value.skippable and rs.errors == 2
+
+
+def test_a_client_error_is_not_retried():
+    with StubServer(lambda path, payload, i: (400, {"error": "bad field"})) as server:
+        fn = load_reward(server.url(), retries=3, **FAST)
+        with pytest.raises(RuntimeError, match="HTTP 400.*bad field.*not retried"):
+            fn(PROMPTS, COMPLETIONS)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(("body", "match"), [
+    ({"rewards": [1.0]}, "returned 1 rewards for 3 completions"),
+    (b'{"rewards": [1.0, NaN, 2.0]}', "returned nan at index 1"),
+    ({"rewards": [1.0, "x", 2.0]}, "returned 'x' at index 1"),
+    ({"score": 1.0}, "not {\"rewards\""),
+])
+def test_a_wrong_reply_is_a_clear_error_naming_the_url(body, match):
+    with StubServer(lambda path, payload, i: (200, body)) as server:
+        rs = RewardSet([server.url()], reward_kwargs={"score": FAST})
+        with pytest.raises(RewardError, match=match) as err:
+            rs.compute(PROMPTS, COMPLETIONS)
+    assert server.url() in str(err.value) and len(server.requests) == 1  # not retried
+
+
+def test_a_server_slower_than_timeout_s_times_out():
+    with StubServer(lambda path, payload, i: slow(1.0, lengths(path, payload, i))) as server:
+        fn = load_reward(server.url(), timeout_s=0.2, retries=1, **FAST)
+        start = time.perf_counter()
+        with pytest.raises(RuntimeError, match=r"failed 2 times.*timed out after 0.2s"):
+            fn(PROMPTS, COMPLETIONS)
+        assert time.perf_counter() - start < 0.9  # two 0.2 s tries, not the server's 1 s
+
+
+def test_api_key_env_sends_a_bearer_token(monkeypatch):
+    monkeypatch.setenv("LMRL_TEST_KEY", "s3cret")
+    with StubServer(lengths) as server:
+        load_reward(server.url(), api_key_env="LMRL_TEST_KEY")(["p"], ["c"])
+    assert server.requests[0][2]["Authorization"] == "Bearer s3cret"
+    monkeypatch.delenv("LMRL_TEST_KEY")
+    with pytest.raises(ValueError, match="LMRL_TEST_KEY"):
+        load_reward("http://127.0.0.1:9/score", api_key_env="LMRL_TEST_KEY")
+
+
+def test_names_and_option_errors():
+    assert reward_name("http://127.0.0.1:8000/v1/score") == "score"
+    assert reward_name("https://rm.example.org") == "rm_example_org"
+    with pytest.raises(ValueError, match=r"timeout.*timeout_s=30.0.*reward_kwargs.score"):
+        load_reward("http://127.0.0.1:9/score", timeout=3)
+    with pytest.raises(ValueError, match="timeout_s > 0"):
+        load_reward("http://127.0.0.1:9/score", timeout_s=0)
