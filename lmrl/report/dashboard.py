@@ -6,6 +6,10 @@
 The page polls the server every ``poll_ms``: a table of every run (newest values of the key metrics), and for the
 run picked in it the interactive plots (the same plotly figures as `lmrl report`), reward versus KL, the newest
 samples, and for a swarm simulation its nodes (rounds, own rewards, peers' payloads accepted and rejected).
+Each run's state is shown (`run_state`): running, finished (``final/`` exists) or stopped (no ``final/`` and
+metrics.jsonl not written for ``stale_s`` seconds: crashed, killed, or waiting very long between logs).
+Zoom and hidden legend entries survive the polls (plotly's ``uirevision``); the plot controls (EMA smoothing, step or
+time x-axis, log y-axis) are ``templates/plots.html``, shared with `lmrl report`.
 metrics.jsonl files are read incrementally (only the bytes appended since the last poll); a corrupt line is
 skipped and counted, a half-written last line waits for its newline. Standard library HTTP server, plotly.js
 served from the installed plotly package: nothing is fetched from the network.
@@ -17,6 +21,7 @@ import dataclasses
 import json
 import math
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ from lmrl.tracking import KEY_METRICS, console
 
 HOST = "127.0.0.1"
 PAGE = Path(__file__).parent / "templates" / "dashboard.html"
+PLOTS_JS = Path(__file__).parent / "templates" / "plots.html"
 
 
 @dataclasses.dataclass
@@ -39,6 +45,7 @@ class DashboardConfig:
     port: int = field(8765, "port on 127.0.0.1 (0: any free port)")
     poll_ms: int = field(2000, "how often the page asks for new metrics, in milliseconds")
     samples: int = field(12, "newest samples shown for the selected run")
+    stale_s: float = field(120.0, "a run without final/ whose metrics.jsonl is older than this is shown as stopped")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -76,16 +83,27 @@ class LiveRun:
         return RunData(self.path, self.name, read_config(self.path), list(self.metrics), self.skipped,
                        list(self.samples), [], list_checkpoints(self.path), read_nodes(self.path))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, stale_s: float = 120.0) -> dict[str, Any]:
         last: dict[str, Any] = {}
         for r in self.metrics:
             last.update(r)
         config = read_config(self.path)
-        return {"name": self.name, "steps_logged": len(self.metrics), "step": last.get("step"),
+        return {"name": self.name, "state": run_state(self.path, time.time(), stale_s), "steps_logged": len(self.metrics), "step": last.get("step"),
                 "max_steps": config.get("max_steps"), "skipped_lines": self.skipped,
                 "swarm": (self.path / "nodes").is_dir(), "method": RunData(self.path, self.name, config, [], 0, [],
                                                                             [], [], {}).method,
                 **{k: shown(last[k]) for k in KEY_METRICS if k in last}}
+
+
+def run_state(path: Path, now: float, stale_s: float) -> str:
+    """``finished`` (final/ exists), ``running`` (metrics.jsonl written in the last ``stale_s`` seconds) or
+    ``stopped`` (neither: crashed, killed, or stalled). A swarm's nodes write their own metrics, so the newest of
+    them counts too."""
+    if (path / "final").is_dir():
+        return "finished"
+    files = [path / "metrics.jsonl", *path.glob("nodes/*/metrics.jsonl")]
+    newest = max((f.stat().st_mtime for f in files if f.is_file()), default=0.0)
+    return "running" if now - newest <= stale_s else "stopped"
 
 
 class Runs:
@@ -128,7 +146,8 @@ def run_payload(run: LiveRun, samples: int) -> dict[str, Any]:
 
 
 def make_handler(runs: Runs, config: DashboardConfig) -> type[BaseHTTPRequestHandler]:
-    page = PAGE.read_text(encoding="utf-8").replace("{{POLL_MS}}", str(config.poll_ms))
+    page = PAGE.read_text(encoding="utf-8").replace("{{POLL_MS}}", str(config.poll_ms)).replace(
+        "{{PLOTS_JS}}", PLOTS_JS.read_text(encoding="utf-8"))
     plotly_js = get_plotlyjs().encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -144,7 +163,7 @@ def make_handler(runs: Runs, config: DashboardConfig) -> type[BaseHTTPRequestHan
                 self._send(plotly_js, "application/javascript")
             elif url.path == "/api/runs":
                 found = runs.discover()
-                self._json({"root": str(runs.root), "runs": [r.summary() for r in found]})
+                self._json({"root": str(runs.root), "runs": [r.summary(config.stale_s) for r in found]})
             elif url.path == "/api/run":
                 name = parse_qs(url.query).get("name", [""])[0]
                 found = {r.name: r for r in runs.discover()}

@@ -3,6 +3,7 @@
     lmrl report runs/sft-tiny-arithmetic                           # -> runs/sft-tiny-arithmetic/report.html
     lmrl report runs/grpo-a runs/grpo-b output_file=compare.html   # config diff, metrics side by side
 
+The plots have the dashboard's controls (``templates/plots.html``): EMA smoothing, step or time x-axis, log y-axis.
 The page holds: the runs, the config (for several runs: the keys that differ), interactive metric plots, reward
 and held-out scores versus KL for RL runs (the over-optimization picture), initial/final evaluation tables and
 `lmrl eval` results (``evals/*.json``), the last samples with their rewards, the checkpoints, and for swarm runs
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,12 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def script_safe(js: str) -> str:
+    """JSON to inline in a <script>: ``<``, ``>``, ``&`` and ``/`` escaped (they occur only inside its strings), so
+    a metric or run named ``</script>`` cannot end the script."""
+    return js.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("/", "\\u002f")
+
+
 def _eval_views(run: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
     """(initial, final) held-out numbers: the step-0 record's and the newest value of each eval key."""
     initial = {k: v for r in run.metrics if r.get("step") == 0 for k, v in r.items() if k.startswith(EVAL_PREFIXES)}
@@ -92,16 +100,19 @@ def render(runs: list[RunData], samples: int = SAMPLE_ROWS) -> str:
     swarm_figs = [(name if len(runs) == 1 else f"{run.name} {name}", fig)
                   for run in runs for name, fig in figures.swarm_figures(run).items()]
     ids = figures.plot_ids(["reward vs kl", *metric, *(name for name, _ in swarm_figs)])  # one id per figure
-    plots = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=ids[name]) for name, fig in metric.items()]
     kl = figures.reward_vs_kl(runs)
-    swarm = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=ids[name]) for name, fig in swarm_figs]
+    drawn = [*metric.items(), *swarm_figs, *([("reward vs kl", kl)] if kl else [])]
+    figures_json = "{" + ",".join(f"{json.dumps(ids[name])}:{fig.to_json()}" for name, fig in drawn) + "}"
+    plots = [{"id": ids[name]} for name in metric]
+    swarm = [{"id": ids[name]} for name, _ in swarm_figs]
     eval_keys = list(dict.fromkeys(k for v in views for k in [*v["initial"], *v["final"]]))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
     title = f"lmrl report: {runs[0].name}" if len(runs) == 1 else f"lmrl report: {len(runs)} runs"
     return env.get_template("report.html").render(
         title=title, created=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), plotly_js=get_plotlyjs(),
+        plots_js=(TEMPLATES / "plots.html").read_text(encoding="utf-8"), figures_json=script_safe(figures_json),
         runs=views, config_differ=differ, compare=len(runs) > 1, config_same=same, plots=plots,
-        kl_plot=kl.to_html(full_html=False, include_plotlyjs=False, div_id=ids["reward vs kl"]) if kl else None,
+        kl_plot={"id": ids["reward vs kl"]} if kl else None,
         eval_keys=eval_keys, swarm=swarm, fmt=fmt)
 
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import EVAL_ACC, KLS, REWARDS
 
 from lmrl.report.dashboard import DashboardConfig, serve
+from lmrl.report.figures import ema
 from lmrl.report.html import ReportConfig, run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -132,3 +133,59 @@ def test_a_real_rl_run_with_nan_metrics_in_the_report_and_the_dashboard(garbled_
         assert page.errors == []
     finally:
         server.shutdown()
+
+
+def line_path(page, div_id: str) -> str:
+    return page.evaluate(f"Array.from(document.querySelectorAll('#{div_id} .scatterlayer path.js-line'))"
+                         ".map(p => p.getAttribute('d')).join(' ')")
+
+
+def set_smoothing(page, value: float) -> None:
+    page.evaluate(f"(() => {{ const s = document.getElementById('smoothing'); s.value = '{value}'; "
+                  "s.dispatchEvent(new Event('input')); })()")
+
+
+def test_dashboard_keeps_zoom_and_hidden_lines_across_polls_and_smooths(runs_dir, page):
+    server = serve(DashboardConfig(runs_dir=str(runs_dir), port=0, poll_ms=300))
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        page.wait_for_selector("#runs-body tr[data-name='grpo-a']")
+        assert "finished" in page.inner_text("#runs-body tr[data-name='grpo-a']")  # it wrote final/
+        assert "running" in page.inner_text("#runs-body tr[data-name='swarm-sim']")  # no final/, just written
+        page.click("#runs-body tr[data-name='grpo-a']")
+        page.wait_for_selector("#plot-loss .main-svg")
+        page.evaluate("Plotly.relayout('plot-loss', {'xaxis.range': [1.5, 3.5]})")  # what a drag-zoom does
+        page.click("#plot-kl .legend .traces")  # hide kl, as a click on its legend entry does
+        with (runs_dir / "grpo-a" / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 5, "loss": 0.123456, "reward/mean": 0.7, "kl": 0.3, "time_s": 7.5}) + "\n")
+        page.wait_for_function("document.getElementById('plot-loss').data[0].y.includes(0.123456)", timeout=15_000)
+        page.wait_for_timeout(700)  # two more polls
+        assert page.evaluate("document.getElementById('plot-loss').layout.xaxis.range") == [1.5, 3.5]
+        assert page.evaluate("document.getElementById('plot-kl').data[0].visible") == "legendonly"
+        raw = [1.0, 1 / 2, 1 / 3, 1 / 4, 0.123456]
+        before = line_path(page, "plot-loss")
+        set_smoothing(page, 0.6)
+        drawn = plot_data(page, "plot-loss")
+        assert [t["y"] for t in drawn] == [raw, pytest.approx(ema(raw, 0.6), rel=1e-12)]  # faint raw, then smoothed
+        assert line_path(page, "plot-loss") != before
+        assert page.evaluate("document.getElementById('plot-kl').data.map(t => t.visible)") == ["legendonly"] * 2
+        page.wait_for_timeout(700)  # polls redraw smoothed, zoom kept
+        assert len(plot_data(page, "plot-loss")) == 2
+        assert page.evaluate("document.getElementById('plot-loss').layout.xaxis.range") == [1.5, 3.5]
+        page.select_option("#xaxis", "time")
+        assert plot_data(page, "plot-loss")[0]["x"] == [1.5, 3.0, 4.5, 6.0, 7.5]  # time_s, not steps
+        page.check("#logy")
+        assert page.evaluate("document.getElementById('plot-loss').layout.yaxis.type") == "log"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-controls.png"), full_page=True)
+        assert page.errors == []
+    finally:
+        server.shutdown()
+
+
+def test_report_plots_smooth_in_browser(rl_run, page):
+    page.goto(run(ReportConfig(runs=[str(rl_run)])).as_uri())
+    page.wait_for_selector("#plot-reward .main-svg")
+    set_smoothing(page, 0.5)
+    assert [t["y"] for t in plot_data(page, "plot-reward")] == [REWARDS[1:], pytest.approx(ema(REWARDS[1:], 0.5))]
+    assert page.errors == []
