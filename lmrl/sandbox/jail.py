@@ -129,6 +129,10 @@ def build_root(cfg: dict) -> None:
     root = cfg["root"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=0755")
+    # the private /tmp first: a venv that lives under the host's /tmp (a CI checkout) is then bound inside it
+    os.makedirs(root + "/tmp")
+    size = f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
     for path in sorted(set(cfg["binds"])):
         if os.path.islink(path) and os.path.dirname(path) == "/":  # merged /usr: /bin -> usr/bin
             os.symlink(os.readlink(path), root + path)
@@ -147,9 +151,6 @@ def build_root(cfg: dict) -> None:
         os.symlink(target, f"{root}/dev/{name}")
     os.makedirs(root + "/proc")
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
-    os.makedirs(root + "/tmp")
-    size = f"size={limits['disk_mb']}m,nr_inodes=4096,mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID}"
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
     os.chdir(root)
     _syscall("pivot_root", b".", b".")  # the old root is stacked on "." and detached next
     _check(_libc.umount2(b".", MNT_DETACH), "umount old root")

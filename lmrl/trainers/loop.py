@@ -140,22 +140,12 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         raise ValueError(f"{type(method).__name__} does not run on several processes yet (nproc/torchrun); "
                          "SFT, DPO (offline and online), distillation, reward models, online RL, self-play and "
                          "pretrain do. Fix: nproc=1.")
-    setup = method.setup
-    if run.checkpoint:
-        try:
-            state = restore(run.checkpoint, method, config)
-        except BaseException:
-            tracker.close()
-            raise
-        initial = state.get("initial", {})
-        method.load_state_dict(state)
-    common.write_run_config(run, config, setup)
-    best = BestKeeper(run.dir, config.keep_best, config.keep_best_mode) if config.keep_best else None
-    if not run.checkpoint:
-        metrics, samples = evaluate(method, 0, run, best)
-        initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
-        tracker.log(0, {**metrics, **extra})
-        tracker.log_samples(0, samples, title)
+    try:  # a failure before the first step (restore, the initial evaluation) also stops the bar and frees the lock
+        initial, best = begin(config, method, run, extra, title)
+    except BaseException:
+        tracker.close()
+        method.close()
+        raise
     last_step = config.max_steps
     try:
         for step in range(run.start_step + 1, config.max_steps + 1):
@@ -191,6 +181,24 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     method.close()  # e.g. placement=ray's rollout workers
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}
+
+
+def begin(config: TrainConfig, method: Method, run: common.Run, extra: dict, title: str):
+    """Resume (restore the checkpoint and the method's state) or evaluate at step 0; config.yaml; the best keeper.
+    Returns the initial metrics and the keeper."""
+    initial: dict[str, float] = {}
+    if run.checkpoint:
+        state = restore(run.checkpoint, method, config)
+        initial = state.get("initial", {})
+        method.load_state_dict(state)
+    common.write_run_config(run, config, method.setup)
+    best = BestKeeper(run.dir, config.keep_best, config.keep_best_mode) if config.keep_best else None
+    if not run.checkpoint:
+        metrics, samples = evaluate(method, 0, run, best)
+        initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
+        run.tracker.log(0, {**metrics, **extra})
+        run.tracker.log_samples(0, samples, title)
+    return initial, best
 
 
 def evaluate(method: Method, step: int, run: common.Run,

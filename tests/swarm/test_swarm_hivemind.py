@@ -19,12 +19,6 @@ if importlib.util.find_spec("hivemind") is None:  # not importorskip: that would
     pytest.skip("hivemind is not installed (optional extra `swarm`)", allow_module_level=True)
 
 # Imported before hivemind itself, as an application would (see the sharing-strategy test).
-from hivemind.dht.node import DHTNode  # noqa: E402
-from hivemind.dht.validation import DHTRecord  # noqa: E402
-from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
-from hivemind.utils.serializer import MSGPackSerializer  # noqa: E402
-from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
-
 from lmrl.swarm.hivemind_identity import (  # noqa: E402
     SwarmRecordValidator,
     load_or_create_identity,
@@ -32,6 +26,15 @@ from lmrl.swarm.hivemind_identity import (  # noqa: E402
     peer_id_of,
 )
 from lmrl.swarm.hivemind_transport import HivemindOptions, HivemindTransport, SwarmStartupError  # noqa: E402
+
+# isort: split
+from hivemind.dht.node import DHTNode  # noqa: E402
+from hivemind.dht.validation import DHTRecord  # noqa: E402
+from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID  # noqa: E402
+from hivemind.utils.serializer import MSGPackSerializer  # noqa: E402
+from hivemind.utils.timed_storage import get_dht_time  # noqa: E402
+
+# isort: split
 from lmrl.swarm.payload import DEFAULT_LIMITS, Payload, QuestionGroup, encode  # noqa: E402
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid  # noqa: E402
 
