@@ -32,6 +32,7 @@ def checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # ~13 s: lm-evaluation-harness's own model loading
 def test_harness_loglikelihoods_equal_lmrls(checkpoint, tmp_path):
     write_task(tmp_path / "tasks", "lmrl_tiny_mc", ROWS)
     result = run_harness(str(checkpoint), ["lmrl_tiny_mc"], str(tmp_path / "tasks"), log_samples=True)

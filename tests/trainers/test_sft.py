@@ -128,14 +128,17 @@ def _write(path, lines):
 
 @pytest.mark.parametrize(
     "make_data, overrides, message",
-    [
+    [  # each case is a CLI process (~8 s): two in the default suite, the rest in `make test-all`
         (lambda p: _write(p / "d.jsonl", ['{"question": "a", "response": "b"}']), [], "question"),
-        (lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": "b"}', "{not json"]), [], "line 2"),
-        (lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": ""}']), [], "empty"),
-        (lambda p: _write(p / "d.jsonl", ['{"messages": [{"role": "assistant", "content": "x"}]}']), [], "row"),
+        pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": "b"}', "{not json"]), [],
+                     "line 2", marks=pytest.mark.slow),
+        pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": ""}']), [], "empty",
+                     marks=pytest.mark.slow),
+        pytest.param(lambda p: _write(p / "d.jsonl", ['{"messages": [{"role": "assistant", "content": "x"}]}']), [],
+                     "row", marks=pytest.mark.slow),
         (lambda p: _write(p / "d.jsonl", ['{"prompt": "' + "x" * 100 + '", "completion": "b"}'] * 3),
          ["max_length=20", "overlong=error"], "3"),
-        (lambda p: None, ["model=./no/such/model"], "does not exist"),
+        pytest.param(lambda p: None, ["model=./no/such/model"], "does not exist", marks=pytest.mark.slow),
     ],
     ids=["missing-columns", "malformed-row", "empty-completion", "bad-roles", "overlong", "missing-model"],
 )
