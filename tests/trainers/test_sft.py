@@ -93,6 +93,7 @@ def _sft_cmd(out, *extra):
             "eval_every=0", "save_every=4", "log_every=1", "keep_checkpoints=20", *extra]
 
 
+@pytest.mark.slow  # ~30-50 s: a killed CLI run and its resume; tests/parallel/test_kill_resume.py kills a rank by default
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
@@ -128,7 +129,7 @@ def _write(path, lines):
 
 @pytest.mark.parametrize(
     "make_data, overrides, message",
-    [  # each case is a CLI process (~8 s): two in the default suite, the rest in `make test-all`
+    [  # each case is a CLI process (~8-13 s): one in the default suite, the rest in `make test-all`
         (lambda p: _write(p / "d.jsonl", ['{"question": "a", "response": "b"}']), [], "question"),
         pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": "b"}', "{not json"]), [],
                      "line 2", marks=pytest.mark.slow),
@@ -136,8 +137,8 @@ def _write(path, lines):
                      marks=pytest.mark.slow),
         pytest.param(lambda p: _write(p / "d.jsonl", ['{"messages": [{"role": "assistant", "content": "x"}]}']), [],
                      "row", marks=pytest.mark.slow),
-        (lambda p: _write(p / "d.jsonl", ['{"prompt": "' + "x" * 100 + '", "completion": "b"}'] * 3),
-         ["max_length=20", "overlong=error"], "3"),
+        pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "' + "x" * 100 + '", "completion": "b"}'] * 3),
+                     ["max_length=20", "overlong=error"], "3", marks=pytest.mark.slow),
         pytest.param(lambda p: None, ["model=./no/such/model"], "does not exist", marks=pytest.mark.slow),
     ],
     ids=["missing-columns", "malformed-row", "empty-completion", "bad-roles", "overlong", "missing-model"],
