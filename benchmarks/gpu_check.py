@@ -462,6 +462,19 @@ def case_ppo(ctx: Context, run_dir: Path):
     return lambda: online.train(config), rl_verify(ctx, run_dir, rows_check)
 
 
+def loss_verify(ctx: Context, run_dir: Path, note: str, records: Path | None = None):
+    """The common checks of a trainer's run: its steps logged finite losses and non-zero gradients (in
+    ``records``, default the run directory), and ``final/`` loads and moved; ``note`` formats the step-1 loss."""
+    def verify(seen):
+        rows = train_records(records or run_dir, ctx.args.steps)
+        losses = finite(rows, "loss")
+        check_gradients(rows)
+        check_final(ctx, run_dir)
+        return rows, {"note": note.format(loss=losses[0])}
+
+    return verify
+
+
 def case_online_dpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers import preference
@@ -474,13 +487,7 @@ def case_online_dpo(ctx: Context, run_dir: Path):
         "data_args.digits=2", f"train_rows={4 * batch}", "eval_rows=8", "eval_samples=2", f"batch_size={batch}",
         "lr=1e-5"])
 
-    def verify(seen):
-        rows = train_records(run_dir, ctx.args.steps)
-        losses = finite(rows, "loss")
-        check_gradients(rows)
-        check_final(ctx, run_dir)
-        return rows, {"note": f"step-1 loss {losses[0]:.4f} on pairs sampled by the policy"}
-
+    verify = loss_verify(ctx, run_dir, "step-1 loss {loss:.4f} on pairs sampled by the policy")
     return lambda: preference.train(config), verify
 
 
@@ -494,13 +501,8 @@ def case_rejection(ctx: Context, run_dir: Path):
         "eval_rows=4", "eval_samples=2", f"rewards=[{NOISE_REWARD}]", "samples_per_prompt=4", "max_new_tokens=16",
         "drop_truncated=false", "select=best", "rounds=1", "batch_size=8", "max_length=128", "lr=1e-5"])
 
-    def verify(seen):
-        rows = train_records(run_dir / "round-1" / "sft", ctx.args.steps)  # the round's SFT run
-        losses = finite(rows, "loss")
-        check_gradients(rows)
-        check_final(ctx, run_dir)
-        return rows, {"note": f"SFT on the best of 4 samples per prompt, step-1 loss {losses[0]:.4f}"}
-
+    verify = loss_verify(ctx, run_dir, "SFT on the best of 4 samples per prompt, step-1 loss {loss:.4f}",
+                         records=run_dir / "round-1" / "sft")  # the round's SFT run
     return lambda: rejection.train(config), verify
 
 
@@ -533,14 +535,7 @@ def case_avatarl(ctx: Context, run_dir: Path):
         *common_overrides(ctx, run_dir), "objective=avatarl", f"critic={ctx.model_dir}", "data=builtin:pydoc",
         "block_size=128", f"batch_size={batch}", "eval_batches=1", "num_samples=1", "sample_tokens=16", "lr=1e-5"])
 
-    def verify(seen):
-        rows = train_records(run_dir, ctx.args.steps)
-        losses = finite(rows, "loss")
-        check_gradients(rows)
-        check_final(ctx, run_dir)
-        return rows, {"note": f"avatarl loss {losses[0]:+.4f} at step 1"}
-
-    return lambda: pretrain.train(config), verify
+    return lambda: pretrain.train(config), loss_verify(ctx, run_dir, "avatarl loss {loss:+.4f} at step 1")
 
 
 CASE_FUNCTIONS = {"sft": case_sft, "grpo": case_grpo, "lora_grpo": case_lora_grpo, "dpo": case_dpo,
