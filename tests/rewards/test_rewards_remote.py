@@ -1,6 +1,5 @@
 """The HTTP reward server reward (`rewards=[http://host:port/path]`), against a local stub server."""
 
-import time
 
 import pytest
 import torch
@@ -90,10 +89,9 @@ def test_a_wrong_reply_is_a_clear_error_naming_the_url(body, match):
 def test_a_server_slower_than_timeout_s_times_out():
     with StubServer(lambda path, payload, i: slow(1.0, lengths(path, payload, i))) as server:
         fn = load_reward(server.url(), timeout_s=0.2, retries=1, **FAST)
-        start = time.perf_counter()
+        # without the timeout the server's reply (after 1 s) would come back and nothing would be raised
         with pytest.raises(RuntimeError, match=r"failed 2 times.*timed out after 0.2s"):
             fn(PROMPTS, COMPLETIONS)
-        assert time.perf_counter() - start < 0.9  # two 0.2 s tries, not the server's 1 s
 
 
 def test_api_key_env_sends_a_bearer_token(monkeypatch):
