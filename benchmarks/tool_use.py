@@ -7,7 +7,8 @@ with the same steps, batch and learning rates:
   2. GRPO (`rl/tiny_calculator_grpo`) from that warm start, one run per seed: multi-turn with the calculator,
      single-turn without.
   3. Held-out greedy accuracy (100 test problems) of the warm start, after GRPO and after all 800 SFT steps;
-     pass@k and pass^k (k = 1, 2, 4) from `--n` samples (temperature 0.5, as in GRPO) on `--passk-rows` test problems.
+     pass@k and pass^k (k = 1, 2, 4) from `--n` samples (temperature 0.5, as in GRPO) on `--passk-rows` test problems,
+     measured by `lmrl eval` with the tool keys (`pass_k`).
 Stages whose output exists are reused. Results: docs/img/tools_results.json and docs/img/tools.png.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/tool_use.py     # the run in docs/tools.md (~30 min, 1 core)
@@ -69,29 +70,22 @@ def run_condition(tools: bool, out: Path, a) -> list[dict]:
 
 
 def pass_k(model_dir: Path, tools: bool, seed: int, a) -> dict:
-    """pass@k and pass^k of a model from a.n samples (temperature a.temperature) per held-out problem."""
-    import torch
-
-    from lmrl.data.loading import load_rows
-    from lmrl.data.tool_chat import ensure_tool_template
-    from lmrl.eval.tools import tool_eval
-    from lmrl.models import load_model_and_tokenizer
-    from lmrl.rollout.env import tool_env_factory
-    from lmrl.rollout.hf import HFEngine
-    from lmrl.rollout.multiturn import MultiTurnOptions
-    from lmrl.rollout.tool_parsers import get_parser
-    from lmrl.rollout.tools import ToolBox, calculator
-
-    torch.set_num_threads(1)
-    model, tok = load_model_and_tokenizer(str(model_dir), None, seed)
-    ensure_tool_template(tok)
-    rows = load_rows("task:tool_arithmetic", split="test", limit=a.passk_rows, digits=2)
-    parser = get_parser("pythonic")
-    box = ToolBox([calculator()] if tools else [])
-    options = MultiTurnOptions(max_turns=3 if tools else 1, max_total_tokens=160, parser=parser)
-    metrics, _ = tool_eval(HFEngine(model, tok), tok, rows, tool_env_factory(box, parser), options, 48, n=a.n,
-                           ks=(1, 2, 4), temperature=a.temperature, seed=seed)
+    """pass@k and pass^k of a model from a.n samples (temperature a.temperature) per held-out problem: `lmrl eval`,
+    with the calculator as in GRPO (multi-turn, pythonic calls) or without tools (single-turn)."""
+    out = model_dir.parent / f"passk-{model_dir.name}-s{seed}.json"
+    tool_keys = ["tools=[calculator]", "tool_parser=pythonic", "max_turns=3", "max_total_tokens=160"] if tools else []
+    subprocess.run([sys.executable, "-m", "lmrl", "eval", *eval_args(model_dir, seed, a), *tool_keys,
+                    f"output_file={out}"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = json.loads(out.read_text())["metrics"]
     return {k: v for k, v in metrics.items() if k.startswith("pass")}
+
+
+def eval_args(model_dir: Path, seed: int, a) -> list[str]:
+    """`lmrl eval`'s keys of the pass@k table (docs/tools.md), less the tool keys."""
+    return [f"model={model_dir}", "dataset=task:tool_arithmetic", "task_args={digits: 2}", f"rows={a.passk_rows}",
+            "metrics=[pass@1,pass@2,pass@4,pass^1,pass^2,pass^4]", f"samples={a.n}", f"temperature={a.temperature}",
+            "max_new_tokens=48", f"seed={seed}"]
 
 
 def summary(results: list[dict]) -> dict:

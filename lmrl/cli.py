@@ -15,32 +15,35 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lmrl.config import ConfigError, describe, load_config
+from lmrl.data.loading import check_sources
 from lmrl.parallel.launch import launch, should_launch
+from lmrl.trainers.ckpt_world import check_resume_world
 
 
 @dataclass(frozen=True)
 class Verb:
     help: str
-    module: str  # module with a ``Config`` dataclass path and a run function
-    config: str
+    module: str  # module with the run function
+    config: str  # the config dataclass, in `config_module`
     run: str
     positional: str | None = None  # config key that takes the bare arguments (`lmrl report RUN1 RUN2`)
+    config_module: str = ""  # a light module (no torch) holding the config; "": `module`
 
 
 VERBS: dict[str, Verb] = {
     "demo": Verb("built-in tiny model end to end on CPU: SFT then GRPO, with held-out accuracy", "lmrl.demo", "DemoConfig", "run"),
-    "sft": Verb("supervised fine-tuning on chat or prompt/completion data", "lmrl.trainers.sft", "SFTConfig", "train"),
-    "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.online", "RLConfig", "train"),
-    "reward": Verb("reward models: Bradley-Terry, K-wise, Plackett-Luce, ORM, PRM; mode=score scores a file", "lmrl.trainers.reward", "RewardConfig", "train"),
-    "dpo": Verb("direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...; online=true samples and labels pairs each step", "lmrl.trainers.preference", "DPOConfig", "train"),
-    "distill": Verb("distillation from a frozen teacher: offline KD (forward KL) and on-policy (reverse KL on the student's samples)", "lmrl.trainers.distill", "DistillConfig", "train"),
-    "rejection-sampling": Verb("rejection sampling: N samples per prompt, scored, best per prompt or global top-K, then SFT", "lmrl.trainers.rejection", "RejectionConfig", "train"),
-    "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run"),
+    "sft": Verb("supervised fine-tuning on chat or prompt/completion data", "lmrl.trainers.sft", "SFTConfig", "train", config_module="lmrl.trainers.sft_config"),
+    "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.online", "RLConfig", "train", config_module="lmrl.trainers.rl_config"),
+    "reward": Verb("reward models: Bradley-Terry, K-wise, Plackett-Luce, ORM, PRM; mode=score scores a file", "lmrl.trainers.reward", "RewardConfig", "train", config_module="lmrl.trainers.reward_config"),
+    "dpo": Verb("direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...; online=true samples and labels pairs each step", "lmrl.trainers.preference", "DPOConfig", "train", config_module="lmrl.trainers.dpo_config"),
+    "distill": Verb("distillation from a frozen teacher: offline KD (forward KL) and on-policy (reverse KL on the student's samples)", "lmrl.trainers.distill", "DistillConfig", "train", config_module="lmrl.trainers.distill_config"),
+    "rejection-sampling": Verb("rejection sampling: N samples per prompt, scored, best per prompt or global top-K, then SFT", "lmrl.trainers.rejection", "RejectionConfig", "train", config_module="lmrl.trainers.rejection_config"),
+    "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run", config_module="lmrl.swarm.config"),
     "cai": Verb("Constitutional AI data: mode=revise (critique-and-revise SFT rows) or mode=label (AI-feedback preference pairs)",
                 "lmrl.cai", "CAIConfig", "run"),
-    "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train"),
-    "selfplay": Verb("Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)", "lmrl.trainers.selfplay", "SelfPlayConfig", "train"),
-    "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run"),
+    "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain", "PretrainConfig", "train", config_module="lmrl.trainers.pretrain_config"),
+    "selfplay": Verb("Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)", "lmrl.trainers.selfplay", "SelfPlayConfig", "train", config_module="lmrl.trainers.selfplay_config"),
+    "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run", config_module="lmrl.rollout.generate_config"),
     "eval": Verb("evaluate a model: accuracy, pass@k, maj@k, avg@k, pass^k, reward, judge win rate, loglik; table + JSON",
                  "lmrl.eval.cli", "EvalConfig", "run"),
     "filter": Verb("offline difficulty filter: N samples per prompt, keep prompts whose pass rate is in [min_pass, max_pass], write JSONL",
@@ -73,9 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _target(verb: Verb) -> tuple[type, Callable]:
-    module = importlib.import_module(verb.module)
-    return getattr(module, verb.config), getattr(module, verb.run)
+def _config_class(verb: Verb) -> type:
+    return getattr(importlib.import_module(verb.config_module or verb.module), verb.config)
+
+
+def _run_function(verb: Verb) -> Callable:
+    """Imported only once the config checked: the trainers import torch and transformers (seconds), which a typo in
+    a key or a path should not wait for."""
+    return getattr(importlib.import_module(verb.module), verb.run)
+
+
+STOP_ERRORS = {"lmrl.trainers.common": "TrainingStopped", "lmrl.rollout.ray": "WorkersFailed",
+               "lmrl.rollout.vllm_client": "VLLMServerError", "lmrl.swarm.hivemind_transport": "SwarmStartupError"}
+"""Errors that stop a started run (exit 1, "Training stopped"), by module: a run that raises one has imported it."""
+
+
+def stop_errors() -> tuple[type, ...]:
+    """The `STOP_ERRORS` classes of the modules already imported (a config error imports none of them)."""
+    return tuple(getattr(sys.modules[m], name) for m, name in STOP_ERRORS.items() if m in sys.modules)
 
 
 def use_working_directory() -> None:
@@ -92,16 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verb:
         parser.print_help()
         return 0
-    config_cls, run = _target(VERBS[args.verb])
+    config_cls = _config_class(VERBS[args.verb])
     if args.help_config:
         print(f"Config keys of 'lmrl {args.verb}':\n{describe(config_cls)}")
         return 0
     from rich.markup import escape
 
-    from lmrl.rollout.ray import WorkersFailed
-    from lmrl.rollout.vllm_client import VLLMServerError
     from lmrl.tracking import console
-    from lmrl.trainers.common import TrainingStopped
 
     overrides = list(args.overrides)
     if args.verb == "swarm" and overrides and overrides[0] in ("sim", "join"):
@@ -114,14 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"{positional}={json.dumps(bare if len(bare) > 1 or positional == 'runs' else bare[0])}")
     try:
         config = load_config(config_cls, args.config, overrides)
+        check_sources(config)  # a missing or unreadable data path: now, before the trainer's heavy imports
+        check_resume_world(config)  # a checkpoint of another number of processes: before torchrun starts ranks
         if should_launch(config):  # nproc=N: the same command as N torchrun processes
             return launch(config.nproc, sys.argv[1:] if argv is None else list(argv))
-        run(config)
-    except (TrainingStopped, WorkersFailed, VLLMServerError) as exc:
-        console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
-        return 1
-    except USER_ERRORS as exc:
-        if os.environ.get("LMRL_DEBUG"):
+        _run_function(VERBS[args.verb])(config)
+    except Exception as exc:
+        if isinstance(exc, stop_errors()):
+            console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
+            return 1
+        if not isinstance(exc, USER_ERRORS) or os.environ.get("LMRL_DEBUG"):
             raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         # escaped: messages quote configs and samples such as `rewards: [task, format]`, which Rich reads as markup

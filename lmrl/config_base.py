@@ -88,15 +88,28 @@ def check_at_least(config: Any, names: typing.Iterable[str], minimum: float, inc
             raise ConfigError(f"'{name}' must be {'>=' if inclusive else '>'} {minimum:g}, got {value}.")
 
 
-def check_output_dir(output_dir: str) -> None:
-    """``output_dir`` must be (or be creatable as) a directory: checked before any model loads."""
+def check_output_dir(output_dir: str, key: str = "output_dir") -> None:
+    """``output_dir`` (or another directory key) must be (or be creatable as) a directory: checked before any
+    model loads."""
     path = Path(output_dir).expanduser()
     for existing in (path, *path.parents):
         if existing.exists():
             if not existing.is_dir():
                 what = "is a file" if existing == path else f"is under the file '{existing}'"
-                raise ConfigError(f"'output_dir' {output_dir!r} {what}. Choose a directory: output_dir=...")
+                raise ConfigError(f"'{key}' {output_dir!r} {what}. Choose a directory: {key}=...")
             if existing != path and not os.access(existing, os.W_OK | os.X_OK):
-                raise ConfigError(f"'output_dir' {output_dir!r} cannot be created: '{existing}' is not writable. "
-                                  f"Choose a writable output_dir=...")
+                raise ConfigError(f"'{key}' {output_dir!r} cannot be created: '{existing}' is not writable. "
+                                  f"Choose a writable {key}=...")
             return
+
+
+def check_input_file(key: str, value: str) -> None:
+    """A key naming a file to read (``prompts_file``): it exists and is a regular file, not a folder or a FIFO."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ConfigError(f"'{key}' {value!r} does not exist (working directory {os.getcwd()}).")
+    if path.is_dir():
+        raise ConfigError(f"'{key}' {value!r} is a directory; give a file: {key}=PATH.")
+    if not path.is_file():
+        raise ConfigError(f"'{key}' {value!r} is not a regular file (a FIFO or a device would block or never end); "
+                          f"give a file: {key}=PATH.")

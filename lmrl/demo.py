@@ -15,7 +15,6 @@ from rich.table import Table
 
 from lmrl.config import field, load_config
 from lmrl.tracking import console
-from lmrl.trainers import online, sft
 
 
 @dataclasses.dataclass
@@ -35,6 +34,8 @@ def _stage_overrides(config: DemoConfig, out: Path, steps: int | None) -> list[s
 
 
 def run(config: DemoConfig) -> dict[str, float]:
+    from lmrl.trainers import online, sft  # here: `lmrl demo`'s config checks without torch (lmrl.cli)
+
     root = Path(config.output_dir)
     sft_config = load_config(sft.SFTConfig, config.sft_recipe, _stage_overrides(config, root / "sft", config.sft_steps))
     rl_config = None

@@ -82,11 +82,15 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
             record = json.loads(line) if line.strip() else None
         except ValueError:
             record = None
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            if step <= max_step:
+                kept.append(line)
+        elif line.strip():  # not JSON, not a record, or a record without an integer step ({"step": null})
             bad += 1
-        if isinstance(record, dict) and record.get("step", 0) <= max_step:
-            kept.append(line)
     if bad:
-        console.print(f"[yellow]warning: dropped {bad} unreadable line(s) of {path} (cut by a crash or a full disk).")
+        console.print(f"[yellow]warning: dropped {bad} unreadable line(s) of {path} (not JSON records with an integer "
+                      "step: cut by a crash or a full disk, or edited).")
     path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -134,7 +138,7 @@ class Tracker:
             for row in rows:
                 f.write(json.dumps({"step": step, **{k: _clean(v) for k, v in row.items()}}) + "\n")
         table = Table(title=f"{title} at step {step}", show_lines=True)
-        columns = list(rows[0])
+        columns = [c for c, v in rows[0].items() if not isinstance(v, (list, dict))]  # messages etc.: file only
         for column in columns:
             table.add_column(column, overflow="fold", max_width=60)
         for row in rows:
@@ -180,7 +184,8 @@ def plot_metrics(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
     for group, keys in PLOT_GROUPS.items():
         series = {}
         for key in keys:
-            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+            points = [(r["step"], r[key]) for r in records
+                      if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))]
             if points:
                 series[key] = points
         if not series:

@@ -35,6 +35,7 @@ __all__ = [
 from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
 from .best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
 from .controls import adaptive_entropy_coef, adaptive_kl_coef, high_entropy_tokens, overlong_filter
+from .mismatch import IS_LEVELS, IS_MODES, OFFPOLICY_ROWS, importance_weights, offpolicy_mask
 from .preference import (
     PREFERENCE_LOSSES,
     RunningDelta,
@@ -71,4 +72,9 @@ __all__ += [
     "challenger_advantages",
     "selfplay_advantages",
     "solver_advantages",
+    "IS_LEVELS",
+    "IS_MODES",
+    "OFFPOLICY_ROWS",
+    "importance_weights",
+    "offpolicy_mask",
 ]

@@ -4,9 +4,10 @@ Every entry of `POLICY_LOSSES` has the signature
 ``(logp, old_logp, advantages, mask, *, <its options>) -> (per_token_loss (N, T), stats)``
 and receives sanitised inputs: advantages already broadcast to (N, T), everything
 but `logp` detached, and 0 at masked-out positions. `policy_loss` adds what all
-entries share exactly once: truncated importance sampling (TIS), the KL-in-loss
-term, the entropy bonus, a token selection (`train_tokens`), aggregation and the
-common stats. Sources: RLHF book ch. 6 (§6.1, §6.2).
+entries share exactly once: the train–inference importance weights and masks
+(`lmrl.algorithms.mismatch`: TIS/MIS at token, sequence or geometric level), the
+KL-in-loss term, the entropy bonus, a token selection (`train_tokens`), aggregation
+and the common stats. Sources: RLHF book ch. 6 (§6.1, §6.2).
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from torch import Tensor
 
 from .aggregation import aggregate, check_mask, masked_mean
 from .kl import KL_ESTIMATORS, kl
+from .mismatch import check_is_options, importance_weights, offpolicy_mask
 from .registry import Registry, check_options, keyword_options
 
 POLICY_LOSSES = Registry("policy loss")
 
 LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| cap before exp: keeps ratios and their gradients finite
-TIS_LOG_RATIO_CLAMP = 10.0  # RLHF book §6.2 TIS code: exp(clamp(lp_learner - lp_sampler, -10, 10))
 
-SHARED_OPTIONS = ("agg", "max_len", "kl_coef", "ref_logp", "kl_estimator", "tis_cap", "sampler_logp", "entropy",
-                  "entropy_coef", "train_tokens")
+SHARED_OPTIONS = ("agg", "max_len", "kl_coef", "ref_logp", "kl_estimator", "tis_cap", "is_level", "is_mode", "is_low",
+                  "offpolicy_mask_threshold", "offpolicy_mask_rows", "sampler_logp", "entropy", "entropy_coef",
+                  "train_tokens")
 
 
 def _check_clip(name: str, clip_low: float, clip_high: float) -> None:
@@ -209,6 +211,11 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     kl_estimator: str = "k3",
     tis_cap: float | None = None,
+    is_level: str = "token",
+    is_mode: str = "truncate",
+    is_low: float | None = None,
+    offpolicy_mask_threshold: float | None = None,
+    offpolicy_mask_rows: str = "all",
     sampler_logp: Tensor | None = None,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
@@ -219,9 +226,12 @@ def policy_loss(
 
     Shapes: logp, old_logp, mask, ref_logp, sampler_logp (N, T); advantages (N,) or (N, T).
     Only `logp` carries gradient; the others are treated as constants (detached).
-    Per token: l = entry(...) * k * w + kl_coef * kl(logp, ref_logp) - entropy_coef * H, where w is
-    the TIS weight min(exp(clamp(old_logp - sampler_logp, -10, 10)), tis_cap) (RLHF book §6.2,
-    Yao et al. 2025), k = `train_tokens` (bool (N, T), e.g. `high_entropy_tokens`; default all) and
+    Per token: l = entry(...) * k * w * o + kl_coef * kl(logp, ref_logp) - entropy_coef * H, where w is
+    the train–inference importance weight pi_old/pi_sampler of `lmrl.algorithms.mismatch.importance_weights` at
+    `is_level` (token, sequence, geometric) in `is_mode` (truncate: min(w, tis_cap), the default token TIS of RLHF
+    book §6.2 and Yao et al. 2025; mask: w zeroed outside [is_low or 1/tis_cap, tis_cap]; off: 1, only logged),
+    o the off-policy sequence mask (`offpolicy_mask_threshold`, `offpolicy_mask_rows`; DeepSeek-V3.2),
+    k = `train_tokens` (bool (N, T), e.g. `high_entropy_tokens`; default all) and
     H = `entropy` (N, T), the policy's per-token entropy WITH gradient (the entropy bonus, Williams &
     Peng 1991; Schulman et al. 2017 eq. 9, verl ``entropy_coeff``); then `aggregate(l, mask, agg,
     max_len)`: tokens outside `train_tokens` add 0 to the surrogate but still count in the normaliser
@@ -230,7 +240,8 @@ def policy_loss(
     Stats (floats, masked token means): clip_frac, approx_kl = mean 0.5 (logp - old_logp)^2,
     ratio/mean and ratio/max of the per-token ratio (gspo adds seq_ratio/*), and when
     given: kl (the `kl_estimator` value, logged whenever ref_logp is passed),
-    tis/weight_mean, tis/clip_frac, sampler_logp_gap = mean |old_logp - sampler_logp|, loss/entropy =
+    tis/weight_mean, tis/weight_max, tis/clip_frac, tis/masked_frac, offpolicy/masked_frac,
+    sampler_logp_gap = mean |old_logp - sampler_logp|, loss/entropy =
     -entropy_coef * aggregate(H) (part of the loss) and entropy/trained_frac = share of tokens in train_tokens.
     """
     fn = POLICY_LOSSES.get(name)
@@ -243,13 +254,13 @@ def policy_loss(
         raise ValueError(f"`kl_coef` must be >= 0, got {kl_coef!r}.")
     if kl_coef > 0 and ref_logp is None:
         raise ValueError("kl_coef > 0 puts a KL to the reference model in the loss: pass `ref_logp`.")
-    if tis_cap is not None and sampler_logp is None:
+    if (tis_cap is not None or offpolicy_mask_threshold is not None) and sampler_logp is None:
         raise ValueError(
-            "tis_cap turns on truncated importance sampling, which weights tokens by "
-            "pi_learner/pi_sampler: pass `sampler_logp` (the rollout engine's log-probs)."
+            "tis_cap (and offpolicy_mask_threshold) turn on the importance weight pi_learner/pi_sampler: pass "
+            "`sampler_logp` (the rollout engine's log-probs)."
         )
-    if tis_cap is not None and not tis_cap > 0:
-        raise ValueError(f"`tis_cap` must be > 0 (the book uses 2.0), got {tis_cap!r}.")
+    if tis_cap is not None:
+        check_is_options(is_level, is_mode, tis_cap, is_low)
     if not entropy_coef >= 0 or (entropy_coef > 0 and entropy is None):
         raise ValueError(f"`entropy_coef` must be >= 0 and, when > 0, comes with `entropy` (N, T) (the policy's "
                          f"per-token entropy, with gradient), got entropy_coef={entropy_coef!r}.")
@@ -280,11 +291,13 @@ def policy_loss(
         gap = old_logp - sampler_logp  # (N, T)
         stats["sampler_logp_gap"] = float(masked_mean(gap.abs(), m))
         if tis_cap is not None:
-            raw = torch.exp(gap.clamp(-TIS_LOG_RATIO_CLAMP, TIS_LOG_RATIO_CLAMP))
-            weight = raw.clamp(max=tis_cap)  # (N, T), detached
-            per_token = per_token * weight
-            stats["tis/weight_mean"] = float(masked_mean(weight, m))
-            stats["tis/clip_frac"] = float(masked_mean((raw > tis_cap).float(), m))
+            weight, is_stats = importance_weights(gap, m, level=is_level, mode=is_mode, high=tis_cap, low=is_low)
+            per_token = per_token * weight  # (N, T), detached
+            stats.update({f"tis/{key}": value for key, value in is_stats.items()})
+        if offpolicy_mask_threshold is not None:
+            keep = offpolicy_mask(gap, m, offpolicy_mask_threshold, adv, offpolicy_mask_rows)  # (N, T)
+            per_token = per_token * keep
+            stats["offpolicy/masked_frac"] = float(masked_mean((~keep).float(), m))
 
     if ref_logp is not None:
         kl_tok = kl(logp, ref_logp, kl_estimator)  # (N, T)

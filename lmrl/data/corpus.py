@@ -79,8 +79,7 @@ def load_text_source(source: str, split: str = "train", text_column: str = "text
     if path.endswith((".txt", ".md", ".text")):
         if not os.path.isfile(path):
             raise ValueError(f"text file {source!r} not found; give an existing file or builtin:pydoc.")
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        return _nonempty(source, read_text_file(path, source))
     from lmrl.data.loading import load_rows
 
     rows = load_rows(source, split=split)
@@ -90,7 +89,32 @@ def load_text_source(source: str, split: str = "train", text_column: str = "text
             f"{source}: a text corpus needs a {text_column!r} column; found columns {found}. "
             "Rename the column or give a .txt file."
         )
-    return "\n\n".join(str(r[text_column]) for r in rows)
+    return _nonempty(source, "\n\n".join(str(r[text_column]) for r in rows))
+
+
+def read_text_file(path: str, source: str) -> str:
+    """A UTF-8 text file's text; binary input (a NUL byte, or bytes that are not UTF-8) is refused, naming the file
+    and the offset, instead of training on replacement characters."""
+    with open(path, "rb") as f:
+        data = f.read()
+    nul = data.find(b"\x00")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        nul, byte = e.start, data[e.start]
+    else:
+        byte = 0
+    if nul >= 0:
+        raise ValueError(f"text file {source!r} is not UTF-8 text (byte 0x{byte:02x} at offset {nul}): pretraining "
+                         "reads text. Give a text file (UTF-8), or convert it.")
+    return text
+
+
+def _nonempty(source: str, text: str) -> str:
+    if not text.strip():
+        raise ValueError(f"the corpus {source!r} is empty (no text to train on). Give a file with text, or "
+                         "builtin:pydoc.")
+    return text
 
 
 def pack_tokens(ids: list[int] | torch.Tensor, block_size: int) -> torch.Tensor:

@@ -52,14 +52,12 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
         raise ValueError(
             f"{source}: extra arguments {sorted(task_args)} only apply to built-in tasks (task:<name>)."
         )
+    problem = local_source_problem(source)
+    if problem:
+        raise ValueError(problem)
     path = os.path.expanduser(source)
     ext = os.path.splitext(path)[1].lower()
     if ext in FILE_FORMATS:
-        if not os.path.isfile(path):
-            raise ValueError(
-                f"data file {source!r} not found (working directory {os.getcwd()}); give an "
-                "existing .jsonl/.json/.parquet/.csv file, a dataset directory, a hub id, or task:<name>."
-            )
         try:
             rows = _read_file(path, ext, limit)
         except UnicodeDecodeError as e:
@@ -67,15 +65,46 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
                              f"{e.start}). Save it as UTF-8.") from None
     elif os.path.isdir(path):
         rows = _read_hf(path, split, limit, local=True)
-    elif source.startswith(("/", "./", "../", "~")):
-        raise ValueError(
-            f"dataset path {source!r} not found; give an existing file or directory, a hub id, or task:<name>."
-        )
     else:
         rows = _read_hf(source, split, limit, local=False)
     if not rows:
         raise ValueError(f"{source}: no rows found (split {split!r}). Check the file or the split name.")
     return rows[:limit] if limit is not None else rows
+
+
+SOURCE_KEYS = ("dataset", "eval_dataset", "train_dataset", "ptx_dataset", "eval_metrics_dataset", "warm_start_dataset",
+               "data")
+"""Config keys that name a data source (`load_rows`): `check_sources` checks their local paths at start-up."""
+
+
+def local_source_problem(source: str) -> str | None:
+    """What is wrong with a local data path (missing, a folder where a file is meant, a FIFO or device), or None
+    (also for built-in tasks and hub ids). Reads nothing: `lmrl.cli` asks before any heavy import."""
+    if is_generated(source) or source.startswith("builtin:"):
+        return None
+    path = os.path.expanduser(source)
+    exists, is_dir = os.path.exists(path), os.path.isdir(path)
+    if exists and not is_dir and not os.path.isfile(path):
+        return (f"data file {source!r} is not a regular file (a FIFO or a device, which a read would wait on or "
+                "never finish); give a regular file, a dataset directory, a hub id, or task:<name>.")
+    if os.path.splitext(path)[1].lower() in FILE_FORMATS and not os.path.isfile(path):
+        if is_dir:
+            return f"data file {source!r} is a directory; give the .jsonl/.json/.parquet/.csv file inside it."
+        return (f"data file {source!r} not found (working directory {os.getcwd()}); give an existing "
+                ".jsonl/.json/.parquet/.csv file, a dataset directory, a hub id, or task:<name>.")
+    if not exists and source.startswith(("/", "./", "../", "~")):
+        return f"dataset path {source!r} not found; give an existing file or directory, a hub id, or task:<name>."
+    return None
+
+
+def check_sources(config: Any) -> None:
+    """The local data paths of a config (`SOURCE_KEYS`), each message naming its key: `lmrl.cli` calls it before
+    importing the trainer, so a typo in a path fails in a second, once (not once per rank after torchrun)."""
+    for key in SOURCE_KEYS:
+        source = getattr(config, key, None)
+        problem = local_source_problem(source) if isinstance(source, str) else None
+        if problem:
+            raise ValueError(f"'{key}': {problem}")
 
 
 def _task_rows(name: str, split: str, limit: int | None, task_args: dict) -> list[dict]:

@@ -4,6 +4,8 @@
     lmrl eval model=runs/dpo/final dataset=prompts.jsonl metrics=[win_rate,reward] \\
         judge=Qwen/Qwen2.5-7B-Instruct baseline=runs/sft/final reward_model=runs/reward/final
     lmrl eval model=runs/sft/final dataset=mc.jsonl metrics=[loglik]      # rows: prompt, choices, answer
+    lmrl eval model=runs/grpo-tiny-calculator/final dataset=task:tool_arithmetic task_args='{digits: 2}' \
+        tools=[calculator] tool_parser=pythonic max_turns=3 metrics=[accuracy,pass@4,pass^4]   # tool episodes
     lmrl decontaminate train=data/train.jsonl eval=data/test.jsonl        # 8-gram overlap report
 
 Metric names and formulas: `lmrl.eval.spec`, `lmrl.eval.metrics`; docs/eval.md.
@@ -18,7 +20,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -26,9 +28,12 @@ from rich.table import Table
 from lmrl.config import ConfigError, ModelSection, Section, field
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
-from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.tool_config import ToolSection, build_env_factory, start_servers
 from lmrl.tracking import console, plain
+
+if TYPE_CHECKING:  # (torch and transformers: `lmrl.cli` checks these configs without them)
+    from lmrl.eval.runner import EvalOptions, Evaluator
 
 
 @dataclasses.dataclass
@@ -57,12 +62,14 @@ class EvalDataSection(Section):
 
     def options(self) -> EvalOptions:
         """The `Evaluator`'s options: every key of this config that `EvalOptions` has."""
+        from lmrl.eval.runner import EvalOptions
+
         names = {f.name for f in dataclasses.fields(EvalOptions)}
         return EvalOptions(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
 
 @dataclasses.dataclass
-class EvalConfig(EvalDataSection, EngineSection, ModelSection):
+class EvalConfig(EvalDataSection, ToolSection, EngineSection, ModelSection):
     metrics: list[str] = field(["accuracy"], "accuracy, pass@K, pass^K, maj@K, avg@K, reward, win_rate, loglik")
     samples: int = field(0, "samples per prompt for pass@K/maj@K/avg@K/pass^K (0: the largest K)")
     reward_model: str | None = field(None, "metric reward: the reward model (a run's final/ of `lmrl reward`)")
@@ -89,6 +96,12 @@ class EvalConfig(EvalDataSection, EngineSection, ModelSection):
             raise ConfigError(str(err)) from None
         if self.samples < 0:
             raise ConfigError(f"'samples' must be >= 0 (0: the largest K of the metrics), got {self.samples}.")
+        if self.multi_turn and "win_rate" in [str(m).strip().lower() for m in self.metrics]:
+            raise ConfigError("metrics: win_rate compares single-turn answers with a baseline's; it does not run with "
+                              "tools, mcp_servers or env (evaluate accuracy, pass@K, pass^K, maj@K, avg@K instead).")
+        if self.multi_turn and not self.chat:
+            raise ConfigError("chat=false: tool episodes are rendered with the chat template (its tools and tool "
+                              "messages); drop chat=false or the tools/mcp_servers/env keys.")
 
 
 def default_output(config: EvalConfig) -> Path:
@@ -131,6 +144,7 @@ def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
 
 def run(config: EvalConfig) -> dict[str, float]:
     """Evaluate, print a table, write the JSON file; returns the metrics."""
+    from lmrl.eval.runner import Evaluator
     from lmrl.models.setup import ModelSetup
 
     if config.harness_tasks:
@@ -138,17 +152,21 @@ def run(config: EvalConfig) -> dict[str, float]:
 
         check_model_dir(config.model)
     rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)
-    evaluator = Evaluator(config.metrics, rows, config.options(), config.dataset) if config.metrics else None
+    turns = config.turn_options() if config.multi_turn else None  # tools/env: every completion is an episode
+    evaluator = Evaluator(config.metrics, rows, config.options(), config.dataset, turns=turns) \
+        if config.metrics else None
     contamination = None
     if config.train_dataset:
         contamination = warn_contamination(config.train_dataset, rows, config.dataset, **config.task_args)
+    start_servers(config)  # MCP servers: one that does not start stops here, before the model loads
     setup = ModelSetup.from_config(config)
     model, tokenizer = setup.policy()
+    env_factory = build_env_factory(config, tokenizer)  # the training loop's: same tools, parser, template
     start = time.perf_counter()
     engine = eval_engine(config, evaluator, model, tokenizer, setup.dtype)
     with progress_bars() as progress:
-        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress, engine) if evaluator else \
-            ({"rows": 0.0}, [])
+        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress, engine, env_factory) if evaluator \
+            else ({"rows": 0.0}, [])
     if config.harness_tasks:
         from lmrl.eval.harness import flat_metrics, run_harness
 

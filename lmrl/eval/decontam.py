@@ -26,6 +26,10 @@ EVAL_COLUMNS = ("prompt", "question", "messages", "text", "context")
 """Evaluation-row columns compared: what the model is asked (short gold answers such as "46" would match any
 training row with the same answer)."""
 
+ASKED_ROLES = ("system", "user")
+"""Roles of an evaluation row's messages that are compared: the question, not the assistant's replies or tool
+outputs (a tool task's reference trace holds the gold answer, e.g. the calculator's ``1360``)."""
+
 
 def tokens(text: str) -> list[str]:
     """Lower-cased word and symbol tokens of ``text``."""
@@ -44,8 +48,9 @@ def ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
     return {tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)}
 
 
-def row_texts(row: Any, columns: Sequence[str] = TEXT_COLUMNS) -> list[str]:
-    """The strings of a row's text columns (recursing into messages and lists); a plain string is itself."""
+def row_texts(row: Any, columns: Sequence[str] = TEXT_COLUMNS, roles: Sequence[str] | None = None) -> list[str]:
+    """The strings of a row's text columns (recursing into messages and lists); a plain string is itself.
+    ``roles``: only messages of these roles are read (None: every message)."""
     if isinstance(row, str):
         return [row]
     out: list[str] = []
@@ -54,7 +59,8 @@ def row_texts(row: Any, columns: Sequence[str] = TEXT_COLUMNS) -> list[str]:
         if isinstance(value, str):
             out.append(value)
         elif isinstance(value, Mapping):
-            walk(value.get("content"))
+            if roles is None or value.get("role") in roles:
+                walk(value.get("content"))
         elif isinstance(value, (list, tuple)):
             for item in value:
                 walk(item)
@@ -88,7 +94,7 @@ class OverlapReport:
 def overlap(train: Iterable[Any], evals: Sequence[Any], n: int = 8, threshold: float = 0.5) -> OverlapReport:
     """Which ``evals`` rows share at least ``threshold`` of their n-grams with the ``train`` rows (rows: dicts
     with text columns, or strings). Training rows contribute every `TEXT_COLUMNS` string, eval rows their
-    `EVAL_COLUMNS` (the question, not the gold answer)."""
+    `EVAL_COLUMNS`, messages of the `ASKED_ROLES` only (the question, not the gold answer)."""
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}.")
     seen: set[tuple[str, ...]] = set()
@@ -97,7 +103,7 @@ def overlap(train: Iterable[Any], evals: Sequence[Any], n: int = 8, threshold: f
             seen |= ngrams(text, n)
     report = OverlapReport(n, threshold, len(evals))
     for i, row in enumerate(evals):
-        grams = set().union(*(ngrams(t, n) for t in row_texts(row, EVAL_COLUMNS)))
+        grams = set().union(*(ngrams(t, n) for t in row_texts(row, EVAL_COLUMNS, ASKED_ROLES)))
         share = len(grams & seen) / len(grams) if grams else 0.0
         report.shares.append(share)
         if grams and share >= threshold:

@@ -25,7 +25,6 @@ from rich.table import Table
 from lmrl.config import ConfigError, ModelSection, field
 from lmrl.data.loading import load_rows
 from lmrl.eval.cli import EvalDataSection, progress_bars
-from lmrl.eval.runner import Evaluator
 from lmrl.tracking import console
 
 
@@ -77,6 +76,7 @@ def empty_message(rates: list[float], lo: float, hi: float, rated: Path) -> str:
 
 def run(config: FilterConfig) -> dict[str, float]:
     """Measure every row's pass rate, write the kept rows, print the spread; returns the counts."""
+    from lmrl.eval.runner import Evaluator  # here: the config checks without torch (lmrl.cli)
     from lmrl.models.setup import ModelSetup
 
     rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)

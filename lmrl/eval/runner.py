@@ -8,6 +8,12 @@ and baseline paths) fails in the constructor; the call only generates and scores
 Tokens spent are reported next to the scores (spec §8: control for inference tokens): ``tokens/prompt`` (prompt
 tokens run through the model, once per sample), ``tokens/generated`` (completion tokens of the evaluated model),
 ``tokens/baseline`` and ``tokens/judge`` (when judging).
+
+Tool episodes: with an environment factory (``evaluator(model, tokenizer, env_factory=...)``, built from the
+`tools`/`env`/`mcp_servers` keys by `lmrl.rollout.tool_config`) every completion is a multi-turn episode of
+`lmrl.rollout.multiturn.run_episodes` (the training-time tool loop), scored on its final answer; ``tools/<counter>
+_per_episode`` are added, from the greedy episodes when there are any, else the sampled ones. `lmrl eval
+tools=[...]`, a trainer's held-out tool accuracy (``eval/accuracy``) and its ``eval_metrics`` all run here.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from lmrl.eval.loglik import check_choice_rows, evaluate_choices
 from lmrl.eval.spec import parse_metrics
 from lmrl.eval.verify import check_rows, scorer
 from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.multiturn import MultiTurnOptions, run_episodes
 
 Progress = Callable[[str, int, int], None]
 """progress(stage, done, total), called as work advances (the CLI draws bars with it)."""
@@ -49,10 +56,11 @@ class EvalOptions:
 
 class Evaluator:
     def __init__(self, names: Sequence[str], rows: list[dict[str, Any]], options: EvalOptions | None = None,
-                 source: str = "dataset", key: str = "metrics"):
+                 source: str = "dataset", key: str = "metrics", turns: MultiTurnOptions | None = None):
+        """``turns``: the options of tool episodes (run when the call gets an ``env_factory``)."""
         self.options = opts = options or EvalOptions()
         self.spec = parse_metrics(list(names), key)
-        self.names, self.rows, self.source = list(names), rows, source
+        self.names, self.rows, self.source, self.turns = list(names), rows, source, turns
         if not rows:
             raise ValueError(f"{source}: no rows to evaluate.")
         if any("prompt" not in r for r in rows):
@@ -95,19 +103,21 @@ class Evaluator:
         self.baseline = setup.judge(opts.baseline)
 
     def __call__(self, model, tokenizer, dtype: torch.dtype | None = None, progress: Progress | None = None,
-                 engine=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+                 engine=None, env_factory=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """The metrics (plain names: ``accuracy``, ``pass@8``, ``avg@8/std``, ``win_rate``, ``tokens/...``) and
         sample records of the first ``num_samples`` rows. ``engine``: the rollout engine that generates (default:
-        an `HFEngine` on ``model``; `lmrl eval engine=vllm` passes a vLLM one)."""
+        an `HFEngine` on ``model``; `lmrl eval engine=vllm` passes a vLLM one). ``env_factory``: row ->
+        environment; completions are then tool episodes (`self.turns`), a sample's completion its transcript."""
         opts, spec, rows = self.options, self.spec, self.rows
         out: dict[str, float] = {"rows": float(len(rows)), "tokens/prompt": 0.0, "tokens/generated": 0.0}
         samples = [{"prompt": r["prompt"]} for r in rows[: opts.num_samples]]
+        episodes = (tokenizer, env_factory, self.turns or MultiTurnOptions()) if env_factory is not None else None
         if spec.needs_greedy_text or spec.sampled:
             engine = engine or HFEngine(model, tokenizer, autocast_dtype=dtype)
-            ids = [encode_prompt(tokenizer, r["prompt"], opts.chat) for r in rows]
+            ids = rows if episodes else [encode_prompt(tokenizer, r["prompt"], opts.chat) for r in rows]
         if spec.needs_greedy_text:
-            greedy = self._policy(engine, ids, 1, True, out, progress, "greedy")
-            for rec, text in zip(samples, greedy):
+            greedy, infos = self._policy(engine, ids, 1, True, out, progress, "greedy", episodes)
+            for rec, text in zip(samples, [info["transcript"] for info in infos] or greedy):
                 rec["completion"] = text
             if spec.greedy:
                 scores = [self.score(c, r)[1] for c, r in zip(greedy, rows)]
@@ -122,7 +132,7 @@ class Evaluator:
             if spec.win_rate:
                 self._judge(greedy, out, samples, progress)
         if spec.sampled:
-            self._sampled(engine, ids, out, progress)
+            self._sampled(engine, ids, out, progress, episodes)
         if spec.loglik:
             done = (lambda i: progress("loglik", i, len(rows))) if progress else None
             scores, records = evaluate_choices(model, tokenizer, rows, opts.chat, dtype, done, opts.batch_size)
@@ -132,37 +142,53 @@ class Evaluator:
         out["tokens/per_prompt"] = out["tokens/generated"] / len(rows)
         return out, samples
 
-    def _generate(self, engine: HFEngine, ids: list[list[int]], n: int, greedy: bool, progress: Progress | None,
-                  stage: str) -> tuple[list[str], int, int]:
-        """Completions (prompt-major, n per prompt), the prompt tokens run (n per prompt) and the tokens generated."""
+    def _generate(self, engine: HFEngine, ids: list, n: int, greedy: bool, progress: Progress | None,
+                  stage: str, episodes: tuple | None = None) -> tuple[list[str], int, int, list[dict]]:
+        """Completions (prompt-major, n per prompt), the prompt tokens run (n per prompt), the tokens generated
+        and, for tool episodes (``ids`` are then the rows), each episode's `run_episodes` info."""
         opts = self.options
         params = SamplingParams(max_new_tokens=opts.max_new_tokens, greedy=greedy,
                                 temperature=1.0 if greedy else opts.temperature, top_p=1.0 if greedy else opts.top_p)
         generator = torch.Generator(device=engine.device).manual_seed(opts.seed)
         texts: list[str] = []
+        infos: list[dict] = []
         prompt_tokens = generated = 0
         step = max(1, opts.batch_size // n)
         for start in range(0, len(ids), step):
             chunk = ids[start : start + step]
-            batch = engine.generate(chunk, params, n=n, generator=generator)
+            if episodes:  # n episodes per row; tokens: the first prompt and the sampled turns of each
+                tokenizer, env_factory, turns = episodes
+                rep = [row for row in chunk for _ in range(n)]
+                batch = run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params, turns,
+                                     generator, n)
+                infos += batch.info
+                prompt_tokens += int(batch.prompt_mask.sum())
+                generated += sum(end - begin for info in batch.info for begin, end in info["turns"])
+            else:
+                batch = engine.generate(chunk, params, n=n, generator=generator)
+                prompt_tokens += n * sum(len(p) for p in chunk)
+                generated += int(batch.completion_lengths.sum())
             texts += batch.completions
-            prompt_tokens += n * sum(len(p) for p in chunk)
-            generated += int(batch.completion_lengths.sum())
             if progress:
                 progress(stage, min(start + step, len(ids)), len(ids))
-        return texts, prompt_tokens, generated
+        return texts, prompt_tokens, generated, infos
 
-    def _policy(self, engine, ids, n, greedy, out, progress, stage) -> list[str]:
-        texts, prompt_tokens, generated = self._generate(engine, ids, n, greedy, progress, stage)
+    def _policy(self, engine, ids, n, greedy, out, progress, stage, episodes=None) -> tuple[list[str], list[dict]]:
+        """`_generate`, its tokens added to ``out`` (and the tool counters of the greedy episodes, else the sampled)."""
+        texts, prompt_tokens, generated, infos = self._generate(engine, ids, n, greedy, progress, stage, episodes)
         out["tokens/prompt"] += prompt_tokens
         out["tokens/generated"] += generated
-        return texts
+        if infos and (greedy or not any(k.startswith("tools/") for k in out)):
+            keys = sorted({k for info in infos for k in info["stats"]})
+            out.update({f"tools/{k}_per_episode": sum(i["stats"].get(k, 0) for i in infos) / len(infos)
+                        for k in keys})
+        return texts, infos
 
-    def _sample_scores(self, engine: HFEngine, ids: list[list[int]], out: dict,
-                       progress: Progress | None) -> tuple[list[list[float]], list[list[Any]]]:
+    def _sample_scores(self, engine: HFEngine, ids: list, out: dict, progress: Progress | None,
+                       episodes: tuple | None = None) -> tuple[list[list[float]], list[list[Any]]]:
         """Scores and parsed answers of n samples per prompt: (rows, n) each."""
         n, rows = self.n, self.rows
-        texts = self._policy(engine, ids, n, False, out, progress, f"{n} samples per prompt")
+        texts, _ = self._policy(engine, ids, n, False, out, progress, f"{n} samples per prompt", episodes)
         scores, parsed = [], []
         for i, row in enumerate(rows):
             results = [self.score(texts[i * n + j], row) for j in range(n)]
@@ -179,9 +205,10 @@ class Evaluator:
         scores, _ = self._sample_scores(HFEngine(model, tokenizer, autocast_dtype=dtype), ids, out, progress)
         return [sum(row) / len(row) for row in scores], out
 
-    def _sampled(self, engine: HFEngine, ids: list[list[int]], out: dict, progress: Progress | None) -> None:
+    def _sampled(self, engine: HFEngine, ids: list, out: dict, progress: Progress | None,
+                 episodes: tuple | None = None) -> None:
         """pass@k, pass^k, maj@k and avg@k (± std) from n samples per prompt."""
-        scores, parsed = self._sample_scores(engine, ids, out, progress)
+        scores, parsed = self._sample_scores(engine, ids, out, progress, episodes)
         n = self.n
         correct = [[s >= 1.0 for s in row] for row in scores]
         for kind, ks in self.spec.sampled.items():
@@ -204,7 +231,7 @@ class Evaluator:
         base_model, base_tok = self.baseline
         base_engine = HFEngine(base_model, base_tok, autocast_dtype=self.judge.generate.engine.autocast_dtype)
         base_ids = [encode_prompt(base_tok, r["prompt"], opts.chat) for r in rows]
-        baseline, _, base_tokens = self._generate(base_engine, base_ids, 1, True, progress, "baseline")
+        baseline, _, base_tokens, _ = self._generate(base_engine, base_ids, 1, True, progress, "baseline")
         out["tokens/baseline"] = float(base_tokens)
         verdicts = []
         chunk = max(1, opts.batch_size)

@@ -46,14 +46,16 @@ def build_evaluator(config: Any) -> Evaluator | None:
         raise ConfigError(f"eval_metrics_args: unknown option(s) {unknown}; known: {sorted(names)}.")
     args = {"seed": config.seed, "num_samples": 0, **config.eval_metrics_args}
     rows = load_rows(source, split=split, limit=config.eval_metrics_rows, **task_args)
-    return Evaluator(config.eval_metrics, rows, EvalOptions(**args), source, key="eval_metrics")
+    turns = config.turn_options() if getattr(config, "multi_turn", False) else None  # tool runs: tool episodes
+    return Evaluator(config.eval_metrics, rows, EvalOptions(**args), source, key="eval_metrics", turns=turns)
 
 
-def evals_metrics(evaluator: Evaluator | None, model, tokenizer, dtype=None) -> dict[str, float]:
-    """``evals/<name>`` of ``evaluator`` on ``model`` (empty without an evaluator)."""
+def evals_metrics(evaluator: Evaluator | None, model, tokenizer, dtype=None, env_factory=None) -> dict[str, float]:
+    """``evals/<name>`` of ``evaluator`` on ``model`` (empty without an evaluator); with the run's ``env_factory``
+    (tools or an env) every completion is a tool episode, as in `lmrl eval tools=[...]`."""
     if evaluator is None:
         return {}
-    metrics, _ = evaluator(model, tokenizer, dtype)
+    metrics, _ = evaluator(model, tokenizer, dtype, env_factory=env_factory)
     return {f"evals/{k}": v for k, v in metrics.items() if k != "rows"}
 
 

@@ -210,8 +210,13 @@ def _from_pretrained(name: str, load_in_4bit: bool) -> PreTrainedModel:
     if load_in_4bit:  # placed on the current GPU by from_pretrained, as TRL's get_kbit_device_map does
         extra = {"quantization_config": four_bit_config(), "dtype": torch.bfloat16,
                  "device_map": {"": torch.cuda.current_device()}}
+    from safetensors import SafetensorError
+
     try:
         return AutoModelForCausalLM.from_pretrained(name, **{"dtype": torch.float32, **extra})
+    except SafetensorError as exc:  # a cut or damaged weights file (a copy or download that did not finish)
+        raise ValueError(f"The weights of model '{name}' are damaged or incomplete ({exc}). Fix: copy or download "
+                         "the model again, or use another checkpoint of the run (checkpoints/step-N).") from None
     except OSError as exc:
         first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
         if Path(name).expanduser().exists():

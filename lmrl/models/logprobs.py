@@ -21,8 +21,8 @@ from lmrl.models.hf_compat import (
 from lmrl.models.memory import is_checkpointing
 from lmrl.models.replay import replaying
 
-__all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "prompt_groups", "selective_log_softmax",
-           "shared_prompt_outputs"]
+__all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "labelled_logprobs", "prompt_groups",
+           "selective_log_softmax", "shared_prompt_outputs"]
 
 
 def _row_chunks(n_rows: int, vocab: int, chunk_size: int | None) -> int:
@@ -84,6 +84,30 @@ def entropy_from_logits(
     if not out:
         return torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)
     return torch.cat(out).view(logits.shape[:-1])
+
+
+def labelled_logprobs(model, batch: dict[str, torch.Tensor], autocast_dtype: torch.dtype | None = None,
+                      chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(labels[:, t+1] | tokens <= t) (B, L-1), 0 where the label is -100, and that mask (B, L-1) bool.
+
+    ``batch``: ``input_ids`` and ``labels`` (B, L) with either an ``attention_mask`` (right-padded rows) or
+    ``position_ids`` that restart at every row of a packed sequence (`lmrl.data.packing`; no mask: HF keeps
+    attention within a row). One forward; the LM head in chunks when the logits would exceed ``chunk_mb``."""
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
+    labelled = targets != -100
+    parts = chunked_head(model, targets.numel(), chunk_mb)
+    ctx = torch.autocast(targets.device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    with ctx:
+        if parts is not None:
+            hidden = parts.decoder(**inputs, use_cache=False).last_hidden_state
+            logp = parts.logprobs(hidden[:, :-1], targets.clamp(min=0), chunk_mb=chunk_mb)
+        else:
+            extra = {"use_cache": False} if accepts_kwarg(model, "use_cache") else {}
+            logits = model(**inputs, **extra).logits[:, :-1]
+    if parts is None:
+        logp = selective_log_softmax(logits, targets.clamp(min=0))
+    return torch.where(labelled, logp, torch.zeros_like(logp)), labelled
 
 
 def completion_logprobs(

@@ -7,9 +7,14 @@ import os
 from typing import Literal
 
 from lmrl.config_base import ConfigError, Section, check_at_least, field
-from lmrl.parallel.runtime import env_world_size
 
 BATCH_KEYS = ("prompts_per_step", "batch_size")  # the global batch of a step, in the first key a config has
+
+
+def env_world_size() -> int:
+    """``WORLD_SIZE`` of a torchrun process (1 otherwise). Here, not in `runtime`, so that configs check without
+    importing torch (`lmrl.cli` answers a config error before any heavy import)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclasses.dataclass
@@ -24,19 +29,23 @@ class ParallelSection(Section):
         check_at_least(self, ("nproc",), 1)
         check_world(self, self.nproc if self.nproc > 1 else env_world_size())
         check_launch(self.nproc)
+        if max(self.nproc, env_world_size()) > 1 and getattr(self, "lora_r", 0) > 0 and self.parallel == "fsdp":
+            raise ConfigError("LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
+                              "base is not sharded). Fix: add parallel=ddp.")
         super().__post_init__()
 
 
 def check_launch(nproc: int) -> None:
     """No more processes than this machine has GPUs (or CPU cores without one), and no torchrun variables left in
     the environment of a process torchrun did not start (its rendezvous would wait forever)."""
-    import torch
+    if nproc > 1:  # torch only here: one process needs no device count, and a config checks without torch
+        import torch
 
-    gpus = torch.cuda.device_count()
-    have, what = (gpus, "GPUs") if gpus else (os.cpu_count() or 1, "CPU cores")
-    if nproc > have:
-        raise ConfigError(f"nproc={nproc} starts {nproc} training processes, but this machine has {have} {what}; "
-                          f"each process holds a whole model. Fix: nproc<={have}.")
+        gpus = torch.cuda.device_count()
+        have, what = (gpus, "GPUs") if gpus else (os.cpu_count() or 1, "CPU cores")
+        if nproc > have:
+            raise ConfigError(f"nproc={nproc} starts {nproc} training processes, but this machine has {have} {what}; "
+                              f"each process holds a whole model. Fix: nproc<={have}.")
     if env_world_size() > 1 and "MASTER_ADDR" not in os.environ:
         raise ConfigError(f"WORLD_SIZE={env_world_size()} is set in the environment, but this process was not started "
                           "by torchrun (no MASTER_ADDR): it would wait forever for the other processes. Fix: unset "

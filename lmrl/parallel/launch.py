@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from lmrl.parallel.runtime import env_world_size
+from lmrl.parallel.config import env_world_size
 
 
 def should_launch(config) -> bool:

@@ -16,11 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lmrl.parallel.config import env_world_size  # noqa: F401 - re-exported
+
 SUMMED_METRICS = ("tokens_per_s",)  # throughput adds up over ranks; every other metric is the mean over ranks
-
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def init(device: torch.device) -> torch.device:

@@ -31,7 +31,7 @@ from plotly.offline import get_plotlyjs
 
 from lmrl.config import ConfigError, field
 from lmrl.report import figures
-from lmrl.report.runs import RunData, list_checkpoints, read_config, read_jsonl, read_nodes, swarm_table
+from lmrl.report.runs import RunData, list_checkpoints, read_config, read_jsonl, read_nodes, sample_table, swarm_table
 from lmrl.tracking import KEY_METRICS, console
 
 HOST = "127.0.0.1"
@@ -137,10 +137,10 @@ def run_payload(run: LiveRun, samples: int) -> dict[str, Any]:
     if kl is not None:
         figs = {"reward vs KL": kl, **figs}
     figs.update(figures.swarm_figures(data))
-    rows = data.samples[-samples:]
+    sample_cols, rows = sample_table(data.samples[-samples:])
     return {"name": run.name, "figures": {k: json.loads(f.to_json()) for k, f in figs.items()},
             "ids": figures.plot_ids(list(figs)),
-            "samples": rows, "sample_cols": list(dict.fromkeys(k for r in rows for k in r)),
+            "samples": rows, "sample_cols": sample_cols,
             "nodes": swarm_table(data.nodes), "checkpoints": data.checkpoints, "skipped_lines": run.skipped,
             "steps_logged": len(data.metrics)}
 

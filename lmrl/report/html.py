@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 
 from lmrl.config import ConfigError, field
 from lmrl.report import figures
-from lmrl.report.runs import RunData, RunError, config_diff, load_run, swarm_table
+from lmrl.report.runs import RunData, RunError, config_diff, load_run, sample_table, swarm_table
 from lmrl.tracking import console
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -73,12 +73,12 @@ def _eval_views(run: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _view(run: RunData, samples: int) -> dict[str, Any]:
     initial, final = _eval_views(run)
-    rows = run.samples[-samples:] if samples else []
+    sample_cols, rows = sample_table(run.samples[-samples:] if samples else [])
     return {"name": run.name, "path": str(run.path), "method": run.method, "config": run.config,
             "metrics": run.metrics, "last_step": max((r.get("step", 0) for r in run.metrics), default=0),
             "skipped_lines": run.skipped_lines, "initial": initial, "final": final, "evals": run.evals,
             "checkpoints": run.checkpoints, "sample_rows": rows,
-            "sample_cols": list(dict.fromkeys(k for r in rows for k in r)), "swarm_rows": swarm_table(run.nodes)}
+            "sample_cols": sample_cols, "swarm_rows": swarm_table(run.nodes)}
 
 
 def _unique_names(runs: list[RunData]) -> None:

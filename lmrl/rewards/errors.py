@@ -5,7 +5,7 @@
     with RewardFailure() as failure:
         result = reward_set.compute(prompts, completions, **columns)   # a non-skippable error propagates
     if failure.skips(tracker, step):     # any rank's failure: every rank skips (the same forwards on every rank)
-        return {"reward/errors": float(reward_set.errors)}
+        return failure.skipped(reward_set.errors)   # {"reward/errors": ..., "reward/skipped": 1.0}
 """
 
 from __future__ import annotations
@@ -116,6 +116,11 @@ class RewardError(ValueError):
         return "\n".join(lines)
 
 
+SKIPPED = "reward/skipped"
+"""Logged as 1 by a step a failing reward function skipped: a run whose every step was skipped trained nothing, and
+`lmrl.trainers.loop` stops it (exit 1) instead of saving its model as final/."""
+
+
 class RewardFailure:
     """A context that keeps a skippable `RewardError` (on_reward_error="skip": the error message is at most ~8
     short lines) instead of raising it; ``skips`` then tells whether the step is skipped on every rank."""
@@ -131,6 +136,11 @@ class RewardFailure:
             self.error = error
             return True
         return False
+
+    @staticmethod
+    def skipped(errors: int) -> dict[str, float]:
+        """The metrics of a skipped step: the failures so far and the `SKIPPED` marker."""
+        return {"reward/errors": float(errors), SKIPPED: 1.0}
 
     def skips(self, tracker, step: int) -> bool:
         """True (after printing why) when a reward failed on this or on another process."""

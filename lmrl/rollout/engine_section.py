@@ -10,7 +10,6 @@ import dataclasses
 from typing import Literal
 
 from lmrl.config_base import ConfigError, Section, check_at_least, field
-from lmrl.rollout.vllm_client import parse_server
 
 
 @dataclasses.dataclass
@@ -27,6 +26,10 @@ class EngineSection(Section):
     vllm_kv_cache_gb: float = field(1.0, "CPU: KV-cache budget in GiB (vLLM's automatic one reserves most RAM)")
     vllm_server: str | None = field(None, "null: vLLM in this process; host:port: a `lmrl vllm-serve` process "
                                           "(weights pushed to it after every step); auto: lmrl starts one")
+    vllm_lora_sync: Literal["merged", "adapter"] = field("merged", "LoRA runs: push the merged weights W + BA after "
+                                                                   "each step (merged), or only the adapters (adapter: "
+                                                                   "vLLM serves them; base weights pushed once; "
+                                                                   "colocated, one process)")
     vllm_server_timeout: float = field(600.0, "server mode: seconds to wait for any one request (a dead server "
                                               "stops the run instead of hanging it)")
 
@@ -37,5 +40,11 @@ class EngineSection(Section):
             check_at_least(self, ("vllm_max_model_len",), 1)
         check_at_least(self, ("vllm_kv_cache_gb", "vllm_server_timeout"), 0, inclusive=False)
         if self.vllm_server not in (None, "auto"):
+            from lmrl.rollout.vllm_client import parse_server  # here: configs check without torch (lmrl.cli)
+
             parse_server(self.vllm_server)
+        if self.vllm_lora_sync == "adapter" and (self.vllm_server or getattr(self, "nproc", 1) > 1):
+            raise ConfigError("vllm_lora_sync=adapter loads the adapters from files this process writes, into vLLM in "
+                              "this process: it runs colocated on one process. Fix: vllm_lora_sync=merged (any mode), "
+                              "or no vllm_server and nproc=1.")
         super().__post_init__()

@@ -10,6 +10,11 @@ in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rol
 the run starts: vLLM not installed (the install command), an architecture or head size vLLM cannot run (use
 engine=hf), `vllm_max_model_len` shorter than prompt + completion, top-k/top-p sampling (vLLM's log-probs would
 not be lmrl's `sampler_logp`), `vllm_sleep` without a GPU.
+
+Several trainer processes (nproc=N): every rank calls `make_engine` at the same point of its start-up. Colocated, each
+rank starts a vLLM of its own (their start is collective: vLLM joins the ranks' process group) and pushes its full
+weights into it; with a server, rank 0 connects (or spawns it), takes the session and pushes, and the other ranks
+sample through it with rank 0's session (`lmrl.rollout.vllm_client.server_driver`). docs/vllm.md says which is tested.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
     if server in (None, "auto"):  # a server elsewhere (host:port) needs no vLLM here, and checks the model itself
         require_vllm(load=server is None)
     from lmrl.rollout.vllm_engine import VLLMOptions, base_model, check_exact_logprobs
+    from lmrl.rollout.vllm_weights import architecture
 
     try:
         check_exact_logprobs(sampling)
@@ -79,7 +85,7 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
     hf_config = base_model(model).config
     device = next(model.parameters()).device
     if not server:  # server mode: the server checks it (its vLLM, its device) when the model is sent
-        check_architecture(hf_config, supported_architectures(), device.type, cpu_head_sizes())
+        check_architecture(hf_config, supported_architectures(), device.type, cpu_head_sizes(), [architecture(model)])
     limit = getattr(hf_config, "max_position_embeddings", None)
     max_len = config.vllm_max_model_len or min(limit or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
     check_max_model_len(max_len, limit, longest_prompt, max_new_tokens)
@@ -94,9 +100,36 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
     if config.vllm_sleep and device.type != "cuda":
         raise ConfigError("vllm_sleep=true needs a GPU (vLLM refuses sleep mode on CPU, where nothing is freed for "
                           "training); drop vllm_sleep.")
+    lora_rank = adapter_rank(model) if getattr(config, "vllm_lora_sync", "merged") == "adapter" else 0
     return VLLMOptions(max_model_len=max_len, dtype=dtype or torch.float32,
                        gpu_memory_utilization=config.vllm_gpu_memory_utilization, kv_cache_gb=config.vllm_kv_cache_gb,
-                       sleep=config.vllm_sleep, seed=config.seed)
+                       sleep=config.vllm_sleep, seed=config.seed, lora_rank=lora_rank)
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's `max_lora_rank` values
+OUTSIDE_BLOCKS = {"lm_head", "embed_tokens", "wte", "embed_out"}  # LoRA targets an adapter push does not serve
+
+
+def adapter_rank(model) -> int:
+    """vllm_lora_sync=adapter: the `max_lora_rank` vLLM starts with for this PEFT model's adapter, after checking
+    that vLLM can serve the adapter as it is (LoRA on linear layers only: no modules_to_save, no LM head or
+    embedding)."""
+    from lmrl.rollout.vllm_weights import is_peft_model
+
+    if not is_peft_model(model):
+        raise ConfigError("vllm_lora_sync=adapter pushes LoRA adapters, but this run trains every weight (no LoRA). "
+                          "Fix: set lora_r (e.g. lora_r=16), or vllm_lora_sync=merged.")
+    adapter = model.peft_config[model.active_adapter]
+    outside = set(adapter.modules_to_save or []) | ({str(t) for t in adapter.target_modules or []} & OUTSIDE_BLOCKS)
+    if outside:
+        raise ConfigError(f"vllm_lora_sync=adapter: vLLM serves LoRA on linear layers inside the blocks; this adapter "
+                          f"also trains {sorted(outside)}. Fix: vllm_lora_sync=merged, or LoRA on the blocks' linear "
+                          "layers only.")
+    rank = next((r for r in VLLM_LORA_RANKS if r >= adapter.r), None)
+    if rank is None:
+        raise ConfigError(f"vllm_lora_sync=adapter: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}, this adapter's "
+                          f"is {adapter.r}. Fix: a smaller lora_r, or vllm_lora_sync=merged.")
+    return rank
 
 
 def require_vllm(load: bool = True) -> None:
@@ -128,10 +161,11 @@ def cpu_head_sizes() -> tuple[int, ...]:
     return tuple(CPUAttentionBackend.get_supported_head_sizes())
 
 
-def check_architecture(hf_config, supported: set[str], device_type: str, head_sizes: tuple[int, ...]) -> None:
-    """ConfigError unless vLLM runs this model: its architecture is registered and, on CPU, its head size is one the
-    CPU attention backend supports."""
-    archs = list(getattr(hf_config, "architectures", None) or [])
+def check_architecture(hf_config, supported: set[str], device_type: str, head_sizes: tuple[int, ...],
+                       archs: list[str] | None = None) -> None:
+    """ConfigError unless vLLM runs this model: its architecture (`archs`, default the config's) is registered and,
+    on CPU, its head size is one the CPU attention backend supports."""
+    archs = archs or list(getattr(hf_config, "architectures", None) or [])
     model_type = getattr(hf_config, "model_type", "?")
     if archs and not any(a in supported for a in archs):
         raise ConfigError(f"engine=vllm: vLLM does not support the architecture {archs[0]} (model_type {model_type}); "

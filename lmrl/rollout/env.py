@@ -101,3 +101,61 @@ def tool_env_factory(toolbox: ToolBox, parser: ToolParser, system_prompt: str | 
         return ToolEnv(toolbox, parser, system_prompt)
 
     return make
+
+
+def checked_factory(factory: EnvFactory, name: str) -> EnvFactory:
+    """A user's environment factory (``env=module.path:factory``) whose environments are checked against the
+    `Environment` protocol at every call (`CheckedEnv`)."""
+
+    def make(row: dict[str, Any]) -> CheckedEnv:
+        return CheckedEnv(factory(row), name)
+
+    return make
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+
+
+class CheckedEnv:
+    """A user environment behind the protocol's checks: the first ``tools``, ``reset`` or ``step`` that breaks the
+    contract raises a ValueError naming the environment and the contract, not a traceback deep in the rollout.
+    Other attributes (``stats``) are the environment's own."""
+
+    def __init__(self, env: Any, name: str):
+        self._env, self._name = env, name
+        tools = getattr(env, "tools", None)
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise self._broken(f"its `tools` is {_shown(tools)}; it must be a list of tool schemas (OpenAI function "
+                               "format), [] for none")
+        self.tools = tools
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._env, attr)
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = self._env.reset(row)
+        if not _is_messages(messages) or not messages:
+            raise self._broken(f"reset(row) returned {_shown(messages)}; it must return the conversation the model "
+                               "answers first: a non-empty list of messages such as [{'role': 'user', 'content': "
+                               "'...'}]")
+        return messages
+
+    def step(self, message: dict[str, Any]) -> StepResult:
+        result = self._env.step(message)
+        fields = [getattr(result, f, None) for f in ("observations", "reward", "done")]
+        if isinstance(result, tuple) or not _is_messages(fields[0]) or not isinstance(fields[1], (int, float)) \
+                or not isinstance(fields[2], (bool, int)):
+            raise self._broken(f"step(message) returned {_shown(result)}; it must return a StepResult(observations, "
+                               "reward, done) (from lmrl.rollout.env import StepResult): observations a list of "
+                               "messages, reward a number, done a bool")
+        return result
+
+    def _broken(self, what: str) -> ValueError:
+        return ValueError(f"env={self._name}: the environment breaks the Environment protocol (lmrl.rollout.env): "
+                          f"{what}. See docs/tools.md.")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"

@@ -13,7 +13,8 @@ An episode ends when the environment says done, after `max_turns` assistant turn
 `params.max_new_tokens` without its end-of-turn token, or when the completion would pass
 `max_total_tokens` or the model's context length (it is cut there); all but the first are flagged `truncated`. A cut turn is still given to
 the environment (its reward counts; its observations are dropped). `info[i]` keeps the
-turn spans, the full transcript, the finish reason and the environment reward.
+turn spans (`turns`: the assistant's, `env_spans`: (role, start, end) of the environment's messages, in
+completion tokens), the full conversation (`messages`) and transcript, the finish reason and the environment reward.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class _Trajectory:
     train: list[float] = dataclasses.field(default_factory=list)
     logp: list[float] = dataclasses.field(default_factory=list)
     turns: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    env_spans: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
     reward: float = 0.0
     finish: str | None = None
     final: str = ""
@@ -136,6 +138,8 @@ def _step(traj: _Trajectory, tokenizer, text: str, options: MultiTurnOptions, la
     room = options.max_total_tokens - len(traj.ids)
     if len(between) >= room:  # no room left for the observation and a reply: cut, flag, stop
         between, traj.finish = between[:room], "budget"
+    traj.env_spans.append(("+".join(dict.fromkeys(m.get("role", "tool") for m in result.observations)),
+                           len(traj.ids), len(traj.ids) + len(between)))
     traj.ids += between
     traj.train += [0.0] * len(between)
     traj.logp += [0.0] * len(between)
@@ -162,7 +166,8 @@ def _assemble(trajs: list[_Trajectory], tokenizer, engine, group_size: int) -> R
             logp[i, : len(t.ids)] = torch.tensor(t.logp)
     device = engine.device
     truncated = torch.tensor([t.finish != "done" for t in trajs])
-    info = [{"finish": t.finish, "turns": t.turns, "num_turns": len(t.turns), "env_reward": t.reward,
+    info = [{"finish": t.finish, "turns": t.turns, "env_spans": t.env_spans, "messages": t.history,
+             "num_turns": len(t.turns), "env_reward": t.reward,
              "transcript": render(tokenizer, t.history, t.env.tools, add_generation_prompt=False)
              [len(render(tokenizer, t.history[:_first_reply(t.history)], t.env.tools, True)):],
              "stats": dict(getattr(t.env, "stats", {}) or {})} for t in trajs]

@@ -59,3 +59,9 @@ class GroupSampler(Protocol):
 
     def close(self) -> None:
         """As `Engine.close`."""
+
+    def state_dict(self) -> dict:
+        """What exact resume needs beyond the weights (placement=ray: the batches sampled ahead); {} when nothing."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict`'s output (a checkpoint's)."""

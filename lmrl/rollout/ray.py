@@ -4,9 +4,11 @@ Each of ``rollout_workers`` actors holds a copy of the policy and an engine (`lm
 and samples one shard (whole groups) of a step's prompts. After every update the learner puts its weights in Ray's
 object store once (``ray.put``) and every worker loads them. With ``async_steps=k`` the requests for steps
 s..s+k are in flight while step s trains, so a batch is sampled with weights at most k updates old
-(``async/staleness`` = updates the learner made since those weights; never above k). The learner's update
-corrects for the gap with the truncated importance weight π_learner/π_sampler against the sampler's log-probs
-(``tis_cap``, the same correction as for vLLM's numerics; `lmrl.algorithms.policy_loss`).
+(``async/staleness`` = updates the learner made since those weights, per row; never above k). The learner's
+update corrects for the gap with the importance weight π_learner/π_sampler against the sampler's log-probs
+(``tis_cap``, ``is_level``, ``is_mode``: the same correction as for vLLM's numerics; `lmrl.algorithms.mismatch`).
+A checkpoint holds the batches sampled ahead (`state_dict`): they were sampled with weights older than the
+checkpoint's, so a resumed run trains on them instead of sampling them again, and continues exactly.
 
 A worker that dies is replaced (a new actor gets the current weights and redoes its pending requests);
 ``worker_restarts`` replacements in a row without a successful batch stop the run with `WorkersFailed`, leaving
@@ -27,6 +29,8 @@ from lmrl.parallel.shards import shard_generator
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import GroupOptions, sample_shard
 from lmrl.rollout.types import RolloutBatch, concat_batches
+
+Result = tuple[RolloutBatch, int]  # a worker's shard of a step and the weights version it was sampled with
 
 INSTALL = "pip install 'lmrl[ray]' (or pip install ray)"
 
@@ -85,12 +89,14 @@ class RayRollouts:
         self.weights = ray.put(cpu_state(model))
         self.workers = [self.spawn() for _ in range(config.rollout_workers)]
         self.pending: dict[int, list[Any]] = {}  # step -> one request per worker (its shard)
+        self.ready: dict[int, list[Result]] = {}  # step -> its shards, fetched (for a checkpoint, or restored)
         self.failures = 0  # replacements since the last good batch
         self.restarts = 0  # replacements in the whole run
         self.last_metrics: dict[str, float] = {}
 
     def metrics(self) -> dict[str, float]:
-        """The last batch's staleness (updates since its weights), waiting time and the workers replaced so far."""
+        """The last batch's staleness (updates since its rows' weights: max, mean over rows, share of rows older than
+        the learner), waiting time and the workers replaced so far."""
         return self.last_metrics
 
     def spawn(self):
@@ -111,16 +117,33 @@ class RayRollouts:
         """Step ``step``'s batch; requests up to ``step + async_steps`` are in flight afterwards. The workers sample
         ``rows_of(step)``, requested ahead; ``rows`` (the same prompts) is not re-sent."""
         for ahead in range(step, step + self.config.async_steps + 1):
-            if ahead not in self.pending and ahead <= self.config.max_steps:
+            if ahead not in self.pending and ahead not in self.ready and ahead <= self.config.max_steps:
                 self.submit(ahead)
         t0 = time.perf_counter()
-        results = [self.get(step, i) for i in range(len(self.workers))]
-        del self.pending[step]
-        staleness = [self.version - version for _, version in results]
-        self.last_metrics = {"async/staleness": float(max(staleness)), "async/staleness_mean":
-                             sum(staleness) / len(staleness), "time/wait_rollout_s": time.perf_counter() - t0,
+        results = self.ready.pop(step) if step in self.ready else self.fetch(step)
+        staleness = torch.cat([torch.full((len(batch),), float(self.version - version)) for batch, version in results])
+        self.last_metrics = {"async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.mean()),
+                             "async/stale_rows_frac": float((staleness > 0).float().mean()),
+                             "time/wait_rollout_s": time.perf_counter() - t0,
                              "async/worker_restarts": float(self.restarts)}
         return concat_batches([batch for batch, _ in results], self.tokenizer.pad_token_id)
+
+    def fetch(self, step: int) -> list[Result]:
+        results = [self.get(step, i) for i in range(len(self.workers))]
+        del self.pending[step]
+        return results
+
+    def state_dict(self) -> dict[str, Any]:
+        """The batches sampled ahead of the checkpoint (waited for), as plain data: {step: [(batch, version)]}."""
+        for step in sorted(self.pending):
+            self.ready[step] = self.fetch(step)
+        return {"ready": {step: [(batch_state(batch), version) for batch, version in results]
+                          for step, results in self.ready.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's batches sampled ahead: the next steps train on them as the uninterrupted run did."""
+        self.ready = {int(step): [(RolloutBatch(**batch), int(version)) for batch, version in results]
+                      for step, results in state.get("ready", {}).items()}
 
     def get(self, step: int, i: int) -> tuple[RolloutBatch, int]:
         """Worker i's shard of ``step``; a dead worker is replaced and its pending requests re-sent."""
@@ -156,6 +179,13 @@ class RayRollouts:
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []
+
+
+def batch_state(batch: RolloutBatch) -> dict[str, Any]:
+    """A worker's batch as tensors, strings and numbers (a checkpoint loads with weights_only=True)."""
+    if batch.linear_outputs is not None:
+        raise ValueError("a batch with recorded linear-layer outputs cannot be kept in a checkpoint")
+    return {f: getattr(batch, f) for f in RolloutBatch.__dataclass_fields__ if f != "linear_outputs"}
 
 
 def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

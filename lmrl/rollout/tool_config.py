@@ -1,20 +1,22 @@
 """The `tools` config section (`tools=`, `env=`, `tool_parser=`, ...) and what it builds: an environment factory.
 
-Shared by `lmrl rl`, `lmrl generate` and `lmrl sft`. Everything is checked at start-up: unknown tools,
-parsers or options, an env path that does not import, an MCP server that does not start.
+Shared by `lmrl rl`, `lmrl sft`, `lmrl generate` and `lmrl eval`. Everything is checked at start-up: unknown
+tools, parsers or options, an env path that does not import, an MCP server command that does not resolve (when the
+config is read) or a server that does not start (`start_servers`, before any model loads).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmrl.config import ConfigError, Section, field
-from lmrl.rollout.env import EnvFactory, tool_env_factory
-from lmrl.rollout.multiturn import MultiTurnOptions
+from lmrl.rollout.env import EnvFactory, checked_factory, tool_env_factory
 from lmrl.rollout.tool_parsers import TOOL_PARSERS, get_parser
 from lmrl.rollout.tools import ToolBox, build_tools, import_callable
+
+if TYPE_CHECKING:
+    from lmrl.rollout.multiturn import MultiTurnOptions
 
 
 @dataclasses.dataclass
@@ -23,8 +25,9 @@ class ToolSection(Section):
     tools: list[str] = field([], "tools the model may call: calculator, python, or module.path:factory (a Tool); "
                                  "non-empty turns on the multi-turn tool loop")
     tool_kwargs: dict = field({}, "options per tool, e.g. {python: {timeout_s: 5, memory_mb: 256}}")
-    mcp_servers: list[str] = field([], "MCP servers over stdio whose tools are added, each a command line "
-                                       "(needs the `tools` extra: pip install 'lmrl[tools]')")
+    mcp_servers: list[str] = field([], "MCP servers over stdio whose tools are added, each a command line; "
+                                       "`python` runs lmrl's interpreter (needs the `tools` extra: "
+                                       "pip install 'lmrl[tools]')")
     env: str | None = field(None, "a multi-turn environment factory module.path:factory, row -> Environment "
                                   "(default with tools: the tool environment)")
     tool_parser: str = field("hermes", f"tool-call format: {', '.join(TOOL_PARSERS)}")
@@ -40,6 +43,16 @@ class ToolSection(Section):
         for name in ("max_turns", "max_total_tokens", "max_tool_output_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        if self.mcp_servers:
+            from lmrl.rollout.mcp_tools import NO_SDK, sdk_installed, server_command
+
+            if not sdk_installed():
+                raise ConfigError(NO_SDK)
+            try:
+                for line in self.mcp_servers:
+                    server_command(line)
+            except ValueError as exc:
+                raise ConfigError(f"mcp_servers: {exc}") from None
         super().__post_init__()
 
     @property
@@ -48,6 +61,8 @@ class ToolSection(Section):
         return bool(self.tools or self.mcp_servers or self.env)
 
     def turn_options(self) -> MultiTurnOptions:
+        from lmrl.rollout.multiturn import MultiTurnOptions  # here: configs check without torch (lmrl.cli)
+
         return MultiTurnOptions(self.max_turns, self.max_total_tokens, self.train_tool_calls, get_parser(self.tool_parser))
 
 
@@ -60,16 +75,26 @@ def build_env_factory(section: ToolSection, tokenizer: Any) -> EnvFactory | None
     ensure_tool_template(tokenizer)
     if section.env:
         try:
-            return import_callable(section.env, "env")
+            return checked_factory(import_callable(section.env, "env"), section.env)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     try:
         tools = build_tools(section.tools, section.tool_kwargs)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    for command in section.mcp_servers:
-        from lmrl.rollout.mcp_tools import mcp_tools
-
-        tools += mcp_tools(shlex.split(command))
+    tools += start_servers(section)
     return tool_env_factory(ToolBox(tools, section.max_tool_output_chars), get_parser(section.tool_parser),
                             section.system_prompt)
+
+
+def start_servers(section: ToolSection) -> list:
+    """Start the config's MCP servers (each once per process: `build_env_factory` reuses them) and return their
+    tools; called before a model loads, so a server that does not start stops the run at once, naming it."""
+    if not section.mcp_servers:
+        return []
+    from lmrl.rollout.mcp_tools import mcp_tools, server_command
+
+    try:
+        return [tool for line in section.mcp_servers for tool in mcp_tools(server_command(line))]
+    except ValueError as exc:
+        raise ConfigError(f"mcp_servers: {exc}") from None

@@ -5,9 +5,16 @@ per-prompt seeds (drawn in the trainer), same log-prob semantics, same `RolloutB
     driver = server_driver("127.0.0.1:8000", timeout=600, model=policy, options=VLLMOptions(max_model_len=256))
     driver = server_driver("auto", ...)   # starts `python -m lmrl vllm-serve` as a child process first
 
-Weights go as safetensors bodies of up to 256 MiB each (checkpoint names, the run's dtype). Every request has a timeout, so a
-server that died or hangs stops the run with `VLLMServerError` (naming the server and how to restart) instead of
-hanging it; a server that is not there at start-up is a `ConfigError` with the command that starts one.
+Weights go as safetensors bodies of up to 256 MiB each (checkpoint names, the run's dtype), each part tagged with
+its push's id. Every request has a timeout, so a server that died or hangs stops the run with `VLLMServerError`
+(naming the server and how to restart) instead of hanging it; a server that is not there at start-up is a
+`ConfigError` with the command that starts one.
+
+One server, one trainer: /init returns a session token that every later request carries; a server that samples for
+another trainer refuses this one at start-up (`ConfigError` naming the server and the fix). With several trainer
+processes (nproc=N) they are one trainer: rank 0 starts (or spawns) the server and takes the session, every rank
+samples its own prompts through it with that token, and rank 0 alone pushes the weights while the others wait at a
+barrier (every rank gathers a sharded parameter, so FSDP and DDP push the same full weights).
 """
 
 from __future__ import annotations
@@ -20,12 +27,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 import weakref
 from collections.abc import Iterable
 
 import torch
 
 from lmrl.config_base import ConfigError
+from lmrl.parallel import runtime
+from lmrl.rollout.vllm_wire import SESSION_HEADER
 
 CONNECT_TIMEOUT_S = 5.0  # /health: a live server answers at once
 SPAWN_TIMEOUT_S = 300.0  # vllm_server=auto: `import vllm` and the server start
@@ -49,20 +59,25 @@ def parse_server(value: str) -> str:
 class RemoteVLLM:
     """A `lmrl vllm-serve` at `url`; `process`: the child that runs it (vllm_server=auto), ended with this object."""
 
-    def __init__(self, url: str, timeout: float, process: subprocess.Popen | None = None):
-        self.url, self.timeout, self.process = url, timeout, process
+    def __init__(self, url: str, timeout: float, process: subprocess.Popen | None = None, session: str | None = None,
+                 pushes: bool = True):
+        """session: the token of a session rank 0 took (nproc > 1); pushes: False on the ranks that leave the push
+        to rank 0."""
+        self.url, self.timeout, self.process, self.session, self.pushes = url, timeout, process, session, pushes
         if process is not None:
             weakref.finalize(self, stop_process, process)
 
     def request(self, path: str, body: bytes | None = None, timeout: float | None = None, query: str = "") -> dict:
-        """POST (GET without a body) `path`; the reply's JSON. A 400 is the trainer's bad input (ConfigError)."""
-        req = urllib.request.Request(f"{self.url}{path}{query}", data=body, method="GET" if body is None else "POST")
+        """POST (GET without a body) `path`; the reply's JSON. A 400 is the trainer's bad input (ConfigError), a 409
+        a refusal to mix trainers or pushes (ConfigError at /init, the run stops after it)."""
+        req = urllib.request.Request(f"{self.url}{path}{query}", data=body, method="GET" if body is None else "POST",
+                                     headers={SESSION_HEADER: self.session} if self.session else {})
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             message = json.loads(exc.read() or b"{}").get("error", str(exc))
-            if exc.code == 400:
+            if exc.code == 400 or (exc.code == 409 and path == "/init"):
                 raise ConfigError(message) from exc
             raise VLLMServerError(f"the vLLM server at {self.url} failed {path}: {message}") from exc
         except (OSError, TimeoutError) as exc:  # refused, reset, timed out
@@ -74,18 +89,36 @@ class RemoteVLLM:
 
     def start(self, config: dict, architecture: str, options) -> bool:
         """Start vLLM on the server for this model (no weights); True if the server reused a running engine."""
-        body = json.dumps({"config": config, "architecture": architecture, "options": options.to_dict()}).encode()
-        return self.request("/init", body, timeout=max(self.timeout, SPAWN_TIMEOUT_S))["reused"]
+        body = json.dumps({"config": config, "architecture": architecture, "options": options.to_dict(),
+                           "trainer": f"pid {os.getpid()} on {socket.gethostname()}", "lease_s": self.timeout}).encode()
+        reply = self.request("/init", body, timeout=max(self.timeout, SPAWN_TIMEOUT_S))
+        self.session = reply["session"]
+        return reply["reused"]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
         """Push in parts of about PUSH_PART_BYTES (the trainer serializes one part at a time); the server loads
-        them all in one in-place reload when the last part arrives."""
+        them all in one in-place reload when the last part arrives. Several processes: rank 0 pushes, every rank
+        walks the weights (a sharded one is gathered by all) and waits until the push is in."""
         from safetensors.torch import save
 
-        parts = list(split_bytes(weights, PUSH_PART_BYTES))
-        for i, part in enumerate(parts):
-            body = save({name: t.detach().to("cpu").contiguous() for name, t in part})
-            self.request("/weights", body, query=f"?part={i}&parts={len(parts)}&tied={int(tied)}")
+        error = None
+        if not self.pushes:
+            for _ in weights:  # FSDP: every rank takes part in gathering each sharded parameter
+                pass
+        else:
+            try:
+                parts, push = list(split_bytes(weights, PUSH_PART_BYTES)), uuid.uuid4().hex[:12]
+                for i, part in enumerate(parts):
+                    body = save({name: t.detach().to("cpu").contiguous() for name, t in part})
+                    self.request("/weights", body, query=f"?part={i}&parts={len(parts)}&tied={int(tied)}&push={push}")
+            except Exception as exc:  # noqa: BLE001 - every rank learns of it below (none waits forever)
+                error = exc
+        # several processes: also the barrier that keeps every rank from sampling before the push is in
+        if runtime.world() > 1 and runtime.any_rank(error is not None) and error is None:
+            raise VLLMServerError(f"rank 0's weight push to the vLLM server at {self.url} failed (its error is in "
+                                  "rank 0's output); restart the server and continue the run with resume=true.")
+        if error is not None:
+            raise error
 
     def sample(self, prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds):
         reply = self.request("/sample", json.dumps({
@@ -94,6 +127,13 @@ class RemoteVLLM:
         return reply["tokens"], reply["logps"], reply["stopped"]
 
     def close(self) -> None:
+        """The session ends (the server is free for another trainer); a server this run spawned is stopped."""
+        if self.session is not None and self.pushes:
+            try:
+                self.request("/release", b"{}", timeout=CONNECT_TIMEOUT_S)
+            except (VLLMServerError, ConfigError):  # gone already, or the session lapsed: nothing to free
+                pass
+            self.session = None
         if self.process is not None:
             stop_process(self.process)
 
@@ -158,9 +198,24 @@ def spawn(timeout: float) -> RemoteVLLM:
 
 
 def server_driver(server: str, timeout: float, model, options) -> RemoteVLLM:
-    """The driver of `VLLMEngine` in server mode: connected (or spawned for 'auto') and started on `model`."""
+    """The driver of `VLLMEngine` in server mode: connected (or spawned for 'auto') and started on `model`. Several
+    processes share one server and one session: rank 0 connects, starts it and pushes; the others get its address
+    and token."""
     from lmrl.rollout.vllm_engine import model_spec
 
-    remote = spawn(timeout) if server == "auto" else connect(server, timeout)
-    remote.start(*model_spec(model), options)
-    return remote
+    if runtime.world() == 1:
+        remote = spawn(timeout) if server == "auto" else connect(server, timeout)
+        remote.start(*model_spec(model), options)
+        return remote
+    remote, error = None, None
+    if runtime.rank() == 0:
+        try:
+            remote = spawn(timeout) if server == "auto" else connect(server, timeout)
+            remote.start(*model_spec(model), options)
+        except ConfigError as exc:  # the other ranks raise it too instead of waiting for rank 0 forever
+            error = str(exc)
+    url, session, error = runtime.broadcast_object((remote.url, remote.session, None) if remote and not error
+                                                   else (None, None, error))
+    if error:
+        raise ConfigError(error)
+    return remote if runtime.rank() == 0 else RemoteVLLM(url, timeout, session=session, pushes=False)

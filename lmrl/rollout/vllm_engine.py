@@ -11,7 +11,8 @@ in this process (`VLLMDriver`, colocated) or in a `lmrl vllm-serve` process (`Re
 - Sync: the trainer calls `sync(model, version)` before it samples (`lmrl.rollout.protocol`); a new version (or a
   replaced model: rejection rounds) marks the engine stale, and the next `generate` pushes every weight in place
   (`vllm_weights`: merged LoRA, the tied-head re-pack on CPU) and resets the prefix cache (no KV from old weights is
-  reused).
+  reused). With `VLLMOptions.lora_rank` (vllm_lora_sync=adapter) the frozen base goes once per model and each sync
+  writes only the LoRA adapter, which vLLM serves (`push_adapter`).
 - The same `RolloutBatch` as `HFEngine`: prompt-major rows (one request per prompt, `n` children sharing the
   prompt's KV through prefix caching), `sampler_logp` = log_softmax(logits / T) of each sampled token (vLLM's
   `processed_logprobs`; exact for top_k=0, top_p=1, which is why other settings are refused), stop token ids kept,
@@ -26,6 +27,8 @@ is vLLM 0.32's `reload_weights` (measured on CPU in shared/notes/vllm-cpu.md).
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 
 import torch
@@ -33,7 +36,7 @@ import torch
 from lmrl.rollout.hf import StopStringMatcher, _left_pad, pad_token_id, stop_token_ids
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 from lmrl.rollout.vllm_driver import VLLMOptions
-from lmrl.rollout.vllm_weights import hf_weights, is_peft_model, merged_adapters
+from lmrl.rollout.vllm_weights import architecture, hf_weights, is_peft_model, merged_adapters
 
 SEED_RANGE = 2**31 - 1
 
@@ -44,9 +47,9 @@ def base_model(model):
 
 
 def model_spec(model) -> tuple[dict, str]:
-    """(config as a JSON-able dict, architecture class name): what vLLM needs to build the model (no weights)."""
-    hf = base_model(model)
-    return json.loads(hf.config.to_json_string()), type(hf).__name__
+    """(config as a JSON-able dict, architecture class name): what vLLM needs to build the model (no weights). The
+    class is the HF one under a PEFT or torch.distributed (FSDP/DDP) wrapper."""
+    return json.loads(base_model(model).config.to_json_string()), architecture(model)
 
 
 class VLLMEngine:
@@ -66,6 +69,7 @@ class VLLMEngine:
         self.stale, self.sleeping = True, False  # vLLM starts on dummy weights: the first generate pushes
         self.version: int | None = None
         self.syncs, self.last_sync_s = 0, 0.0
+        self.base_pushed, self.adapter_dir = None, None  # vllm_lora_sync=adapter
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
 
     # -- weights ---------------------------------------------------------------------------------------------
@@ -85,16 +89,34 @@ class VLLMEngine:
         self.driver.close()
 
     def sync_weights(self) -> float:
-        """Push every weight of the model into the running engine in place; returns the seconds it took."""
+        """Push every weight of the model into the running engine in place (vllm_lora_sync=adapter: the base
+        weights once per model, then only the adapter); returns the seconds it took."""
         t0 = time.perf_counter()
         if self.sleeping:
             self.driver.wake_up(["weights"])
-        with torch.no_grad(), merged_adapters(self.model):
-            self.driver.load_weights(hf_weights(self.model, self.options.dtype), self.tied)
+            self.base_pushed = None  # sleep level 2 dropped the weights
+        if self.options.lora_rank:
+            self.push_adapter()
+        else:
+            with torch.no_grad(), merged_adapters(self.model):
+                self.driver.load_weights(hf_weights(self.model, self.options.dtype), self.tied)
         self.stale = False
         self.syncs += 1
         self.last_sync_s = time.perf_counter() - t0
         return self.last_sync_s
+
+    def push_adapter(self) -> None:
+        """vllm_lora_sync=adapter: the frozen base weights (unmerged) when this model's are not in vLLM yet, then the
+        adapter, written in peft's format to a temporary directory (in memory on Linux: /dev/shm) that vLLM loads."""
+        if self.base_pushed is not self.model:
+            with torch.no_grad():
+                self.driver.load_weights(hf_weights(self.model, self.options.dtype), self.tied)
+            self.base_pushed = self.model
+        if self.adapter_dir is None:
+            self.adapter_dir = tempfile.TemporaryDirectory(prefix="lmrl-lora-",
+                                                           dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.model.save_pretrained(self.adapter_dir.name)
+        self.driver.load_adapter(self.adapter_dir.name)
 
     # -- sampling --------------------------------------------------------------------------------------------
 

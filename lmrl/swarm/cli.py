@@ -17,6 +17,7 @@ Soft Adaptive Policy Optimization).
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,28 @@ def swarm_round(config: SwarmConfig, step: int, now: float | None = None) -> int
     return max(0, int(((time.time() if now is None else now) - ROUND_EPOCH) // config.round_seconds))
 
 
+NODE_NAME_FILE = "swarm_node_name"
+
+
+def default_node_name(run_dir: Path) -> str:
+    """transport=file without node_name: a random ``node-<hex>`` kept in the run directory. Two nodes left at the
+    default then have two names (one name per seed made two such nodes one peer, each skipping the other's
+    entries as its own), and a resumed node keeps its name."""
+    path = run_dir / NODE_NAME_FILE
+    name = path.read_text().strip() if path.is_file() else ""
+    if not name:
+        name = f"node-{secrets.token_hex(4)}"
+        path.write_text(name + "\n")
+    return name
+
+
 def join_transport(config: SwarmConfig, run_dir: Path) -> Transport:
     """The transport of `lmrl swarm mode=join`: hivemind (identity kept in the run dir) or a shared folder."""
     from lmrl.swarm.memory import FileHub, MemoryTransport
 
     if config.transport == "file":
         hub = FileHub(config.hub_dir, keep_rounds=config.keep_rounds, max_entry_bytes=config.max_payload_bytes + 1)
-        return MemoryTransport(hub, config.node_name or f"node-{config.seed}")
+        return MemoryTransport(hub, config.node_name or default_node_name(run_dir))
     try:
         from lmrl.swarm.hivemind_transport import HivemindOptions, HivemindTransport
     except ImportError as err:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
+from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, check_output_dir, field
 from lmrl.data.tasks import TASKS
 from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX
 from lmrl.data.tasks.reasoning_gym import dataset_names
 from lmrl.rollout.engine_section import EngineSection
-from lmrl.swarm.sampling import PEER_SAMPLERS
 
+PEER_SAMPLER_NAMES = ("uniform", "first", "max_variance", "per_peer")
+"""`lmrl.swarm.sampling.PEER_SAMPLERS`'s names, for the help of `peer_sampling` (that module imports torch; a test
+keeps the two equal)."""
 DEFAULT_TASKS = ["arithmetic", "countdown", "sorting", "reverse", "count", "linear"]
 """The built-in task mix (6 verifiable families, like the paper's ReasoningGym specialties)."""
 
@@ -26,7 +28,7 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
     samples_per_prompt: int = field(4, "G (the paper's L): completions per question; peers may use other values")
     tasks: list[str] = field(DEFAULT_TASKS, "task mix: each question's task is drawn uniformly (with replacement)")
     task_args: dict = field({}, "per-task generation parameters, e.g. {arithmetic: {digits: 1}}")
-    peer_sampling: str = field("uniform", "how the J peers' groups are picked: " + ", ".join(PEER_SAMPLERS.names()))
+    peer_sampling: str = field("uniform", "how the J peers' groups are picked: " + ", ".join(PEER_SAMPLER_NAMES))
     drop_zero_advantage: bool = field(True, "drop groups whose rewards (by this node's verifier) are all equal")
     max_peer_groups: int = field(64, "peers' groups considered per round; beyond it a random subset")
     max_prompt_tokens: int = field(256, "peers' questions longer than this in this node's tokens are dropped")
@@ -65,7 +67,7 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
     keep_rounds: int = field(4, "rounds a memory/file hub keeps")
     # ---- join
     transport: Literal["hivemind", "file"] = field("hivemind", "join: hivemind DHT, or a folder shared by the nodes (hub_dir)")
-    node_name: str | None = field(None, "join with transport=file: this node's peer id (default node-<seed>)")
+    node_name: str | None = field(None, "join with transport=file: this node's peer id (default: a random node-<hex>, kept in output_dir for resume)")
     initial_peers: list[str] = field([], "join: multiaddrs of running nodes (empty: start a new swarm)")
     host_maddrs: list[str] = field(["/ip4/0.0.0.0/tcp/0"], "join: where to listen (port 0: any free port)")
     announce_maddrs: list[str] = field([], "join: public addresses to announce (behind NAT)")
@@ -114,6 +116,8 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
                     f"'tasks'/'task_args' name unknown task '{name}'. Built-in tasks: {sorted(TASKS)}, or "
                     "rg:<name> for a reasoning-gym dataset."
                 )
+        from lmrl.swarm.sampling import PEER_SAMPLERS  # here: a config checks without torch (lmrl.cli)
+
         if self.peer_sampling not in PEER_SAMPLERS.names():
             raise ConfigError(
                 f"'peer_sampling' must be one of {list(PEER_SAMPLERS.names())}, got '{self.peer_sampling}'."
@@ -125,6 +129,8 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
             )
         if any(g < 1 for g in self.node_samples_per_prompt):
             raise ConfigError(f"'node_samples_per_prompt' entries must be >= 1, got {self.node_samples_per_prompt}.")
+        if self.hub_dir:
+            check_output_dir(self.hub_dir, "hub_dir")  # a file there: a message, not a raw errno at mkdir
         if self.mode == "join" and self.transport == "file" and not self.hub_dir:
             raise ConfigError("mode=join transport=file needs hub_dir: the folder every node of the swarm shares.")
 

@@ -27,7 +27,7 @@ from lmrl.swarm.hivemind_import import (
     crypto_pb2,
     get_dht_time,
 )
-from lmrl.swarm.hivemind_options import MAX_EXPIRATION_S, MAX_PAYLOAD_BYTES, MAX_VALUE_BYTES
+from lmrl.swarm.hivemind_options import MAX_EXPIRATION_S, MAX_VALUE_BYTES, OWNER_BUDGET_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,6 @@ def owner_peer_id(subkey: Any) -> str | None:
         return None
 
 
-OWNER_BUDGET_BYTES = 8 * MAX_PAYLOAD_BYTES
-"""Bytes of unexpired records one owner may hold in this node's DHT storage (8 maximal payloads)."""
 
 
 class SwarmRecordValidator(RSASignatureValidator):

@@ -7,6 +7,7 @@ is capped at 2 MiB and split into chunks of at most 256 KiB (see `lmrl.swarm.hiv
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from lmrl.swarm.hivemind_import import Multiaddr
 
@@ -18,6 +19,35 @@ MAX_EXPIRATION_S = 3600.0
 """Longest lifetime a record may claim: nodes refuse records expiring later (no 10-year entries in their DHT)."""
 MIN_CHUNK_BYTES = 4096
 """Smallest chunk a manifest may announce: bounds the lookups one peer can cause to max_payload_bytes / 4 KiB."""
+RECORD_OVERHEAD_BYTES = 1024
+"""What a stored record adds to its value, generously: the msgpack header and the RSA signature marker (~400 B)."""
+MANIFEST_BYTES = 256
+"""Largest manifest value ({size, sha256, chunks, chunk_bytes} in msgpack, ~80 B)."""
+
+
+def round_bytes(payload_bytes: int, chunk_bytes: int) -> int:
+    """What one published round counts against its owner's budget on a peer: its chunks and its manifest, each with
+    the record overhead."""
+    chunks = max(1, math.ceil(payload_bytes / chunk_bytes))
+    return payload_bytes + MANIFEST_BYTES + (chunks + 1) * RECORD_OVERHEAD_BYTES
+
+
+OWNER_BUDGET_ROUNDS = 8
+OWNER_BUDGET_BYTES = OWNER_BUDGET_ROUNDS * round_bytes(MAX_PAYLOAD_BYTES, MIN_CHUNK_BYTES)
+"""Bytes of unexpired records one owner may hold in a node's DHT storage: 8 rounds of the largest payload in the
+smallest chunks (~20 MiB). A publisher keeps its own rounds within it by their lifetime (`record_lifetime`), so an
+honest node at any payload size and publishing rate loses no round to it."""
+
+
+def record_lifetime(expiration_s: float, interval_s: float | None, payload_bytes: int, chunk_bytes: int) -> float:
+    """Seconds the records of a round live: ``expiration_s``, shortened when the node publishes so often (one round
+    every ``interval_s``, the time since its previous publish) that its rounds alive at once would pass the owner
+    budget every peer enforces: ``budget // round_bytes - 2`` rounds (spares: the first round, published before the
+    rate is known, lives ``expiration_s``; and one that expires as the next is stored)."""
+    if interval_s is None:
+        return expiration_s
+    rounds = OWNER_BUDGET_BYTES // round_bytes(payload_bytes, chunk_bytes) - 2
+    return max(0.0, min(expiration_s, rounds * interval_s))
 
 
 @dataclasses.dataclass(frozen=True)

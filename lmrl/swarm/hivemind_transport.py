@@ -57,7 +57,7 @@ import msgpack
 
 from lmrl.swarm.hivemind_identity import SwarmRecordValidator, load_or_create_identity, owner_peer_id, peer_id_of
 from lmrl.swarm.hivemind_import import DHTNode, get_dht_time
-from lmrl.swarm.hivemind_options import MAX_VALUE_BYTES, MIN_CHUNK_BYTES, HivemindOptions
+from lmrl.swarm.hivemind_options import MAX_VALUE_BYTES, MIN_CHUNK_BYTES, HivemindOptions, record_lifetime
 from lmrl.swarm.transport import SkipCounter, check_round
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class HivemindTransport:
         self.options = options
         self.stats = SkipCounter()
         self.publish_failures = 0
+        self._last_publish: float | None = None  # DHT time of the previous publish: the node's publishing rate
         self._closed = False
         self._tmpdir: str | None = None
         if options.identity_path is None:
@@ -209,7 +210,9 @@ class HivemindTransport:
         size, cb = len(data), self.options.chunk_bytes
         digest = hashlib.sha256(data).digest()
         chunks = [data[i : i + cb] for i in range(0, size, cb)]
-        expiration = get_dht_time() + self.options.expiration_s
+        now = get_dht_time()
+        interval, self._last_publish = (None if self._last_publish is None else now - self._last_publish), now
+        expiration = now + record_lifetime(self.options.expiration_s, interval, size, cb)  # within peers' budgets
         keys = [self._chunk_key(round, self._peer_id, digest, i) for i in range(len(chunks))]
         stored = await self._node.store_many(keys, chunks, expiration, subkeys=[self._owner] * len(keys))
         if not all(stored.values()):

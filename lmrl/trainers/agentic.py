@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lmrl.eval.tools import tool_eval
+from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.parallel import runtime
 from lmrl.rollout.groups import sampling_params, seeded_shards
 from lmrl.rollout.multiturn import run_episodes
@@ -57,18 +57,42 @@ def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
     return metrics
 
 
-def sample_text(batch: RolloutBatch, i: int) -> str:
-    """What samples.jsonl shows of row i: the transcript of a multi-turn row, else the completion."""
-    return batch.info[i]["transcript"] if batch.info is not None else batch.completions[i]
+def sample_fields(batch: RolloutBatch, i: int) -> dict[str, Any]:
+    """What samples.jsonl keeps of row i. Single-turn: the prompt's last 60 characters and the completion. A
+    multi-turn row, losslessly: the whole prompt, the transcript as `completion`, the conversation (`messages`),
+    the assistant turns' token spans (`turns`) and `token_roles`, the completion's tokens run-length encoded as
+    [role, loss mask, count] (``["assistant", 1, 12], ["tool", 0, 9], ...``; sums to the completion's length)."""
+    if batch.info is None:
+        return {"prompt": batch.prompts[i][-60:], "completion": batch.completions[i]}
+    info = batch.info[i]
+    return {"prompt": batch.prompts[i], "completion": info["transcript"], "messages": info["messages"],
+            "turns": [list(span) for span in info["turns"]], "token_roles": token_roles(batch, i)}
+
+
+def token_roles(batch: RolloutBatch, i: int) -> list[list]:
+    """Run-length [role, loss mask, count] of multi-turn row i's completion tokens: ``assistant`` on sampled turns,
+    the environment messages' role (``tool``, ``user``) between them."""
+    info = batch.info[i]
+    length = int(batch.completion_mask[i].sum())
+    roles = ["assistant"] * length
+    for role, start, end in info["env_spans"]:
+        roles[start:end] = [role] * (min(end, length) - start)
+    mask = batch.train_mask[i, :length].round().int().tolist()
+    runs: list[list] = []
+    for role, m in zip(roles, mask):
+        if runs and runs[-1][0] == role and runs[-1][1] == m:
+            runs[-1][2] += 1
+        else:
+            runs.append([role, m, 1])
+    return runs
 
 
 def evaluate_episodes(model, tokenizer, eval_rows: list[dict[str, Any]], config, dtype, env_factory,
                       max_new_tokens: int | None = None):
-    """Greedy held-out accuracy of tool episodes (eval/accuracy) and their tool metrics."""
-    from lmrl.rollout.hf import HFEngine
-
-    engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
-    metrics, samples = tool_eval(engine, tokenizer, eval_rows, env_factory, config.turn_options(),
-                                 max_new_tokens or config.max_new_tokens, num_samples=config.num_samples)
+    """Greedy held-out accuracy of tool episodes (eval/accuracy) and their tool metrics: `lmrl eval
+    metrics=[accuracy]` with the run's tool keys, on the same evaluator (so the two agree exactly)."""
+    options = EvalOptions(max_new_tokens=max_new_tokens or config.max_new_tokens, num_samples=config.num_samples)
+    evaluator = Evaluator(["accuracy"], eval_rows, options, "eval rows", turns=config.turn_options())
+    metrics, samples = evaluator(model, tokenizer, dtype, env_factory=env_factory)
     return {"eval/accuracy": metrics["accuracy"],
-            "eval/tool_calls_per_episode": metrics["tools/calls_per_episode"]}, samples
+            "eval/tool_calls_per_episode": metrics.get("tools/calls_per_episode", 0.0)}, samples

@@ -28,9 +28,9 @@ from lmrl.models.memory import keep_freed_memory
 from lmrl.models.precision import RUN_FILE, precision_of
 from lmrl.parallel import runtime
 from lmrl.tracking import Tracker, console
-from lmrl.trainers import intact, rundir, runlock
+from lmrl.trainers import ckpt_world, intact, rundir, runlock
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = ckpt_world.STATE_FILE  # the file every complete checkpoint has
 
 
 class TrainingStopped(RuntimeError):
@@ -316,7 +316,9 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
             save_trainable(model, tmp)
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "rng": rng_state(), "trainer": state or {}}, tmp / STATE_FILE)
-    except OSError as exc:  # a full disk, a quota, a lost mount: one paragraph, not the writer's traceback
+    except (OSError, RuntimeError) as exc:  # a full disk, a quota, a lost mount: one paragraph, not a traceback
+        if not is_write_failure(exc):
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise checkpoint_failed(run, step, exc) from None
     shutil.rmtree(final, ignore_errors=True)
@@ -326,12 +328,17 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
     return final
 
 
-def checkpoint_failed(run: Run, step: int, exc: OSError) -> TrainingStopped:
+def is_write_failure(exc: BaseException) -> bool:
+    """An OSError, or torch.save's RuntimeError for a failed write ("PytorchStreamWriter failed writing file")."""
+    return isinstance(exc, OSError) or "failed writing" in str(exc) or "file write failed" in str(exc)
+
+
+def checkpoint_failed(run: Run, step: int, exc: BaseException) -> TrainingStopped:
     """The error of a checkpoint that could not be written: where, why, and that the previous one is intact."""
     previous = latest_checkpoint(run.dir)
     kept = (f"the previous checkpoint {previous} is intact, and resume=true continues from it" if previous else
             "there is no earlier checkpoint (resume=true starts again from step 0)")
-    why = exc.strerror or str(exc) or type(exc).__name__
+    why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
     return TrainingStopped(
         f"Writing checkpoint step-{step} in {run.checkpoints_dir} failed: {why}. The partial checkpoint was removed; "
         f"{kept}. Free space there (or keep fewer checkpoints: keep_checkpoints=1, save_every=...) and resume.")
@@ -346,6 +353,7 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler, config: Tr
 
     With ``config``: keys changed since the checkpoint are printed, a changed ``lr`` is applied to the restored
     optimizer and scheduler, and keys the checkpoint holds (`rundir.FIXED_ON_RESUME`) are refused."""
+    ckpt_world.check_world(checkpoint, 1)  # a multi-process checkpoint: the fix, not "does not match the model"
     state = read_state(checkpoint)
     changes = {}
     if config is not None:
@@ -387,6 +395,13 @@ def load_full_weights(model, checkpoint: Path) -> None:
 def save_final(run: Run, model, tokenizer, merge_lora: bool = False, name: str = "final") -> Path:
     """``output_dir/final`` (or ``name``): the trained model in HF format, loadable with ``model=<run>/final``; with
     LoRA the adapter (loads as base + adapter), or with ``merge_lora`` the merged model and the adapter in adapter/."""
-    if is_peft(model):
-        return save_adapter(model, tokenizer, run.dir / name, merge=merge_lora)
-    return save_model(model, tokenizer, run.dir / name)
+    try:
+        if is_peft(model):
+            return save_adapter(model, tokenizer, run.dir / name, merge=merge_lora)
+        return save_model(model, tokenizer, run.dir / name)
+    except OSError as exc:  # a full disk at the end: the last checkpoint holds the same weights
+        previous = latest_checkpoint(run.dir)
+        raise TrainingStopped(
+            f"Writing the model to {run.dir / name} failed: {exc.strerror or exc}. "
+            + (f"The checkpoint {previous} holds the trained weights; " if previous else "")
+            + "free space there and run again with resume=true to write it.") from None

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import RunningDelta, kto_reference_kl, preference_loss, preference_stats
+from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.data.chat import render_prompt
 from lmrl.models.head import DEFAULT_CHUNK_MB
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.logprobs import completion_logprobs, labelled_logprobs
 from lmrl.models.placement import model_device, to_device
 from lmrl.parallel import runtime
 from lmrl.rollout.hf import HFEngine, SamplingParams
@@ -71,9 +72,18 @@ def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -
 # ----------------------------------------------------------------------------- log-probs
 
 
-def sequence_logps(model, seqs: list[prefs.Tokenized], pad_id: int, dtype,
-                   chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-probs (N,) of each sequence's learned completion tokens, and their counts (N,)."""
+def sequence_logps(model, seqs: list[prefs.Tokenized], pad_id: int, dtype, chunk_mb: float = DEFAULT_CHUNK_MB,
+                   packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probs (N,) of each sequence's learned completion tokens, and their counts (N,); ``packed``: the
+    sequences in one packed row (`lmrl.data.packing`), summed back per sequence."""
+    if packed:
+        learned = [[-100] * len(s.prompt_ids) + [t if keep else -100 for t, keep in zip(s.completion_ids, s.learn, strict=True)]
+                   for s in seqs]
+        batch = to_device(packing.pack([s.prompt_ids + s.completion_ids for s in seqs], learned), model_device(model))
+        logp, labelled = labelled_logprobs(model, batch, dtype, chunk_mb)  # (1, L-1)
+        rows = batch["row_ids"][0, 1:]
+        sums = logp.new_zeros(len(seqs)).index_add(0, rows, logp[0])
+        return sums, logp.new_zeros(len(seqs)).index_add(0, rows, labelled[0].to(logp.dtype))
     batch = to_device(prefs.collate_completions(seqs, pad_id), model_device(model))
     logp = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], int(batch["completion_start"]),
                                autocast_dtype=dtype, chunk_mb=chunk_mb)  # (N, T)
@@ -118,10 +128,10 @@ class Reference:
 
 
 def example_loss(model, examples: list[Example], ref: torch.Tensor | None, config: DPOConfig, pad_id: int, dtype,
-                 bco_delta: float = 0.0, rows: int | None = None
+                 bco_delta: float = 0.0, rows: int | None = None, packed: bool = False
                  ) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
     """Per-example losses (b,), logging stats (over the first ``rows`` examples, default all) and the loss batch,
-    for pairs or KTO examples; `ref` (b, 2)."""
+    for pairs or KTO examples; `ref` (b, 2). ``packed``: pairs' sequences in one packed row (training)."""
     b = len(examples)
     rows = rows or b
     ref = torch.zeros(b, 2) if ref is None else ref
@@ -141,7 +151,7 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
                 stats[f"rewards/{name}"], stats[f"logps/{name}"] = reward[sel].mean().item(), logp[sel].mean().item()
         return losses, stats, fields
     logps, lengths = sequence_logps(model, [e.seqs[0] for e in examples] + [e.seqs[1] for e in examples], pad_id, dtype,
-                                    config.logprob_chunk_mb)
+                                    config.logprob_chunk_mb, packed)
     fields = {"chosen": logps[:b], "rejected": logps[b:], "ref_chosen": ref[:, 0], "ref_rejected": ref[:, 1],
               "chosen_len": lengths[:b], "rejected_len": lengths[b:]}
     if config.needs_scores:
@@ -163,12 +173,10 @@ def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int
     Stats are this rank's part of the step's mean times the world size (their mean over ranks is the mean)."""
     batch_size, real = batch_size or len(examples), len(examples) if real is None else real
     sums: dict[str, float] = {}
-    for part in torch.arange(len(examples)).tensor_split(config.grad_accum):  # equal parts when divisible
-        if not len(part):
-            continue
-        kept = int((part < real).sum())  # the real examples lead: a part's first `kept` count
+    for part, kept in micro_batches(examples, config, real):
         losses, stats, fields = example_loss(model, [examples[i] for i in part], None if ref is None else ref[part],
-                                             config, pad_id, dtype, delta.value, kept)
+                                             config, pad_id, dtype, delta.value, kept,
+                                             packed=config.max_tokens_per_microbatch is not None)
         loss = losses[:kept].sum() / batch_size  # pads: forward and backward (the same collectives), gradient 0
         common.check_finite(loss, step)
         loss.backward()
@@ -178,6 +186,21 @@ def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int
         for key, value in {"loss": losses[:kept].mean().item() if kept else 0.0, **stats}.items():
             sums[key] = sums.get(key, 0.0) + (value * weight if kept else 0.0)
     return sums
+
+
+def micro_batches(examples: list[Example], config: DPOConfig, real: int) -> list[tuple[torch.Tensor, int]]:
+    """(example indices, how many of them count) per micro-batch: ``grad_accum`` equal parts, or with
+    ``max_tokens_per_microbatch`` the pairs packed first-fit-decreasing by their two sequences' tokens. The real
+    examples lead each part (indices < ``real``); with packing, every rank runs as many parts as the rank with the
+    most (a repeat that counts 0), since each backward reduces gradients across ranks."""
+    if config.max_tokens_per_microbatch is None:
+        parts = torch.arange(len(examples)).tensor_split(config.grad_accum)  # equal parts when divisible
+        return [(part, int((part < real).sum())) for part in parts if len(part)]
+    lengths = [sum(len(s) for s in e.seqs) for e in examples]
+    parts = [torch.tensor(sorted(b)) for b in packing.first_fit_decreasing(lengths, config.max_tokens_per_microbatch)]
+    planned = [(part, int((part < real).sum())) for part in parts]
+    most = int(runtime.all_max(len(planned)))
+    return planned + [(parts[0], 0)] * (most - len(planned))
 
 
 # ----------------------------------------------------------------------------- evaluation

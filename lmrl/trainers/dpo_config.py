@@ -10,12 +10,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from lmrl.algorithms import PREFERENCE_LOSSES
-from lmrl.algorithms.registry import check_options, keyword_options
 from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.rollout.engine_section import EngineSection
 
 JUDGE_OPTIONS = ("swap", "max_new_tokens", "batch_size", "prompt", "chat")
+
+
+def preference_losses():
+    """`lmrl.algorithms.PREFERENCE_LOSSES`, imported on first use: a config's keys check without torch (`lmrl.cli`)."""
+    from lmrl.algorithms import PREFERENCE_LOSSES
+
+    return PREFERENCE_LOSSES
 
 
 @dataclasses.dataclass
@@ -44,6 +49,7 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
     overlong: Literal["drop", "error"] = field("drop", "pairs longer than max_length: drop them or stop")
     batch_size: int = field(32, "pairs (KTO: examples) per optimizer step, split into grad_accum micro-batches; "
                                 "online: prompts per step")
+    max_tokens_per_microbatch: int | None = field(None, "pack pairs into micro-batches of at most this many tokens (both sequences of a pair together; positions restart per sequence; replaces grad_accum; null: padded rows)")
     output_dir: str = field("runs/dpo", "run directory")
     # online DPO (lmrl/trainers/online_dpo.py): pairs sampled from the current policy and labelled each step
     online: bool = field(False, "sample pairs from the current policy each step, label them with `rewards` or `judge`")
@@ -56,12 +62,14 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.loss not in PREFERENCE_LOSSES.names():
-            PREFERENCE_LOSSES.get(self.loss)  # raises, naming the choices
+        from lmrl.algorithms.registry import check_options, keyword_options
+
+        if self.loss not in preference_losses().names():
+            preference_losses().get(self.loss)  # raises, naming the choices
         if "beta" in self.loss_args:
             raise ConfigError("Set β with beta=..., not loss_args.beta.")
         try:
-            options = keyword_options(PREFERENCE_LOSSES.get(self.loss))
+            options = keyword_options(preference_losses().get(self.loss))
             check_options(f"preference loss {self.loss!r}", self.loss_options, options)
         except ValueError as exc:
             raise ConfigError(f"loss_args: {exc}") from exc
@@ -71,6 +79,12 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
             raise ConfigError(f"'beta' must be > 0, got {self.beta}.")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
+        if self.max_tokens_per_microbatch is not None and (self.grad_accum != 1 or self.unpaired
+                                                           or self.max_tokens_per_microbatch < 2 * self.max_length):
+            raise ConfigError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs pairs into micro-batches "
+                              f"of that many tokens: it replaces grad_accum (got {self.grad_accum}; set 1), must be >= "
+                              f"2 x max_length ({2 * self.max_length}) so that every pair fits, and takes paired losses "
+                              f"only (loss={self.loss}).")
         if self.unpaired and self.batch_size // self.grad_accum < 2:
             raise ConfigError(f"loss={self.loss} needs >= 2 examples per micro-batch (z0 pairs prompts with other "
                               "completions).")
@@ -99,24 +113,26 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
 
     @property
     def loss_options(self) -> dict[str, Any]:
-        takes_beta = "beta" in keyword_options(PREFERENCE_LOSSES.get(self.loss))
+        from lmrl.algorithms.registry import keyword_options
+
+        takes_beta = "beta" in keyword_options(preference_losses().get(self.loss))
         return {**({"beta": self.beta} if takes_beta else {}), **self.loss_args}
 
     @property
     def uses_reference(self) -> bool:
-        return not PREFERENCE_LOSSES.trait(self.loss, "reference_free", False)
+        return not preference_losses().trait(self.loss, "reference_free", False)
 
     @property
     def unpaired(self) -> bool:
         """The loss takes labelled single completions (KTO), not pairs."""
-        return bool(PREFERENCE_LOSSES.trait(self.loss, "unpaired", False))
+        return bool(preference_losses().trait(self.loss, "unpaired", False))
 
     @property
     def needs_scores(self) -> bool:
         """The loss reads the pairs' ratings (ODPO's offset)."""
-        return bool(PREFERENCE_LOSSES.trait(self.loss, "needs_scores", False))
+        return bool(preference_losses().trait(self.loss, "needs_scores", False))
 
     @property
     def running_delta(self) -> bool:
         """The loss reads the running mean δ of the implicit rewards (BCO)."""
-        return bool(PREFERENCE_LOSSES.trait(self.loss, "running_delta", False))
+        return bool(preference_losses().trait(self.loss, "running_delta", False))

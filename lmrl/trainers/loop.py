@@ -11,7 +11,7 @@ A method (SFT, DPO, GRPO, self-play, ...) supplies only what is its own, as an o
     describe(run) -> str      the start-up line
 
 and the optional members of `Method` (``samples_title``, ``initial_metrics``, ``data_parallel``, ``setup``,
-``checkpoint_module``, ``start``, ``stop``, ``close``) with the defaults of `MethodDefaults`, its base. The loop
+``checkpoint_module``, ``env_factory``, ``start``, ``stop``, ``close``) with the defaults of `MethodDefaults`, its base. The loop
 gives the method its tracker as ``method.tracker`` (for samples and notices during a step).
 
 With several processes (torchrun, ``nproc=N``) each rank's ``step`` trains on its share of the global batch; the
@@ -36,6 +36,7 @@ import torch
 from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
 from lmrl.parallel import runtime
+from lmrl.rewards.errors import SKIPPED
 from lmrl.trainers import common, dist_checkpoint
 from lmrl.trainers.best import BestKeeper
 
@@ -68,6 +69,8 @@ class Method(Protocol):
     """its `ModelSetup` (precision, the sharded models to gather for evaluation), or None"""
     checkpoint_module: torch.nn.Module | None
     """what a multi-process checkpoint's DCP shards hold (None: ``model``), e.g. PPO's policy and value model"""
+    env_factory: Any
+    """row -> environment of a run with tools or an env (``eval_metrics`` then run tool episodes), or None"""
 
     def start(self, run: common.Run) -> None:
         """Work after the run directory opened and before the first step (e.g. self-play's warm start)."""
@@ -93,6 +96,7 @@ class MethodDefaults:
     data_parallel = False
     setup = None
     checkpoint_module = None
+    env_factory = None
 
     def start(self, run: common.Run) -> None:
         pass
@@ -114,7 +118,10 @@ def train(method_class, config: TrainConfig, name: str) -> dict[str, float]:
     """Every method's entry: its models and data (every input error surfaces here, before the run directory is
     touched), the run directory, the start-up line, the method's `start`, then `run`."""
     from lmrl.models.setup import ModelSetup
+    from lmrl.rollout.tool_config import ToolSection, start_servers
 
+    if isinstance(config, ToolSection):
+        start_servers(config)  # an MCP server that does not start stops the run here, before any model loads
     method = method_class(config, ModelSetup.from_config(config))
     run_dir = common.start_run(config, name)
     try:
@@ -146,10 +153,11 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         tracker.close()
         method.close()
         raise
-    last_step = config.max_steps
+    last_step, skipped = config.max_steps, 0
     try:
         for step in range(run.start_step + 1, config.max_steps + 1):
             metrics = method.step(step)
+            skipped += bool(metrics.get(SKIPPED))
             if is_log_step(step, config.log_every, config.max_steps):
                 tracker.log(step, runtime.reduce_metrics(metrics))
             else:
@@ -165,22 +173,31 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
                     break
             if common.is_due(step, config.save_every, config.max_steps):
                 save(run, step, method, initial, config)
+        check_trained(skipped, last_step - run.start_step)
         final, samples = evaluate(method, last_step, run, best)
-    except BaseException:  # divergence, Ctrl-C, a crash: stop the progress bar; the last good checkpoint stays
-        tracker.close()
+        tracker.log(last_step, final)
+        tracker.log_samples(last_step, samples, title)
+        save(run, last_step, method, initial, config)
+        saver = dist_checkpoint.save_final if runtime.world() > 1 else common.save_final
+        final_dir = saver(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
+    except BaseException:  # divergence, Ctrl-C, a crash, a full disk: stop the progress bar, free the run lock;
+        tracker.close()  # the last good checkpoint stays
         method.close()
         raise
-    tracker.log(last_step, final)
-    tracker.log_samples(last_step, samples, title)
-    save(run, last_step, method, initial, config)
-    if runtime.world() > 1:
-        final_dir = dist_checkpoint.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
-    else:
-        final_dir = common.save_final(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     plots = tracker.close()
     method.close()  # e.g. placement=ray's rollout workers
     tracker.print(f"Final model: {final_dir}  plots: {run.dir / 'plots'} ({len(plots)} files)")
     return {**initial, **final}
+
+
+def check_trained(skipped: int, steps: int) -> None:
+    """A run whose every step a failing reward function skipped trained nothing: it stops (exit 1) instead of saving
+    the unchanged model as final/ (a run shorter than max_skipped_steps would otherwise end as if trained)."""
+    if steps and skipped == steps:
+        raise common.TrainingStopped(
+            f"every one of the {steps} steps of this run was skipped because a reward function failed (the "
+            "messages above say which and why): nothing was trained, so no final/ model is written. Fix the "
+            "reward function; on_reward_error=stop stops at its first failure.")
 
 
 def begin(config: TrainConfig, method: Method, run: common.Run, extra: dict, title: str):
@@ -212,7 +229,8 @@ def evaluate(method: Method, step: int, run: common.Run,
         if runtime.is_main():
             metrics, samples = method.evaluate(step)
             dtype = getattr(setup, "dtype", None)
-            result = {**metrics, **evals_metrics(run.evaluator, method.model, method.tokenizer, dtype)}, samples
+            evals = evals_metrics(run.evaluator, method.model, method.tokenizer, dtype, method.env_factory)
+            result = {**metrics, **evals}, samples
     result = runtime.broadcast_object(result)
     if best is not None:
         best.offer(run, step, result[0], method.model, method.tokenizer)

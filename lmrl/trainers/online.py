@@ -4,7 +4,8 @@ One loop (RLHF book ch. 6), with parts picked by ``algorithm``:
 
 1. sample ``prompts_per_step`` prompts and ``samples_per_prompt`` completions each (prompt-major);
 2. score them with the reward functions (verifiers, user functions), log every component;
-3. optionally drop zero-variance groups (DAPO dynamic sampling);
+3. optionally drop zero-variance groups, or replace them with groups of fresh prompts (DAPO dynamic sampling,
+   `lmrl.trainers.refill`);
 4. advantages from the registry (``reinforce``, ``reinforce_pp``, ``rloo``, ``grpo``, ``dr_grpo``; PPO: GAE on a
    value model); ``mask_truncated`` then zeroes the loss mask of truncated completions;
 5. ``ppo_epochs`` x ``minibatches`` optimizer steps on a policy loss from the registry
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from lmrl.algorithms import ADVANTAGES, advantages, overlong_filter, zero_variance_groups
 from lmrl.data.chat import render_prompt
-from lmrl.data.loading import is_generated, load_rows
+from lmrl.data.loading import check_prompt, is_generated, load_rows, row_where
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
 from lmrl.models.logprobs import completion_logprobs
@@ -49,8 +51,10 @@ from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.curriculum import Curriculum
 from lmrl.trainers.ppo_value import ppo_targets
 from lmrl.trainers.ptx import PretrainingMix
+from lmrl.trainers.refill import refill, round_key
 from lmrl.trainers.rl_config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 from lmrl.trainers.rl_update import Coefficients, Targets, UpdateOptions, update
+from lmrl.trainers.sampler_gap import check_sampler_gap
 
 # ----------------------------------------------------------------------------- rollout and scoring
 
@@ -87,6 +91,34 @@ def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> tor
                                chunk_mb=config.logprob_chunk_mb)
     runtime.reshard(model)  # FSDP: a trained policy's root unit must not stay gathered into its training backward
     return logp
+
+
+def group_advantages(rewards: torch.Tensor, config: RLConfig, trained: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) advantages of this rank's rows, from every rank's rewards (REINFORCE's baseline and adv_scale=batch are
+    statistics of the whole batch); with ``trained`` (N,) bool, from the trained rows only (refill's pads get 0)."""
+    kwargs = ADVANTAGES.own_options(config.advantage, {"scale": config.adv_scale})
+    every, G = runtime.all_gather(rewards), config.samples_per_prompt
+    if trained is None:
+        adv = advantages(config.advantage, every, G, **kwargs)
+    else:
+        keep = runtime.all_gather(trained.long()).bool()
+        adv = torch.zeros_like(every)
+        adv[keep] = advantages(config.advantage, every[keep], G, **kwargs)
+    return adv.view(runtime.world(), -1)[runtime.rank()]
+
+
+def refill_round(parts: Parts, rows: list[dict], config: RLConfig, step: int, k: int, tracker):
+    """Refill round ``k`` of ``step``: this rank's ``rows`` sampled and scored, or None (on every rank) when a
+    reward failed on some rank."""
+    with runtime.full_params(parts.model):
+        batch = rollout(parts, rows, config, round_key(step, k))
+    with RewardFailure() as failure:
+        rewards = score(parts.reward_set, batch, rows, config.samples_per_prompt)[0]
+    if runtime.any_rank(failure.error is not None):
+        tracker.print(f"[yellow]step {step}: refill round {k} unused, refilling stopped: "
+                      f"{failure.error or 'a reward function failed on another process'}")
+        return None
+    return batch, rewards
 
 
 def drop_groups(batch: RolloutBatch, rewards, adv, dropped: torch.Tensor):
@@ -129,8 +161,10 @@ class Parts:
     """(B,) mean reward of each prompt's group in the last step (None: its rewards failed); the curriculum reads it"""
 
 
-def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, tracker) -> dict[str, float]:
-    """Sample, score, compute advantages, update. Returns the step's metrics."""
+def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, tracker,
+            more_rows: Callable[[int], list[dict]] | None = None) -> dict[str, float]:
+    """Sample, score, compute advantages, update. Returns the step's metrics. ``more_rows(k)``: this rank's rows of
+    refill round k (dynamic_sampling=refill)."""
     G = config.samples_per_prompt
     t0 = time.perf_counter()
     parts.sampler.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
@@ -142,25 +176,32 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
         rewards, components, metrics = score(parts.reward_set, batch, rows, G)
         parts.group_rewards = rewards.view(-1, G).mean(dim=1)
     if failure.skips(tracker, step):
-        return {"reward/errors": float(parts.reward_set.errors)}
+        return failure.skipped(parts.reward_set.errors)
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
                     "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
                     **agentic.episode_metrics(batch)})
     metrics.update(parts.sampler.metrics())  # engine=vllm: the weight push; placement=ray: staleness, waiting
     if step % config.sample_every == 0 or step == 1:
-        tracker.log_samples(step, [{"prompt": batch.prompts[i][-60:], "completion": agentic.sample_text(batch, i),
+        tracker.log_samples(step, [{**agentic.sample_fields(batch, i),
                                     **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
                                    for i in range(0, min(len(batch), config.num_samples * G), G)])
     zero_var = zero_variance_groups(rewards, G)  # (B,)
     metrics["groups/zero_variance_frac"] = zero_var.float().mean().item()
-    adv = None
-    if parts.value_model is None:  # group advantages need whole groups: compute before any drop
-        kwargs = ADVANTAGES.own_options(config.advantage, {"scale": config.adv_scale})
-        # on every rank's rewards: REINFORCE's baseline and adv_scale=batch are statistics of the whole batch
-        adv = advantages(config.advantage, runtime.all_gather(rewards), G, **kwargs)
-        adv = adv.view(runtime.world(), -1)[runtime.rank()]  # (N,) this rank's rows
-    if (config.dynamic_sampling or config.preset.dynamic_sampling) == "drop" and runtime.any_rank(zero_var.any()):
+    mode, trained = config.dynamic_sampling or config.preset.dynamic_sampling, None
+    if mode == "refill":  # zero-variance groups replaced by fresh prompts' groups (lmrl.trainers.refill)
+        t_refill = time.perf_counter()
+        filled = refill(batch, rewards, lambda k: refill_round(parts, more_rows(k), config, step, k, tracker),
+                        config.prompts_per_step, config.max_refill_batches, parts.tokenizer.pad_token_id)
+        metrics.update({**filled.metrics(), "time/refill_s": time.perf_counter() - t_refill})
+        if filled.batch is None:  # no group of any round on any rank had reward variance
+            return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
+        batch, rewards, trained = filled.batch, filled.rewards, filled.trained
+    # group advantages need whole groups: compute before any drop
+    adv = group_advantages(rewards, config, trained) if parts.value_model is None else None
+    if trained is not None and not trained.all():  # several processes: a rank's pads train nothing
+        batch = dataclasses.replace(batch, loss_mask=batch.train_mask * trained[:, None].to(batch.train_mask))
+    if mode == "drop" and runtime.any_rank(zero_var.any()):
         if not runtime.any_rank((~zero_var).any()):  # every group of every rank dropped
             return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
         batch, rewards, adv = drop_groups(batch, rewards, adv, zero_var)
@@ -183,6 +224,7 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), options, dtype, step,
                    generator)
     metrics.update(stats)
+    check_sampler_gap(metrics, config, dtype, step, tracker)  # fp32: a gap far above rounding is a broken sync
     if coefs is not None:
         metrics.update(coefs.advance(stats, len(batch) * runtime.world()))
     metrics.update({"time/train_s": time.perf_counter() - t1, "lr": parts.scheduler.get_last_lr()[0],
@@ -210,6 +252,8 @@ def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
     rows = load_rows(config.dataset, split="train", limit=config.train_rows, **config.task_args)
     if not rows or "prompt" not in rows[0]:
         raise ValueError(f"Dataset {config.dataset} needs a 'prompt' column; found {sorted(rows[0]) if rows else 'no rows'}.")
+    for i, row in enumerate(rows):  # text or messages, or a message naming the row (not a traceback mid-run)
+        check_prompt(row.get("prompt"), row_where(i, config.dataset))
     eval_rows = load_rows(config.dataset, split="test", limit=config.eval_rows, **config.task_args) \
         if is_generated(config.dataset) else []
     return rows, eval_rows
@@ -244,13 +288,14 @@ class OnlineRL(loop.MethodDefaults):
             engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config),
                                  longest_prompt=longest)
             sampler = LocalGroups(engine, self.tokenizer, GroupOptions.from_config(config))
-        env_factory = build_env_factory(config, self.tokenizer)
+        self.env_factory = env_factory = build_env_factory(config, self.tokenizer)
         self.curriculum = (Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
                            if config.curriculum is not None else None)
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
         self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, sampler, reward_set,
                            self.optimizer, self.scheduler, env_factory, ptx, UpdateOptions.from_config(config),
                            Coefficients.from_config(config))
+        self.refilled = 0  # dynamic_sampling=refill: batches of prompts drawn beyond one a step
 
     def indices_of(self, step: int) -> list[int]:
         """The step's prompt indices in the fixed data order (a pure function of the step, so rollout workers can
@@ -263,9 +308,12 @@ class OnlineRL(loop.MethodDefaults):
 
     def step(self, step: int) -> dict[str, float]:
         config, curriculum = self.config, self.curriculum
-        indices = curriculum.next_batch(config.prompts_per_step) if curriculum is not None else self.indices_of(step)
+        at = step + self.refilled  # the data position: refill rounds drew batches of the stream too
+        indices = curriculum.next_batch(config.prompts_per_step) if curriculum is not None else self.indices_of(at)
         rows = runtime.shard([self.rows[i] for i in indices])  # this rank's share of the step's prompts
-        metrics = rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker)
+        metrics = rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker,
+                          lambda k: runtime.shard(self.rows_of(at + k)))
+        self.refilled += int(metrics.get("groups/refill_batches", 0))
         if curriculum is not None:  # one process (refused with several or with placement=ray)
             if self.parts.group_rewards is not None:
                 curriculum.record(indices, self.parts.group_rewards.tolist())
@@ -295,6 +343,8 @@ class OnlineRL(loop.MethodDefaults):
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
         state["coefficients"] = self.parts.coefs.state_dict()
+        state["sampler"] = self.parts.sampler.state_dict()  # placement=ray: the batches sampled ahead (exact resume)
+        state["refill_batches"] = self.refilled
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -304,6 +354,8 @@ class OnlineRL(loop.MethodDefaults):
             self.curriculum.load_state_dict(state["curriculum"])
         if "coefficients" in state:  # checkpoints from before adaptive coefficients: the config's values
             self.parts.coefs.load_state_dict(state["coefficients"])
+        self.parts.sampler.load_state_dict(state.get("sampler", {}))
+        self.refilled = state.get("refill_batches", 0)
 
 
 def train(config: RLConfig) -> dict[str, float]:

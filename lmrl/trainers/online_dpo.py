@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import RunningDelta
+from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import is_generated
@@ -173,7 +174,7 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
     with RewardFailure() as failure:
         pairs, scores, metrics = label(parts, batch, rows, config)
     if failure.skips(tracker, step):
-        return {"reward/errors": float(parts.reward_set.errors)}
+        return failure.skipped(parts.reward_set.errors)
     t2 = time.perf_counter()
     metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
                     "completion/truncated_frac": batch.truncated.float().mean().item(),
@@ -255,7 +256,10 @@ class OnlineDPO(loop.MethodDefaults):
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
         reward_set = RewardSet.from_config(config) if config.rewards else None
-        self.model, self.tokenizer = setup.policy()
+        model, self.tokenizer = setup.policy(distribute=False)
+        if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
+            packing.check_packable(model, len(self.tokenizer))
+        self.model = setup.distribute(model)
         self.model.train()
         self.data = load_online_data(config, self.tokenizer)
         self.rows = self.data[0]

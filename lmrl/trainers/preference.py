@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import RunningDelta
+from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
@@ -125,7 +126,10 @@ class DPO(loop.MethodDefaults):
 
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        self.model, self.tokenizer = setup.policy()
+        model, self.tokenizer = setup.policy(distribute=False)
+        if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
+            packing.check_packable(model, len(self.tokenizer))
+        self.model = setup.distribute(model)
         self.model.train()
         self.examples, self.eval_examples, self.gold_rows, self.dropped = load_data(config, self.tokenizer)
         # π_ref: the frozen `ref_model`, or a frozen copy of the initial policy when it is recomputed every step

@@ -7,12 +7,15 @@ top-k in the active set), not a sampling option: pretraining samples only its ev
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from lmrl.algorithms import AvatarlOptions
 from lmrl.config import ConfigError, TrainConfig, field
 
-_DEFAULT = AvatarlOptions()
+if TYPE_CHECKING:
+    from lmrl.algorithms import AvatarlOptions
+
+# The avatarl keys' defaults are `AvatarlOptions`'s, written out (tests/trainers/test_pretrain_config.py keeps them
+# equal): importing lmrl.algorithms takes torch, and `lmrl.cli` checks a config without it.
 
 
 @dataclasses.dataclass
@@ -30,17 +33,17 @@ class PretrainConfig(TrainConfig):
     sample_tokens: int = field(96, "tokens sampled (T=1) after a validation prefix for each of num_samples samples")
     # avatarl
     critic: str | None = field(None, "avatarl: frozen CE-trained critic (HF dir, e.g. runs/pretrain-ce-tiny-pydoc/final) sharing the student's tokenizer")
-    top_k: int = field(_DEFAULT.top_k, "k of the student and critic top-k in the active set (write-up/blog run 16, HEAD 4)")
-    epsilon: float = field(_DEFAULT.epsilon, "reality smoothing: gold gets 1-eps, the rest of the active set shares eps")
-    reality_weight: float = field(_DEFAULT.reality_weight, "w_r, exponent of the reality expert (0.7)")
-    mentor_weight: float = field(_DEFAULT.mentor_weight, "w_m, exponent of the critic expert (0.3)")
-    threshold: Literal["sum_over_size", "mean"] = field(_DEFAULT.threshold, "sum_over_size: the code's bar s/|A| (dense); mean: the write-up's 1/|A|")
-    reward_scale: float = field(_DEFAULT.reward_scale, "multiplier of kept rewards (x100; cancelled by the clamp when |A| < 66)")
-    reward_clamp: float | None = field(_DEFAULT.reward_clamp, "per-position proportional rescale so that max reward <= this (code 1.5; null: off, as the blog charts)")
-    critic_topk: bool = field(_DEFAULT.critic_topk, "include the critic's top-k in the active set (avataRL yes; pretrain-zero-rl fork no)")
-    entropy_mode: Literal["bonus", "temperature"] = field(_DEFAULT.entropy_mode, "bonus: loss -= coef*H (write-up, blog-time code); temperature: log-probs of softmax(S/(1+coef)) (HEAD)")
-    entropy_coef: float = field(_DEFAULT.entropy_coef, "beta of the entropy bonus, or the temperature offset (0.01)")
-    chunk_size: int | None = field(_DEFAULT.chunk_size, "positions per chunk in the avatarl reward/loss (memory only; results identical)")
+    top_k: int = field(16, "k of the student and critic top-k in the active set (write-up/blog run 16, HEAD 4)")
+    epsilon: float = field(0.1, "reality smoothing: gold gets 1-eps, the rest of the active set shares eps")
+    reality_weight: float = field(0.7, "w_r, exponent of the reality expert (0.7)")
+    mentor_weight: float = field(0.3, "w_m, exponent of the critic expert (0.3)")
+    threshold: Literal["sum_over_size", "mean"] = field("sum_over_size", "sum_over_size: the code's bar s/|A| (dense); mean: the write-up's 1/|A|")
+    reward_scale: float = field(100.0, "multiplier of kept rewards (x100; cancelled by the clamp when |A| < 66)")
+    reward_clamp: float | None = field(1.5, "per-position proportional rescale so that max reward <= this (code 1.5; null: off, as the blog charts)")
+    critic_topk: bool = field(True, "include the critic's top-k in the active set (avataRL yes; pretrain-zero-rl fork no)")
+    entropy_mode: Literal["bonus", "temperature"] = field("bonus", "bonus: loss -= coef*H (write-up, blog-time code); temperature: log-probs of softmax(S/(1+coef)) (HEAD)")
+    entropy_coef: float = field(0.01, "beta of the entropy bonus, or the temperature offset (0.01)")
+    chunk_size: int | None = field(1024, "positions per chunk in the avatarl reward/loss (memory only; results identical)")
     output_dir: str = field("runs/pretrain", "run directory")
 
     def __post_init__(self) -> None:
@@ -68,5 +71,7 @@ class PretrainConfig(TrainConfig):
 
     def avatarl_options(self) -> AvatarlOptions:
         """The avatarl fields of this config as an ``AvatarlOptions`` (ignore_index unused: windows have no padding)."""
+        from lmrl.algorithms import AvatarlOptions
+
         names = [f.name for f in dataclasses.fields(AvatarlOptions) if f.name != "ignore_index"]
         return AvatarlOptions(**{name: getattr(self, name) for name in names})

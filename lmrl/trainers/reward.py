@@ -34,11 +34,12 @@ import torch
 from rich.markup import escape
 
 from lmrl.algorithms import REWARD_MODEL_LOSSES, reward_model_loss
+from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.data.chat import IGNORE_INDEX
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.placement import model_device, to_device
-from lmrl.models.reward import RewardModel, last_token_index
+from lmrl.models.reward import RewardModel
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards.reward_model import score_texts
@@ -111,6 +112,12 @@ def check_groups(groups: list[prefs.PreferenceGroup], config: RewardConfig, wher
 def load_data(config: RewardConfig, tokenizer):
     rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows, **config.data_args)
     items, _, dropped = build_items(rows, tokenizer, config, config.dataset)
+    budget = config.max_tokens_per_microbatch
+    longest = max(sum(len(s) for s in item.seqs) for item in items)
+    if budget is not None and longest > budget:
+        raise ValueError(f"{config.dataset}: a prompt's {len(items[0].seqs)} sequences take {longest} tokens, more "
+                         f"than max_tokens_per_microbatch={budget} (a prompt's completions are packed together). "
+                         f"Raise it to at least {longest}.")
     eval_source = config.eval_dataset or (config.dataset if config.dataset in prefs.BUILTIN_SOURCES else None)
     eval_items, eval_records = [], []
     if eval_source:
@@ -123,19 +130,35 @@ def load_data(config: RewardConfig, tokenizer):
 # ----------------------------------------------------------------------------- loss
 
 
+def sequence_batch(seqs: list[prefs.Tokenized], pad_id: int, packed: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The model's inputs for ``seqs`` and where each sequence starts: (row, first position) (N,) each. Padded: one
+    right-padded row per sequence; packed: every sequence in one row (`lmrl.data.packing`)."""
+    if not packed:
+        batch = prefs.collate_sequences(seqs, pad_id)
+        return ({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
+                torch.arange(len(seqs)), torch.zeros(len(seqs), dtype=torch.long))
+    ids = [s.prompt_ids + s.completion_ids for s in seqs]
+    batch = packing.pack(ids, ids)
+    starts = torch.tensor([0, *[len(x) for x in ids[:-1]]]).cumsum(0)
+    return ({"input_ids": batch["input_ids"], "attention_mask": None, "position_ids": batch["position_ids"]},
+            torch.zeros(len(seqs), dtype=torch.long), starts)
+
+
 def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_id: int,
-               dtype) -> tuple[torch.Tensor, dict]:
-    """Mean loss over `items` and its statistics: pair (or token/step) accuracy, mean pair margin."""
+               dtype, packed: bool = False) -> tuple[torch.Tensor, dict]:
+    """Mean loss over `items` and its statistics: pair (or token/step) accuracy, mean pair margin. ``packed``: all
+    sequences in one packed row (training with `max_tokens_per_microbatch`)."""
     seqs = [s for item in items for s in item.seqs]
     device = model_device(model)
-    batch = to_device(prefs.collate_sequences(seqs, pad_id), device)
+    inputs, rows, starts = sequence_batch(seqs, pad_id, packed)
+    inputs = to_device(inputs, device)
     with autocast(device.type, dtype):
-        out = model(batch["input_ids"], batch["attention_mask"])  # (B*K, L, C)
+        out = model(**inputs)  # (B*K, L, C), packed: (1, sum of lengths, C)
     if trait(config, "data") != "ranked":  # labels at tokens (orm) or steps (prm)
-        labels = torch.full(out.shape[:2], IGNORE_INDEX, dtype=torch.long, device=device)  # (B, L)
+        labels = torch.full(out.shape[:2], IGNORE_INDEX, dtype=torch.long, device=device)  # (rows, L)
         for b, (item, seq) in enumerate(zip(items, seqs)):
             for pos, y in item.labels:
-                labels[b, len(seq.prompt_ids) + pos] = y
+                labels[rows[b], starts[b] + len(seq.prompt_ids) + pos] = y
         binary = out.shape[-1] == 1
         logits = out[..., 0] if binary else out  # (B, L) or (B, L, 3)
         loss = reward_model_loss(config.loss, {"logits": logits, "labels": labels})
@@ -143,7 +166,8 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
         pred = (logits[mask] > 0).long() if binary else logits[mask].argmax(-1)
         return loss, {"accuracy": (pred == labels[mask]).float().mean().item(), "n": int(mask.sum())}
     k = len(items[0].seqs)
-    scores = out[..., 0].gather(1, last_token_index(batch["attention_mask"])[:, None]).view(len(items), k)  # (B, K)
+    ends = starts + torch.tensor([len(s) - 1 for s in seqs])  # each sequence's last token
+    scores = out[rows.to(device), ends.to(device), 0].view(len(items), k)  # (B, K)
     if trait(config, "listwise"):
         loss = reward_model_loss(config.loss, {"scores": scores})
     elif k > 2:
@@ -159,6 +183,18 @@ def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_
     return loss, {"accuracy": (pairs > 0).float().mean().item(), "margin": pairs.mean().item(), "n": len(items)}
 
 
+def micro_batches(items: list[Item], config: RewardConfig) -> list[tuple[list[Item], int]]:
+    """(items, 1) per micro-batch: ``grad_accum`` equal parts, or with ``max_tokens_per_microbatch`` the prompts
+    (all K sequences together) packed first-fit-decreasing by tokens. With packing every rank runs as many parts as
+    the rank with the most (a repeat that counts 0), since each backward reduces gradients across ranks."""
+    if config.max_tokens_per_microbatch is None:
+        micro = len(items) // config.grad_accum
+        return [(items[i * micro : (i + 1) * micro], 1) for i in range(config.grad_accum)]
+    lengths = [sum(len(s) for s in item.seqs) for item in items]
+    parts = [([items[i] for i in b], 1) for b in packing.first_fit_decreasing(lengths, config.max_tokens_per_microbatch)]
+    return parts + [(parts[0][0], 0)] * (int(runtime.all_max(len(parts))) - len(parts))
+
+
 def item_weight(item: Item, config: RewardConfig) -> int:
     """An item's share of the batch loss: one prompt (bt/PL), or its labelled tokens (orm/prm)."""
     return len(item.labels) if trait(config, "data") != "ranked" else 1
@@ -169,13 +205,12 @@ def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtyp
     """Forward/backward over grad_accum micro-batches; the loss is the mean over the whole batch
     (over prompts for bt/PL, over labelled tokens for orm/prm), so accumulation is exact. ``total``: the whole
     batch's weight when ``items`` is one process's share of it (default: ``items``' own)."""
-    micro = len(items) // config.grad_accum
-    chunks = [items[i * micro : (i + 1) * micro] for i in range(config.grad_accum)]
-    weights = [sum(item_weight(i, config) for i in c) for c in chunks]
+    chunks = micro_batches(items, config)
+    weights = [sum(item_weight(i, config) for i in c) * counts for c, counts in chunks]
     total = total or sum(weights)
     sums: dict[str, float] = {}
-    for chunk, w in zip(chunks, weights):
-        loss, stats = batch_loss(model, chunk, config, pad_id, dtype)
+    for (chunk, _), w in zip(chunks, weights):
+        loss, stats = batch_loss(model, chunk, config, pad_id, dtype, config.max_tokens_per_microbatch is not None)
         common.check_finite(loss, step)
         (loss * w / total).backward()
         for key, value in {"loss": loss.item(), **stats}.items():
@@ -231,6 +266,8 @@ class RewardModelTraining(loop.MethodDefaults):
     def __init__(self, config: RewardConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
         lm, self.tokenizer = setup.policy(distribute=False)
+        if config.max_tokens_per_microbatch:
+            packing.check_packable(lm, len(self.tokenizer))
         # several processes: the head is sharded (or replicated) with the backbone, as one module
         self.model = setup.distribute(RewardModel(lm, trait(config, "head"), chat=config.chat, seed=config.seed))
         self.model.train()

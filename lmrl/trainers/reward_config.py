@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.algorithms import REWARD_MODEL_LOSSES
 from lmrl.config import ConfigError, TrainConfig, field
 
 
@@ -29,6 +28,7 @@ class RewardConfig(TrainConfig):
     max_length: int = field(256, "tokens per prompt + completion")
     overlong: Literal["drop", "error"] = field("drop", "rows longer than max_length: drop them, or stop")
     batch_size: int = field(32, "prompts per optimizer step, each with all its K completions (split into grad_accum)")
+    max_tokens_per_microbatch: int | None = field(None, "pack prompts (all K completions together) into micro-batches of at most this many tokens (positions restart per sequence; replaces grad_accum; null: padded rows)")
     margin: bool = field(False, "bt, K = 2: subtract the row's margin (or chosen_score − rejected_score), Llama 2")
     center_coef: float = field(0.0, "bt, K = 2: + c·mean((r_c + r_r)²), keeps rewards centred (Eisenstein 2023)")
     scores_file: str | None = field(None, "mode=score: output JSONL (default: <output_dir>/scores.jsonl)")
@@ -40,7 +40,14 @@ class RewardConfig(TrainConfig):
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
         if self.center_coef < 0:
             raise ConfigError(f"'center_coef' must be >= 0, got {self.center_coef}.")
+        from lmrl.algorithms import REWARD_MODEL_LOSSES  # here: a config checks without torch (lmrl.cli)
+
         if (self.margin or self.center_coef) and not REWARD_MODEL_LOSSES.trait(self.loss, "margin", False):
             raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
         if self.max_length < 2:
             raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
+        if self.max_tokens_per_microbatch is not None and (self.grad_accum != 1
+                                                           or self.max_tokens_per_microbatch < self.max_length):
+            raise ConfigError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs prompts into "
+                              f"micro-batches of that many tokens: it replaces grad_accum (got {self.grad_accum}; set 1) "
+                              f"and must be >= max_length ({self.max_length}).")

@@ -9,10 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.algorithms import POLICY_LOSSES
-from lmrl.algorithms.registry import keyword_options
 from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
-from lmrl.parallel.runtime import env_world_size
+from lmrl.parallel.config import env_world_size
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.tool_config import ToolSection
 
@@ -86,10 +84,18 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     kl_horizon: int = field(10000, "kl_target: completions over which kl_coef may move by about e^0.2")
     loss_agg: Literal["token_mean", "seq_mean", "seq_sum_norm"] | None = field(None, "loss aggregation (default: the algorithm's)")
     adv_scale: Literal["group", "batch", "none"] = field("group", "GRPO advantage scaling by std (none = Dr. GRPO)")
-    dynamic_sampling: Literal["off", "drop", "count"] | None = field(None, "zero-variance groups: drop (DAPO) or only count")
+    dynamic_sampling: Literal["off", "drop", "refill", "count"] | None = field(None, "groups whose G rewards are all equal (no signal): off, count (logged only), drop (not trained; algorithm=dapo's default) or refill (DAPO's dynamic sampling: replaced by groups of the next prompts of the data, sampled in up to max_refill_batches more rounds; docs/guide.md); null: the algorithm's")
+    max_refill_batches: int = field(4, "dynamic_sampling=refill: extra batches of prompts_per_step prompts a step may sample; at the bound it trains on the groups it has (groups/filled_frac < 1)")
     kl_coef: float = field(0.0, "beta: weight of KL(policy || reference); 0 skips the reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = field("k3", "per-token KL estimator")
-    tis_cap: float | None = field(2.0, "truncated importance-sampling cap on pi_learner/pi_sampler (null: off); keep it on with engine=vllm, whose numerics differ from the learner's")
+    tis_cap: float | None = field(2.0, "train-inference correction (docs/async.md): upper bound on the importance weight pi_learner/pi_sampler, its cap (is_mode=truncate) or the top of the kept band (is_mode=mask); null: off. Keep it on with engine=vllm (other numerics) and async_steps (stale weights)")
+    is_level: Literal["token", "sequence", "geometric"] = field("token", "tis_cap: the weight per token, per row (product of the token ratios) or per row as their geometric mean")
+    is_mode: Literal["truncate", "mask", "off"] = field("truncate", "tis_cap: truncate (TIS, w -> min(w, tis_cap)), mask (MIS: weight 0 outside [is_low, tis_cap]) or off (weights only logged, for ablations)")
+    is_low: float | None = field(None, "is_mode=mask: lower end of the kept band (null: 1/tis_cap)")
+    offpolicy_mask_threshold: float | None = field(None, "off-policy sequence mask (DeepSeek-V3.2): drop rows whose mean log(pi_learner/pi_sampler) per token exceeds this in absolute value, in nats (e.g. 0.5; null: off)")
+    offpolicy_mask_rows: Literal["all", "negative"] = field("all", "offpolicy_mask_threshold: all rows, or only negative-advantage tokens of rows the sampler found more likely (DeepSeek-V3.2's rule)")
+    max_sampler_logp_gap: float | None = field(0.1, "fp32 runs: warn loudly when a step's sampler_logp_gap (mean |log pi_learner - log pi_sampler|) exceeds this: a broken weight sync (a correct one stays near 1e-5; broken ones measured 0.7-6.6). null: off; not checked in bf16 or with async_steps")
+    stop_on_sampler_logp_gap: bool = field(False, "stop the run (exit 1, last checkpoint kept) instead of warning when max_sampler_logp_gap is exceeded")
     placement: Literal["local", "ray"] = field("local", "local: sample in the trainer process(es); ray: rollout_workers Ray actors sample, this process learns (lmrl[ray])")
     rollout_workers: int = field(2, "placement=ray: rollout-worker actors (each samples prompts_per_step/rollout_workers prompts a step)")
     async_steps: int = field(0, "placement=ray: workers sample up to this many steps ahead, with weights at most this many updates old (0: synchronous)")
@@ -128,6 +134,7 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
             raise ConfigError(f"prompts_per_step*samples_per_prompt ({rows}) must be divisible by minibatches*grad_accum "
                               f"({self.minibatches}*{self.grad_accum}).")
         self.check_knobs()
+        self.check_correction()
         self.check_processes(self.nproc if self.nproc > 1 else env_world_size())
         if self.placement == "ray":
             self.check_ray()
@@ -136,6 +143,12 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         """The loss knobs: ranges, and options that the algorithm's policy loss must declare."""
         check_at_least(self, ("entropy_coef", "entropy_coef_step"), 0)
         check_at_least(self, ("kl_horizon",), 1)
+        if self.max_sampler_logp_gap is not None:
+            check_at_least(self, ("max_sampler_logp_gap",), 0, inclusive=False)
+        self.check_refill()
+        from lmrl.algorithms import POLICY_LOSSES  # here: a config checks without torch (lmrl.cli)
+        from lmrl.algorithms.registry import keyword_options
+
         own = keyword_options(POLICY_LOSSES.get(self.preset.loss))
         for key in ("clip_ratio_c", "clip_delta"):
             if getattr(self, key) is not None and key not in own:
@@ -150,6 +163,37 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         if self.kl_target is not None and not (self.kl_target > 0 and self.kl_coef > 0):
             raise ConfigError(f"kl_target={self.kl_target} adapts kl_coef from its start value: it needs kl_target > 0 "
                               f"and kl_coef > 0 (got kl_coef={self.kl_coef}), e.g. kl_coef=0.05 kl_target=0.1.")
+
+    def check_correction(self) -> None:
+        """The train-inference correction keys (lmrl.algorithms.mismatch): a level or mode needs tis_cap, bounds in
+        range."""
+        changed = [k for k, default in (("is_level", "token"), ("is_mode", "truncate"), ("is_low", None))
+                   if getattr(self, k) != default]
+        if self.tis_cap is None and changed:
+            raise ConfigError(f"{', '.join(changed)} shape the importance weight that tis_cap turns on, but tis_cap=null"
+                              f". Fix: tis_cap=2.0 (the upper bound), or leave {', '.join(changed)} at the default.")
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise ConfigError(f"tis_cap is an upper bound on the weight pi_learner/pi_sampler and must be > 0, got "
+                              f"{self.tis_cap}. Fix: tis_cap=2.0, or tis_cap=null to turn the correction off.")
+        if self.is_low is not None and not (self.is_mode == "mask" and 0 <= self.is_low <= self.tis_cap):
+            raise ConfigError(f"is_low={self.is_low} is the lower end of the kept band of is_mode=mask and must be in "
+                              f"[0, tis_cap={self.tis_cap}] (got is_mode={self.is_mode}). Fix: is_mode=mask with "
+                              f"0 <= is_low <= tis_cap, or is_low=null.")
+        if self.offpolicy_mask_threshold is not None and not self.offpolicy_mask_threshold > 0:
+            raise ConfigError(f"offpolicy_mask_threshold is a mean log-ratio per token in nats and must be > 0, got "
+                              f"{self.offpolicy_mask_threshold}. Fix: e.g. 0.5, or null (off).")
+
+    def check_refill(self) -> None:
+        check_at_least(self, ("max_refill_batches",), 0)
+        if self.dynamic_sampling != "refill":
+            return
+        if self.samples_per_prompt < 2:
+            raise ConfigError("dynamic_sampling=refill replaces groups whose samples_per_prompt rewards are all equal; "
+                              "with samples_per_prompt=1 every group is. Fix: samples_per_prompt >= 2.")
+        if self.placement == "ray" or self.curriculum is not None:
+            raise ConfigError("dynamic_sampling=refill draws more prompts of the data stream during a step; placement="
+                              "ray samples ahead and a curriculum orders the data by the steps' rewards, neither "
+                              "with refill rounds yet. Fix: dynamic_sampling=drop, or placement=local without curriculum.")
 
     def check_ray(self) -> None:
         check_at_least(self, ("rollout_workers",), 1)
@@ -166,7 +210,8 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         if self.async_steps and (self.updates_per_step > 1 or self.tis_cap is None or self.advantage == "gae"):
             raise ConfigError("async_steps > 0 corrects stale samples with the importance weight against the sampler's "
                               "log-probs: it needs tis_cap set, one update per step (ppo_epochs=minibatches=1) and no "
-                              "value model. Fix: async_steps=0 or those keys.")
+                              "value model. Fix: async_steps=0 or those keys (is_mode=off turns the correction off "
+                              "explicitly, for ablations; docs/async.md).")
 
     def check_processes(self, world: int) -> None:
         """Several processes: each samples whole groups of its shards and every rank runs the same number of

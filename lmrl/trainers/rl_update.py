@@ -4,10 +4,11 @@
     stats = update(parts, batch, Targets(adv, old_logp, ref_logp), options, dtype, step, generator)
 
 Each optimizer step trains one minibatch (whole groups where they split evenly) in ``grad_accum`` micro-batches: the
-policy loss of the registry (`lmrl.algorithms.policy_loss`: the surrogate, TIS, a KL in the loss), PPO's value loss,
-then PPO-ptx's pretraining term. Every part is weighted by its share of the minibatch over every rank
-(`lmrl.algorithms.global_share`), so neither ``grad_accum`` nor the number of processes changes the gradient. Rows
-whose gradient is exactly 0 (advantage 0 under a loss that scales by it, no KL or value term) are not run.
+policy loss of the registry (`lmrl.algorithms.policy_loss`: the surrogate, the train-inference importance weights
+and masks, a KL in the loss), PPO's value loss, then PPO-ptx's pretraining term. Every part is weighted by its
+share of the minibatch over every rank (`lmrl.algorithms.global_share`), so neither ``grad_accum`` nor the number of
+processes changes the gradient. Rows whose gradient is exactly 0 (advantage 0 under a loss that scales by it, no KL
+or value term) are not run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import common
 from lmrl.trainers.ppo_value import value_term
+
+CORRECTION_KEYS = ("tis_cap", "is_level", "is_mode", "is_low", "offpolicy_mask_threshold", "offpolicy_mask_rows")
+"""The train-inference correction's config keys, handed to `policy_loss` as they are."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +92,9 @@ class UpdateOptions:
         """From an `RLConfig` (or any object with its keys): the algorithm's loss with its options."""
         preset, (low, high) = config.preset, config.preset.clip
         max_len = config.max_total_tokens if config.multi_turn else config.max_new_tokens  # seq_sum_norm's constant
-        options: dict[str, Any] = {"agg": config.loss_agg or preset.agg, "max_len": max_len, "tis_cap": config.tis_cap,
-                                   "kl_estimator": config.kl_estimator}
+        options: dict[str, Any] = {"agg": config.loss_agg or preset.agg, "max_len": max_len,
+                                   "kl_estimator": config.kl_estimator,
+                                   **{k: getattr(config, k) for k in CORRECTION_KEYS}}  # lmrl.algorithms.mismatch
         options.update(POLICY_LOSSES.own_options(preset.loss, {
             "clip_low": config.clip_low if config.clip_low is not None else low,
             "clip_high": config.clip_high if config.clip_high is not None else high,

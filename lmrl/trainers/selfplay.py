@@ -229,7 +229,7 @@ def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracke
             metrics.update(reward_metrics)
     if failure.skips(tracker, step):
         judge_errors = parts.judge_set.errors if parts.judge_set is not None else 0
-        return {"reward/errors": float(parts.reward_set.errors + judge_errors)}
+        return failure.skipped(parts.reward_set.errors + judge_errors)
     valid = torch.tensor([q is not None for q in queries], dtype=torch.bool)  # (N,)
     adv, (own_rows, own_queries) = global_advantages(rewards, self_rewards, valid, config)
     if adv.query_values.numel():

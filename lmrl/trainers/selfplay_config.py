@@ -12,7 +12,7 @@ import re
 from typing import Literal
 
 from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, field
-from lmrl.parallel.runtime import env_world_size
+from lmrl.parallel.config import env_world_size
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.trainers.selfplay_env import QUERY_CHECKERS
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmrl.data.tasks.expr import evaluate as evaluate_expression
-from lmrl.rollout.types import RolloutBatch
+
+if TYPE_CHECKING:  # (torch: the selfplay config imports this module and checks without torch, `lmrl.cli`)
+    from lmrl.rollout.types import RolloutBatch
 
 CHALLENGER_PROMPTS = {
     "lsp": """Background: a language task is an (input, output) tuple. The input is what a user gives a language agent; the output is the agent's reply.

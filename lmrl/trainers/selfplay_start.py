@@ -20,6 +20,7 @@ from lmrl.parallel import runtime
 from lmrl.trainers import common
 from lmrl.trainers.selfplay_config import SelfPlayConfig
 from lmrl.trainers.selfplay_env import challenger_text
+from lmrl.trainers.sft import labelled_tokens, padded_micro_batches
 from lmrl.trainers.sft import train_step as sft_train_step
 
 
@@ -44,7 +45,8 @@ def warm_start(model, tokenizer, examples: list[SFTExample], config: SelfPlayCon
     for step in range(1, config.warm_start_steps + 1):
         indices = common.epoch_batch_indices(len(examples), config.warm_start_batch_size, step, config.seed)
         batch = [examples[i] for i in indices]
-        stats = sft_train_step(model, batch, tokenizer.pad_token_id, 1, dtype, step)
+        stats = sft_train_step(model, padded_micro_batches(batch, tokenizer.pad_token_id, 1), dtype, step,
+                               labelled_tokens(batch))
         common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
         if step % 50 == 0 or step == config.warm_start_steps:
             tracker.print(f"warm start {step}/{config.warm_start_steps}: loss {stats['loss']:.4f}")

@@ -13,96 +13,69 @@ Launch::
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.data import packing
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, describe_parameters
-from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head
-from lmrl.models.hf_compat import no_cache
+from lmrl.models import describe_parameters
+from lmrl.models.head import DEFAULT_CHUNK_MB
+from lmrl.models.logprobs import labelled_logprobs
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.rollout.tool_config import ToolSection, build_env_factory
+from lmrl.rollout.tool_config import build_env_factory
 from lmrl.trainers import agentic, common, loop
-
-
-@dataclasses.dataclass
-class SFTConfig(ToolSection, TrainConfig):
-    dataset: str = field("task:arithmetic", "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
-    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
-    split: str = field("train", "dataset split")
-    train_rows: int | None = field(2000, "rows generated for a built-in task, or the first N rows of a dataset (null: all)")
-    eval_dataset: str | None = field(None, "held-out data; default: the test split of a built-in task, none for files")
-    eval_split: str = field("test", "split of eval_dataset (or of the built-in task)")
-    eval_rows: int = field(200, "held-out rows to evaluate on")
-    eval_max_new_tokens: int = field(32, "tokens generated per held-out prompt when measuring task accuracy")
-    chat: bool = field(True, "render rows with the chat template (False: raw prompt+completion text)")
-    train_on: Literal["all", "last"] = field("all", "multi-turn: train every assistant turn or only the last")
-    max_length: int = field(256, "tokens per example (prompt + completion)")
-    overlong: Literal["truncate", "drop", "error"] = field("truncate", "what to do with examples longer than max_length")
-    batch_size: int = field(32, "examples per optimizer step (split into grad_accum micro-batches)")
-    stop_at_accuracy: float | None = field(None, "stop early once held-out accuracy (built-in tasks) reaches this; checked every eval_every steps")
-    output_dir: str = field("runs/sft", "run directory")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.batch_size % self.grad_accum:
-            raise ConfigError(
-                f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}); "
-                f"each micro-batch has batch_size/grad_accum examples."
-            )
-        if self.max_length < 2:
-            raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
-        if self.stop_at_accuracy is not None and not (0 < self.stop_at_accuracy <= 1 and self.eval_every > 0):
-            raise ConfigError(f"stop_at_accuracy={self.stop_at_accuracy} needs a value in (0, 1] and eval_every > 0 "
-                              f"(got eval_every={self.eval_every}): accuracy is checked at each evaluation.")
+from lmrl.trainers.sft_config import SFTConfig  # also `lmrl sft`'s config (lmrl/cli.py)
 
 
 def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,
                         chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, int]:
-    """Summed next-token CE over labelled tokens of ``batch`` and the number of labelled tokens. Logits beyond
-    ``chunk_mb`` of fp32 go through the LM head in chunks (`lmrl.models.head`)."""
-    device = model_device(model)
-    batch = to_device(batch, device)
-    targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
-    labelled = targets != -100
-    parts = chunked_head(model, targets.numel(), chunk_mb)
-    with autocast(device.type, dtype):
-        if parts is not None:
-            hidden = parts.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                   use_cache=False).last_hidden_state
-            logp = parts.logprobs(hidden[:, :-1], targets.clamp(min=0), chunk_mb=chunk_mb)  # (B, L-1)
-            return -(logp * labelled).sum(), int(labelled.sum())
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **no_cache(model)).logits
-    loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
-    return loss, int(labelled.sum())
+    """Summed next-token CE over labelled tokens of ``batch`` (padded rows, or packed ones: `lmrl.data.packing`) and
+    the number of labelled tokens. Logits beyond ``chunk_mb`` of fp32 go through the LM head in chunks."""
+    logp, labelled = labelled_logprobs(model, to_device(batch, model_device(model)), dtype, chunk_mb)
+    return -logp.sum(), int(labelled.sum())
 
 
 def labelled_tokens(examples: list[SFTExample]) -> int:
     return sum(sum(1 for y in ex.labels[1:] if y != -100) for ex in examples)
 
 
-def train_step(model, examples: list[SFTExample], pad_id: int, grad_accum: int, dtype, step: int,
-               chunk_mb: float = DEFAULT_CHUNK_MB, total_tokens: int | None = None) -> dict[str, float]:
-    """Forward/backward over ``grad_accum`` micro-batches; the loss is the token mean over the whole batch
-    (``total_tokens``: its labelled tokens when ``examples`` is one rank's share of it)."""
-    total_tokens = total_tokens or labelled_tokens(examples)
+def padded_micro_batches(examples: list[SFTExample], pad_id: int, grad_accum: int) -> list[tuple[dict, float]]:
+    """``grad_accum`` right-padded micro-batches of equal row counts, each with loss weight 1."""
     micro = len(examples) // grad_accum
+    return [(collate_sft(examples[i * micro : (i + 1) * micro], pad_id), 1.0) for i in range(grad_accum)]
+
+
+def packed_micro_batches(examples: list[SFTExample], max_tokens: int) -> list[tuple[dict, float]]:
+    """The whole batch packed first-fit-decreasing into sequences of <= ``max_tokens`` tokens, dealt to the ranks by
+    token count (`lmrl.data.packing`); this rank's share. A rank with one bin fewer than the others repeats one at
+    loss weight 0, so every rank runs the same number of backward passes (each reduces gradients)."""
+    lengths = [len(ex.input_ids) for ex in examples]
+    bins = packing.first_fit_decreasing(lengths, max_tokens)
+    shares = packing.balance(bins, lengths, runtime.world())
+    mine = shares[runtime.rank()]
+    batches = [(packing.pack([examples[i].input_ids for i in b], [examples[i].labels for i in b]), 1.0) for b in mine]
+    while len(batches) < max(len(share) for share in shares):
+        spare = mine[0] if mine else bins[0]
+        batches.append((packing.pack([examples[i].input_ids for i in spare], [examples[i].labels for i in spare]), 0.0))
+    return batches
+
+
+def train_step(model, micro_batches: list[tuple[dict, float]], dtype, step: int, total_tokens: int,
+               chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
+    """Forward/backward over ``micro_batches`` (batch, loss weight); the loss is the token mean over the whole
+    optimizer batch, whose labelled tokens (over every rank) are ``total_tokens``."""
     loss_sum = 0.0
-    for i in range(grad_accum):
-        batch = collate_sft(examples[i * micro : (i + 1) * micro], pad_id)
+    for batch, weight in micro_batches:
         loss, _ = token_cross_entropy(model, batch, dtype, chunk_mb)
         common.check_finite(loss, step)
-        (loss / total_tokens).backward()
-        loss_sum += loss.item()
+        (loss * (weight / total_tokens)).backward()
+        loss_sum += weight * loss.item()
     return {"loss": loss_sum / total_tokens, "tokens": float(total_tokens)}
 
 
@@ -166,7 +139,10 @@ class SFT(loop.MethodDefaults):
 
     def __init__(self, config: SFTConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        self.model, self.tokenizer = setup.policy()
+        model, self.tokenizer = setup.policy(distribute=False)
+        if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
+            packing.check_packable(model, len(self.tokenizer))
+        self.model = setup.distribute(model)
         self.model.train()
         self.env_factory = build_env_factory(config, self.tokenizer)  # tools: tool template, tool-episode eval
         tool_context = None
@@ -185,8 +161,12 @@ class SFT(loop.MethodDefaults):
         config, t0 = self.config, time.perf_counter()
         batch = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
                                                                       config.seed)]
-        stats = train_step(self.model, runtime.shard(batch), self.tokenizer.pad_token_id, config.grad_accum,
-                           self.setup.dtype, step, config.logprob_chunk_mb, labelled_tokens(batch))
+        if config.max_tokens_per_microbatch:
+            micro_batches = packed_micro_batches(batch, config.max_tokens_per_microbatch)
+        else:
+            micro_batches = padded_micro_batches(runtime.shard(batch), self.tokenizer.pad_token_id, config.grad_accum)
+        stats = train_step(self.model, micro_batches, self.setup.dtype, step, labelled_tokens(batch),
+                           config.logprob_chunk_mb)
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         # each rank's loss is its share of the batch's token mean: world x share, averaged over ranks, is the mean

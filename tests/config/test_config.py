@@ -56,7 +56,7 @@ def test_unknown_recipe_lists_shipped_ones():
 
 
 def test_every_shipped_recipe_loads_into_its_config():
-    from lmrl.cli import VERBS, _target
+    from lmrl.cli import VERBS, _config_class
 
     verb_of_folder = {"rejection": "rejection-sampling"}  # otherwise a recipe folder is named after its verb
     recipes = sorted(RECIPES_DIR.rglob("*.yaml"))
@@ -64,7 +64,7 @@ def test_every_shipped_recipe_loads_into_its_config():
     for path in recipes:
         verb = verb_of_folder.get(path.parent.name, path.parent.name)
         assert verb in VERBS, f"recipe folder {path.parent.name!r} names no verb of {sorted(VERBS)}"
-        config_cls, _ = _target(VERBS[verb])
+        config_cls = _config_class(VERBS[verb])
         config = load_config(config_cls, str(path))
         assert dataclasses.is_dataclass(config)
 

@@ -62,3 +62,16 @@ def test_decontaminate_command_finds_planted_rows(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["contaminated_indices"] == [5, 17] and report["contaminated_rows"] == 2
     assert "2 of 50 eval rows" in capsys.readouterr().out
+
+
+def test_tool_task_traces_are_not_compared_as_the_question():
+    """A tool task's eval rows carry the reference trace in `messages` (the tool's output and the final answer are
+    the gold answer): only what the model is asked is compared, so distinct problems with equal products are clean
+    and a planted problem is still found."""
+    train = load_rows("task:tool_arithmetic", split="train", limit=1000, digits=2)
+    test = load_rows("task:tool_arithmetic", split="test", limit=100, digits=2)
+    assert not {r["prompt"] for r in test} & {r["prompt"] for r in train}
+    assert overlap(train, test, n=8).contaminated == []
+    assert overlap(train + [test[9]], test, n=8).contaminated == [9]
+    asked = row_texts(test[0], ("prompt", "messages"), ("system", "user"))
+    assert asked == [test[0]["prompt"]] * 2 and test[0]["answer"] not in asked

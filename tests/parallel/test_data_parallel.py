@@ -99,6 +99,17 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, method,
     two_like_one(tmp_path, method, parallel)
 
 
+def test_packed_sft_on_two_processes_trains_like_one(tmp_path):
+    # 26-27-token rows into 80-token bins: 3 bins for 8 rows, so one rank runs a zero-weight repeat (same backwards)
+    two_like_one(tmp_path, "sft", "ddp", "grad_accum=1", "max_length=64", "max_tokens_per_microbatch=80")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dpo", "reward"])
+def test_packed_preferences_on_two_processes_train_like_one(tmp_path, method):
+    two_like_one(tmp_path, method, "fsdp", "grad_accum=1", "max_length=64", "max_tokens_per_microbatch=150")
+
+
 DROPS = ["algorithm=dapo", "rewards=[dist_helpers:has_digit]"]  # steps 1-2 drop 1 of 4 groups: one rank's
 
 

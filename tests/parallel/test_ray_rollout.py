@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 from dist_helpers import TINY
 
 from lmrl.config import ConfigError, load_config
@@ -109,6 +110,54 @@ def test_resume_pushes_the_restored_weights_to_the_workers(tmp_path, cluster):
     run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *ARGS, "max_steps=4",
                                                  "save_every=2", "resume=true"]))
     assert max_weight_diff(tmp_path / "full", tmp_path / "cut") < 1e-6
+
+
+@SLOW
+def test_async_resume_trains_on_the_batches_sampled_ahead_and_ends_exactly(tmp_path, cluster, monkeypatch):
+    """async_steps=1: the step-3 batch was sampled with the step-1 weights before the step-2 checkpoint. Kept in the
+    checkpoint, the resumed run ends where the uninterrupted one does; sampled again with the restored step-2
+    weights (the broken variant, as before the fix: measured 2.8e-2 off), it does not."""
+    import shutil
+
+    from dist_helpers import max_weight_diff
+
+    from lmrl.rollout.ray import RayRollouts
+
+    args = [*ARGS, "async_steps=1", "max_steps=4", "save_every=2"]
+    run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'full'}", *args]))
+
+    def stop_after_two(method, step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *args]), stop_after_two)
+    shutil.copytree(tmp_path / "cut", tmp_path / "resampled")
+    run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *args, "resume=true"]))
+    assert max_weight_diff(tmp_path / "full", tmp_path / "cut") < 1e-6
+    staleness = [m["async/staleness"] for m in read_jsonl(tmp_path / "cut" / "metrics.jsonl") if "reward/mean" in m]
+    assert staleness == [0, 1, 1, 1]  # step 3's batch kept its step-1 weights
+    monkeypatch.setattr(RayRollouts, "load_state_dict", lambda self, state: None)
+    run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'resampled'}", *args, "resume=true"]))
+    assert max_weight_diff(tmp_path / "full", tmp_path / "resampled") > 1e-4
+
+
+def test_a_batch_sampled_ahead_goes_through_a_checkpoint_unchanged(tmp_path):
+    from lmrl.rollout.ray import batch_state
+    from lmrl.rollout.types import RolloutBatch
+
+    batch = RolloutBatch(prompt_ids=torch.tensor([[0, 5], [0, 5]]), prompt_mask=torch.tensor([[0, 1], [0, 1]]),
+                         completion_ids=torch.tensor([[7, 8], [9, 0]]),
+                         completion_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+                         sampler_logp=torch.tensor([[-0.5, -1.5], [-2.0, 0.0]]), truncated=torch.tensor([True, False]),
+                         finish_reason=["length", "stop"], prompts=["p", "p"], completions=["ab", "c"], group_size=2)
+    torch.save({"ready": {3: [(batch_state(batch), 1)]}}, tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # how checkpoints load
+    (restored, version), = state["ready"][3]
+    back = RolloutBatch(**restored)
+    assert version == 1 and back.completions == batch.completions and back.group_size == 2
+    for name in ("prompt_ids", "completion_ids", "completion_mask", "sampler_logp", "truncated"):
+        assert torch.equal(getattr(back, name), getattr(batch, name))
 
 
 def test_ray_missing_is_a_start_up_error_with_the_install_command(tmp_path, monkeypatch):

@@ -122,3 +122,24 @@ def test_the_dashboard_answers_strict_json_when_a_run_has_nan_metrics(garbled_rl
         assert payload["skipped_lines"] == GARBAGE_SKIPPED
     finally:
         server.shutdown()
+
+
+def test_report_and_dashboard_read_old_and_lossless_multi_turn_samples(tmp_path):
+    from lmrl.report.dashboard import LiveRun, run_payload
+
+    path = write_rl_run(tmp_path / "tools", corrupt=False)
+    new = {"step": 5, "prompt": "<|im_start|>user\n47*83=<|im_end|>\n<|im_start|>assistant\n",
+           "completion": "[calculator(expression='47*83')]<|im_end|>\n<|im_start|>tool\n3901<|im_end|>...",
+           "messages": [{"role": "user", "content": "47*83="}, {"role": "assistant", "content": "3901"}],
+           "turns": [[0, 33], [45, 50]], "token_roles": [["assistant", 1, 33], ["tool", 0, 12], ["assistant", 1, 5]],
+           "reward": 1.0}
+    with (path / "samples.jsonl").open("a") as f:  # old rows (prompt, completion, rewards) and a new one
+        f.write(json.dumps(new) + "\n")
+    html = run(ReportConfig(runs=[str(path)], output_file=str(tmp_path / "r.html"))).read_text()
+    assert "12+34=" in html and "47*83=" in html  # both kinds of rows
+    assert "33 assistant, 12 tool (masked), 5 assistant" in html and "<th>messages</th>" not in html
+    live = LiveRun(path, "tools")
+    live.refresh()
+    payload = run_payload(live, 12)
+    assert payload["sample_cols"] == ["step", "prompt", "completion", "reward", "rewards/task", "tokens"]
+    assert payload["samples"][-1]["tokens"] == "33 assistant, 12 tool (masked), 5 assistant"

@@ -57,3 +57,47 @@ class ScriptedEngine:
                             finish_reason=finish, prompts=["p"] * len(outs),
                             completions=[self.tokenizer.decode(o, skip_special_tokens=True) for o in outs],
                             group_size=1)
+
+
+class CalculatorPolicy:
+    """Stands in for HFEngine(model, tokenizer, ...) on `tool_arithmetic` with `tool_parser=pythonic`: it calls the
+    calculator with the problem's expression, then answers with the tool's output when the first operand is even
+    and 0 when it is odd (so the accuracy is the share of even first operands). Sampled turns (not greedy) answer 0
+    with probability 1/2 instead, drawn from the generator."""
+
+    device = torch.device("cpu")
+    model = None  # no context limit
+
+    def __init__(self, model=None, tokenizer=None, autocast_dtype=None, **_):
+        self.tokenizer = tokenizer
+
+    @staticmethod
+    def reply(context: str, lucky: bool) -> str:
+        import re
+
+        expression = re.findall(r"user\n(\d+\*\d+)=", context)[-1]
+        said = re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", context, re.S)
+        if not said:
+            return f"[calculator(expression='{expression}')]"
+        return said[-1] if int(expression.split("*")[0]) % 2 == 0 and lucky else "0"
+
+    def generate(self, prompt_ids, params, n=1, generator=None):
+        outs = []
+        for ids in prompt_ids:
+            context = self.tokenizer.decode(ids)
+            for _ in range(n):
+                lucky = params.greedy or bool(torch.rand(1, generator=generator) < 0.5)
+                text = self.reply(context, lucky)
+                outs.append(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
+        t = max(len(o) for o in outs)
+        comp = torch.zeros(len(outs), t, dtype=torch.long)
+        mask = torch.zeros(len(outs), t)
+        for i, o in enumerate(outs):
+            comp[i, : len(o)] = torch.tensor(o)
+            mask[i, : len(o)] = 1
+        prompt = torch.ones(len(outs), 1, dtype=torch.long)
+        return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt, completion_ids=comp, completion_mask=mask,
+                            sampler_logp=-0.5 * mask, truncated=torch.zeros(len(outs), dtype=torch.bool),
+                            finish_reason=["stop"] * len(outs), prompts=["p"] * len(outs),
+                            completions=[self.tokenizer.decode(o, skip_special_tokens=True) for o in outs],
+                            group_size=n)

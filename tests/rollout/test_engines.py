@@ -145,6 +145,21 @@ def test_merged_lora_weights_equal_the_merged_model():
         assert torch.allclose(pushed[name], param, atol=1e-6), name
 
 
+def test_the_architecture_is_the_hf_class_under_torch_distributed_wrappers():
+    # FSDP2's fully_shard and the composable replicate (DDP) swap the module's class for FSDP<cls> / DDP<cls>: with
+    # nproc>1 vLLM was asked for "DDPLlamaForCausalLM" and refused the run at start-up
+    from torch.distributed._composable.replicate import DDP
+    from torch.distributed.fsdp import FSDPModule
+
+    from lmrl.rollout.vllm_engine import model_spec
+    from lmrl.rollout.vllm_weights import architecture
+
+    for wrapper in (DDP, FSDPModule):
+        model = tiny_llama(len(char_tokenizer()))
+        model.__class__ = type(f"{wrapper.__name__}LlamaForCausalLM", (wrapper, type(model)), {})
+        assert architecture(model) == model_spec(model)[1] == "LlamaForCausalLM"
+
+
 def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
     peft = pytest.importorskip("peft")
     from lmrl.rollout.vllm_weights import adapts_tied_head
@@ -160,6 +175,27 @@ def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
     assert not adapts_tied_head(adapted(True, ["q_proj", "v_proj"]))
     assert not adapts_tied_head(adapted(False, ["q_proj", "lm_head"]))
     assert not adapts_tied_head(tiny_llama(len(tok)))
+
+
+def test_adapter_sync_is_refused_where_vllm_cannot_serve_the_adapter():
+    peft = pytest.importorskip("peft")
+    tok = char_tokenizer()
+    with pytest.raises(ConfigError, match="vllm_lora_sync=adapter loads the adapters from files .*Fix: "):
+        load_config(RLConfig, None, ["engine=vllm", "vllm_lora_sync=adapter", "vllm_server=auto"])
+    with pytest.raises(ConfigError, match="vllm_lora_sync=adapter .*colocated on one process"):
+        load_config(RLConfig, None, ["engine=vllm", "vllm_lora_sync=adapter", "nproc=2"])  # before torchrun starts
+    with pytest.raises(ConfigError, match="trains every weight \\(no LoRA\\). Fix: set lora_r"):
+        engines.adapter_rank(tiny_llama(len(tok)))
+
+    def adapted(r: int, targets: list[str], **kwargs):
+        return peft.get_peft_model(tiny_llama(len(tok)), peft.LoraConfig(r=r, target_modules=targets, **kwargs))
+
+    assert engines.adapter_rank(adapted(4, ["q_proj", "v_proj"])) == 8  # vLLM's next max_lora_rank
+    assert engines.adapter_rank(adapted(16, ["q_proj"])) == 16
+    with pytest.raises(ConfigError, match=r"also trains \['lm_head'\]"):
+        engines.adapter_rank(adapted(4, ["q_proj", "lm_head"]))
+    with pytest.raises(ConfigError, match=r"also trains \['embed_tokens'\]"):
+        engines.adapter_rank(adapted(4, ["q_proj"], modules_to_save=["embed_tokens"]))
 
 
 def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command_to_start_one(monkeypatch):

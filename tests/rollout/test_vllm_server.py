@@ -4,6 +4,8 @@ weight change proves the push) and against a colocated engine on the same model 
 the server stops the next request with a clear error instead of hanging it.
 """
 
+import os
+import socket
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ require_vllm()
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from lmrl.config_base import ConfigError  # noqa: E402
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import (  # noqa: E402
     HFEngine,
@@ -100,6 +103,15 @@ def test_a_trainer_with_another_model_replaces_the_servers_engine(served, prompt
         intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=False)).eval()
     assert remote.start(*model_spec(other), OPTIONS) is False  # a new engine, on the Llama
     assert_matches_hf(other, VLLMEngine(other, tok, OPTIONS, driver=remote), prompts, tok)
+
+
+def test_a_second_trainer_is_refused_while_the_first_owns_the_server(served):
+    model, _, remote = served
+    other = vllm_client.RemoteVLLM(remote.url, timeout=60)
+    with pytest.raises(ConfigError, match=rf"vLLM server at {remote.url.removeprefix('http://')} samples for another "
+                                          r"trainer.*Fix: give this run a server of its own"):
+        other.start(*model_spec(model), OPTIONS)
+    assert remote.request("/health")["owner"] == f"pid {os.getpid()} on {socket.gethostname()}"  # still this one
 
 
 def test_a_killed_server_stops_the_next_request_with_a_clear_error(served, prompts):

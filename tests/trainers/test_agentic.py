@@ -1,5 +1,6 @@
 """`lmrl rl` / `lmrl sft` with tools or an environment: the policy loss sees only sampled tokens, and it learns."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def test_tool_rollouts_train_only_sampled_tokens(tmp_path, monkeypatch):
     step = next(r for r in rows if r.get("step") == 1 and "reward/mean" in r)
     for key in ("tools/calls_per_episode", "tools/call_errors_per_episode", "episode/done_frac", "episode/turns_mean"):
         assert key in step
+    sample = next(r for r in read_jsonl(tmp_path / "rl" / "samples.jsonl") if r["step"] == 1)  # lossless
+    assert sample["prompt"] == batch.prompts[0] and sample["messages"][0]["role"] == "user"
+    assert sum(count for _, _, count in sample["token_roles"]) == int(batch.completion_mask[0].sum())
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -114,3 +118,71 @@ def test_env_and_tool_paths_fail_at_start_up_with_the_key(tmp_path):
         with pytest.raises(ConfigError, match=match):
             build_env_factory(rl_config(tmp_path, *overrides), tok)
     assert build_env_factory(rl_config(tmp_path, "env=agentic_envs:digits"), tok)({"prompt": "x"}).tools == []
+
+
+def test_eval_metrics_of_a_tool_run_are_tool_episodes_like_its_own_eval(tmp_path, monkeypatch):
+    """A tool run's eval_metrics run the run's tool episodes: evals/accuracy equals eval/accuracy on the same rows
+    (it was 0.0 beside 0.25: the single-turn evaluator scored the tool call as the answer)."""
+    from types import SimpleNamespace
+
+    from lmrl.eval import runner
+    from lmrl.eval.training import build_evaluator
+    from lmrl.trainers import loop
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
+    from scripted_policy import CalculatorPolicy
+
+    monkeypatch.setattr(runner, "HFEngine", CalculatorPolicy)  # calls the calculator, answers right on even a
+    config = rl_config(tmp_path, "dataset=task:tool_arithmetic", "task_args={digits: 2}", "tools=[calculator]",
+                       "tool_parser=pythonic", "max_turns=2", "max_total_tokens=60", "max_new_tokens=24",
+                       "eval_rows=8", "eval_metrics=[accuracy]", "eval_metrics_rows=8",
+                       "eval_metrics_args={max_new_tokens: 24}")
+    method = online.OnlineRL(config, online.ModelSetup.from_config(config))
+    metrics, _ = loop.evaluate(method, 0, SimpleNamespace(evaluator=build_evaluator(config)))
+    assert 0 < metrics["eval/accuracy"] < 1
+    assert metrics["evals/accuracy"] == metrics["eval/accuracy"]
+    assert metrics["evals/tools/calls_per_episode"] == metrics["eval/tool_calls_per_episode"] == 1.0
+
+
+def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
+    """samples.jsonl of a tool run: the whole prompt, the conversation, the turn spans and every completion token's
+    role and loss mask (it kept the prompt's last 60 characters and the transcript only); single-turn rows stay
+    small."""
+    from lmrl.data.loading import load_rows
+    from lmrl.data.tokenizers import build_char_tokenizer
+    from lmrl.rollout.multiturn import MultiTurnOptions, run_episodes
+    from lmrl.rollout.tool_config import build_env_factory
+    from lmrl.rollout.tool_parsers import get_parser
+    from lmrl.rollout.types import SamplingParams
+    from lmrl.trainers import agentic
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
+    from scripted_policy import CalculatorPolicy
+
+    tok = build_char_tokenizer()
+    config = rl_config(tmp_path, "tools=[calculator]", "tool_parser=pythonic")
+    make_env = build_env_factory(config, tok)
+    rows = load_rows("task:tool_arithmetic", split="test", limit=2, digits=2)
+    options = MultiTurnOptions(3, 120, train_tool_calls=False, parser=get_parser("pythonic"))
+    batch = run_episodes(CalculatorPolicy(None, tok), tok, [make_env(r) for r in rows], rows,
+                         SamplingParams(max_new_tokens=40, greedy=True), options)
+    from lmrl.tracking import Tracker
+
+    tracker = Tracker(tmp_path / "run", 1)
+    tracker.log_samples(1, [{**agentic.sample_fields(batch, i), "reward": 1.0} for i in range(2)])
+    tracker.close()
+    saved = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    for i, (row, record) in enumerate(zip(rows, saved)):
+        assert record["prompt"] == batch.prompts[i] and record["prompt"].startswith("<|im_start|>system")
+        assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
+        assert record["messages"][0]["content"] == row["prompt"] and record["messages"][2]["content"] == row["answer"]
+        (s1, e1), (s2, e2) = record["turns"]
+        roles = [role for role, _, count in record["token_roles"] for _ in range(count)]
+        mask = [m for _, m, count in record["token_roles"] for _ in range(count)]
+        assert len(roles) == int(batch.completion_mask[i].sum()) == e2
+        assert mask == batch.loss_mask[i, :e2].int().tolist()  # the loss mask, token by token
+        assert set(roles[s1:e1]) == set(roles[s2:e2]) == {"assistant"} and set(roles[e1:s2]) == {"tool"}
+        assert mask[s1:e1] == [0] * (e1 - s1 - 1) + [1]  # the call masked (train_tool_calls=false), not its end
+        assert sum(mask[e1:s2]) == 0 and mask[s2:e2] == [1] * (e2 - s2)  # the tool output masked, the answer learned
+    single = agentic.sample_fields(dataclasses.replace(batch, info=None), 0)
+    assert set(single) == {"prompt", "completion"} and len(single["prompt"]) == 60

@@ -91,7 +91,10 @@ def test_batch_baselines_accept_one_sample_per_prompt(tmp_path, algorithm):
 
 
 def test_failing_reward_skips_the_step_and_names_the_function(tmp_path, capsys):
-    online.train(rl_config(tmp_path, "grpo", "max_steps=2", "rewards=[test_failing]"))
+    from lmrl.trainers.common import TrainingStopped
+
+    with pytest.raises(TrainingStopped, match="every one of the 2 steps"):  # nothing trained: no final/
+        online.train(rl_config(tmp_path, "grpo", "max_steps=2", "rewards=[test_failing]"))
     out = capsys.readouterr().out
     assert "step 1 skipped" in out and "test_failing" in out and "boom" in out
     records = read_jsonl(tmp_path / "grpo" / "metrics.jsonl")

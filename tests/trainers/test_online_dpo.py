@@ -234,7 +234,8 @@ def test_on_reward_error_skips_the_step_or_stops(tmp_path, policy):
         with pytest.raises(RewardError, match="boom"):
             online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     else:
-        assert online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet()) == {"reward/errors": 1.0}
+        assert online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet()) == {"reward/errors": 1.0,
+                                                                                         "reward/skipped": 1.0}
     assert all(torch.equal(before[k], v) for k, v in parts.model.state_dict().items())  # no update either way
 
 

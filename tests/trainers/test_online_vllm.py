@@ -67,6 +67,18 @@ def test_engine_vllm_refuses_what_it_cannot_do_at_start_up(tmp_path):
         grpo(tmp_path, "vllm", "vllm_sleep=true", "max_steps=1")
 
 
+def test_a_broken_vllm_sync_stops_an_fp32_run_when_asked(tmp_path, monkeypatch):
+    # the built-in model ties its LM head: without the CPU re-pack of the tied head after a reload the engine samples
+    # with a stale head (sampler_logp_gap ~1), which max_sampler_logp_gap catches at the first step that trains
+    from lmrl.rollout import vllm_driver
+    from lmrl.trainers.common import TrainingStopped
+
+    monkeypatch.setattr(vllm_driver, "repack_tied_head", lambda worker: 0)
+    with pytest.raises(TrainingStopped, match=r"step \d+: sampler_logp_gap=.* exceeds max_sampler_logp_gap=0.1 in "
+                                              r"fp32.*engine=vllm"):
+        grpo(tmp_path, "vllm", "max_steps=3", "stop_on_sampler_logp_gap=true")
+
+
 def test_lora_grpo_with_engine_vllm_pushes_merged_adapters_and_learns(tmp_path):
     pytest.importorskip("peft")
     lora = ["lora_r=8", "lora_alpha=16", "lora_target_modules=[q_proj,v_proj,lm_head]"]  # an adapted head learns fast

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmrl.algorithms import PREFERENCE_LOSSES
+from lmrl.algorithms import PREFERENCE_LOSSES, RunningDelta
 from lmrl.config import ConfigError, load_config
 from lmrl.data import preference as prefs
 from lmrl.data.tokenizers import build_char_tokenizer
@@ -45,6 +45,42 @@ def test_sequence_logps_match_a_direct_computation(tok):
         expected = sum(torch.log_softmax(logits[t - 1], -1)[ids[0, t]] for t in range(p, ids.shape[1]))
         assert got.item() == pytest.approx(expected.item(), abs=1e-4)
         assert n.item() == len(s.completion_ids)
+
+
+def test_packed_sequence_logps_equal_the_padded_ones(tok):
+    model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS).eval()
+    seqs = [prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "12+34=", "the answer is 46"),
+            prefs.tokenize(tok, "7*8=", "56")]
+    padded, counts = dpo_common.sequence_logps(model, seqs, tok.pad_token_id, None)
+    packed, packed_counts = dpo_common.sequence_logps(model, seqs, tok.pad_token_id, None, packed=True)
+    torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
+    assert packed_counts.tolist() == counts.tolist()
+
+
+def test_packed_dpo_step_gives_the_padded_loss_and_gradients(tmp_path, tok):
+    padded_cfg = config(tmp_path, *SMALL_RUN, "max_length=64")
+    packed_cfg = config(tmp_path, *SMALL_RUN, "max_length=64", "max_tokens_per_microbatch=160")
+    examples, _ = dpo_common.build_examples(prefs.load_preference_rows("builtin:prefs", "train", 8,
+                                                                          digits=1), tok, padded_cfg, "rows")
+    parts = dpo_common.micro_batches(examples, packed_cfg, len(examples))
+    assert 1 < len(parts) < len(examples)  # several pairs per packed row, several rows
+    results = []
+    for cfg in (padded_cfg, packed_cfg):
+        model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS)
+        ref = torch.zeros(len(examples), 2)
+        stats = dpo_common.train_step(model, examples, ref, cfg, tok.pad_token_id, None, 1, RunningDelta())
+        results.append((stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (padded, g_padded), (packed, g_packed) = results
+    assert packed["loss"] == pytest.approx(padded["loss"], abs=1e-5)
+    for name, grad in g_packed.items():
+        torch.testing.assert_close(grad, g_padded[name], rtol=1e-4, atol=1e-5)
+
+
+def test_packing_refuses_grad_accum_unpaired_losses_and_too_small_budgets(tmp_path):
+    for overrides in (["grad_accum=2", "max_tokens_per_microbatch=512"], ["loss=kto", "max_tokens_per_microbatch=512"],
+                      ["max_length=256", "max_tokens_per_microbatch=300"]):
+        with pytest.raises(ConfigError, match="max_tokens_per_microbatch"):
+            config(tmp_path, *overrides)
 
 
 def test_first_dpo_loss_is_log2_and_logps_are_logged(tmp_path):

@@ -178,6 +178,17 @@ def test_gradient_accumulation_is_exact(tmp_path, tok, loss_name, source):
     assert accum["loss"] == pytest.approx(full["loss"], rel=1e-5)
     for name, g in grads(model).items():
         torch.testing.assert_close(g, g1[name], rtol=1e-4, atol=1e-6)
+    # packed: a prompt's sequences in one row with others, positions restarting: the same loss and gradients
+    longest = max(sum(len(s) for s in item.seqs) for item in items)
+    packed_cfg = config(tmp_path, f"loss={loss_name}", f"dataset={source}", "max_length=64",
+                        f"max_tokens_per_microbatch={max(64, 2 * longest)}")
+    assert 1 < len(reward.micro_batches(items, packed_cfg)) < len(items)
+    model.zero_grad(set_to_none=True)
+    packed = reward.train_step(model, items, packed_cfg, tok.pad_token_id, None, step=1)
+    assert packed["loss"] == pytest.approx(full["loss"], abs=1e-5)
+    assert packed["accuracy"] == pytest.approx(full["accuracy"], abs=1e-6)
+    for name, g in grads(model).items():
+        torch.testing.assert_close(g, g1[name], rtol=1e-4, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- training, saving, scoring

@@ -42,13 +42,18 @@ def grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def padded_step(model, examples, pad_id, grad_accum):
+    return sft.train_step(model, sft.padded_micro_batches(examples, pad_id, grad_accum), None, 1,
+                          sft.labelled_tokens(examples))
+
+
 def test_every_parameter_changes_after_one_step(tmp_path):
     tokenizer, examples = tiny_examples()
     model = tiny_model(tokenizer)
     cfg = config(tmp_path, "lr=1e-2", "warmup_steps=0")
     optimizer, before = common.build_optimizer(model, cfg), {n: p.detach().clone() for n, p in model.named_parameters()}
     scheduler = common.build_scheduler(optimizer, cfg)
-    sft.train_step(model, examples, tokenizer.pad_token_id, 1, None, step=1)
+    padded_step(model, examples, tokenizer.pad_token_id, 1)
     common.optimizer_step(model, optimizer, scheduler, 1.0, step=1)
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert not unchanged, f"parameters not updated: {unchanged}"
@@ -59,14 +64,36 @@ def test_gradient_accumulation_4x2_equals_batch_8():
     # unequal lengths make a per-micro-batch mean differ from the batch token mean: the test can fail
     assert len({len(e.input_ids) for e in examples}) > 1
     model = tiny_model(tokenizer)
-    full = sft.train_step(model, examples, tokenizer.pad_token_id, 1, None, step=1)
+    full = padded_step(model, examples, tokenizer.pad_token_id, 1)
     g_full = grads(model)
     model.zero_grad(set_to_none=True)
-    accum = sft.train_step(model, examples, tokenizer.pad_token_id, 4, None, step=1)
+    accum = padded_step(model, examples, tokenizer.pad_token_id, 4)
     g_accum = grads(model)
     assert accum["loss"] == pytest.approx(full["loss"], rel=1e-5)
     for name in g_full:
         torch.testing.assert_close(g_accum[name], g_full[name], rtol=1e-4, atol=1e-6)
+
+
+def test_packed_micro_batches_give_the_padded_loss_and_gradients():
+    tokenizer, examples = tiny_examples(8)
+    model = tiny_model(tokenizer)
+    padded = padded_step(model, examples, tokenizer.pad_token_id, 1)
+    g_padded = grads(model)
+    model.zero_grad(set_to_none=True)
+    longest = max(len(e.input_ids) for e in examples)
+    micro = sft.packed_micro_batches(examples, max_tokens=2 * longest)
+    assert 1 < len(micro) < len(examples)  # several rows per sequence, several sequences
+    packed = sft.train_step(model, micro, None, 1, sft.labelled_tokens(examples))
+    assert packed["loss"] == pytest.approx(padded["loss"], abs=1e-5)
+    for name, grad in grads(model).items():
+        torch.testing.assert_close(grad, g_padded[name], rtol=1e-4, atol=1e-5)
+
+
+def test_packing_is_refused_with_grad_accum_or_a_too_small_budget(tmp_path):
+    with pytest.raises(ConfigError, match="replaces grad_accum"):
+        config(tmp_path, "max_tokens_per_microbatch=512", "grad_accum=2")
+    with pytest.raises(ConfigError, match="max_length"):
+        config(tmp_path, "max_tokens_per_microbatch=100", "max_length=256")
 
 
 def test_sft_learns_arithmetic(tmp_path):

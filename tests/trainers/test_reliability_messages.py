@@ -1,0 +1,123 @@
+"""Messages instead of tracebacks (issue 33): a full disk at final/, a metrics line with a null step on resume, a
+checkpoint of another number of processes, LoRA with FSDP, a non-string prompt, a cut weights file, a swarm that
+cannot start, a hub_dir that is a file and a prompts_file that is a folder."""
+
+import errno
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from lmrl import cli
+from lmrl.config import ConfigError, load_config
+from lmrl.tracking import truncate_jsonl
+from lmrl.trainers import ckpt_world, common
+
+TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
+        "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",
+        "batch_size=4", "eval_every=0", "warmup_steps=0", "lr_schedule=constant", "log_every=1"]
+
+
+def test_a_metrics_line_with_a_null_step_is_dropped_on_resume(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": null, "loss": 1.0}\n{"step": "x"}\n{"step": 3}\n')
+    truncate_jsonl(path, 2)  # was: TypeError ('<=' between NoneType and int)
+    assert path.read_text() == '{"step": 1, "loss": 2.0}\n'
+    assert "dropped 2 unreadable line(s)" in capsys.readouterr().out
+
+
+def test_a_full_disk_writing_final_is_one_paragraph(tmp_path, capsys, monkeypatch):
+    real_save = common.save_model
+
+    def disk_full_at_final(model, tokenizer, path):
+        if path.name == "final":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(model, tokenizer, path)
+
+    monkeypatch.setattr(common, "save_model", disk_full_at_final)
+    assert cli.main(["sft", f"output_dir={tmp_path / 'run'}", *TINY, "max_steps=1"]) == 1  # was: a traceback
+    squashed = "".join(capsys.readouterr().out.split())
+    assert "Nospaceleftondevice" in squashed and "resume=true" in squashed and "Traceback" not in squashed
+    assert common.is_write_failure(RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"))
+    assert not common.is_write_failure(RuntimeError("size mismatch"))
+
+
+def fake_checkpoint(run, ranks: int):
+    step = run / "checkpoints" / "step-2"
+    step.mkdir(parents=True)
+    (step / ckpt_world.STATE_FILE).write_bytes(b"")
+    if ranks > 1:
+        (step / "dcp").mkdir()
+        for r in range(ranks):
+            (step / f"rng-rank{r}.pt").write_bytes(b"")
+    return step
+
+
+def test_a_checkpoint_of_another_number_of_processes_is_refused_before_torchrun(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    one, two = fake_checkpoint(tmp_path / "one", 1), fake_checkpoint(tmp_path / "two", 2)
+    with pytest.raises(ConfigError, match="resume with nproc=2"):  # was: "does not match the model"
+        ckpt_world.check_world(two, 1)
+    with pytest.raises(ConfigError, match="resume with nproc=1"):
+        ckpt_world.check_world(one, 2)
+    ckpt_world.check_world(two, 4)  # DCP shards reshard onto any number of processes > 1
+    ckpt_world.check_resume_world(SimpleNamespace(resume=False, output_dir=str(tmp_path / "two"), nproc=1))
+    monkeypatch.setattr(cli, "launch", lambda *a: pytest.fail("torchrun started"))
+    assert cli.main(["sft", f"output_dir={tmp_path / 'one'}", "resume=true", "nproc=2"]) == 2
+    assert "written by one process" in " ".join(capsys.readouterr().out.split())
+
+
+def test_lora_with_fsdp_is_refused_when_the_config_is_read(monkeypatch):
+    from lmrl.trainers.sft_config import SFTConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    with pytest.raises(ConfigError, match="parallel=ddp"):  # was: each torchrun rank, after the model loaded
+        load_config(SFTConfig, None, ["nproc=2", "lora_r=4"])
+    assert load_config(SFTConfig, None, ["nproc=2", "lora_r=4", "parallel=ddp"]).parallel == "ddp"
+
+
+def test_a_non_string_prompt_names_its_row(tmp_path):
+    from lmrl.trainers import online
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 5, "answer": "5"}\n')
+    config = load_config(online.RLConfig, None, [f"dataset={data}", "train_rows=null", f"output_dir={tmp_path}/r"])
+    with pytest.raises(ValueError, match="row 2 of .*rows.jsonl: prompt must be a string or a list of messages"):
+        online.load_prompts(config)
+
+
+def test_a_cut_weights_file_is_named_damaged(tmp_path):
+    from lmrl.models import load_model_and_tokenizer
+    from lmrl.models.loading import load_model
+    from lmrl.models.saving import save_model
+
+    model, tokenizer = load_model_and_tokenizer("builtin:tiny", None, 0, model_args={"hidden_size": 32,
+                                                "num_hidden_layers": 1, "intermediate_size": 64,
+                                                "num_attention_heads": 2})
+    save_model(model, tokenizer, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    with pytest.raises(ValueError, match="damaged or incomplete"):  # was: SafetensorError traceback
+        load_model(str(tmp_path / "m"))
+
+
+def test_a_swarm_that_cannot_start_is_a_message(tmp_path, capsys, monkeypatch):
+    transport = pytest.importorskip("lmrl.swarm.hivemind_transport")
+
+    def unreachable(config):
+        raise transport.SwarmStartupError("Could not start the hivemind DHT node: check the initial peers")
+
+    monkeypatch.setattr(cli, "_run_function", lambda verb: unreachable)
+    assert cli.main(["swarm", "join", f"output_dir={tmp_path / 'n'}"]) == 1  # was: a RuntimeError traceback
+    assert "Training stopped: Could not start the hivemind DHT node" in " ".join(capsys.readouterr().out.split())
+
+
+def test_hub_dir_that_is_a_file_and_prompts_file_that_is_a_folder(tmp_path):
+    from lmrl.rollout.generate_config import GenerateConfig
+    from lmrl.swarm.config import SwarmConfig
+
+    (tmp_path / "hub").write_text("")
+    with pytest.raises(ConfigError, match="'hub_dir' .* is a file"):  # was: a raw errno at mkdir
+        load_config(SwarmConfig, None, ["mode=join", "transport=file", f"hub_dir={tmp_path / 'hub'}"])
+    with pytest.raises(ConfigError, match="'prompts_file' .* is a directory"):  # was: "does not exist"
+        load_config(GenerateConfig, None, [f"prompts_file={tmp_path}"])
