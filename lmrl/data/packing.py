@@ -27,7 +27,8 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     too_long = [n for n in lengths if n > capacity]
     if too_long:
         raise ValueError(f"A row of {max(too_long)} tokens does not fit max_tokens_per_microbatch={capacity}: "
-                         f"raise it to at least max_length.")
+                         f"raise it to at least {max(too_long)} (the longest row: max_length, or prompt + "
+                         f"max_new_tokens).")
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):

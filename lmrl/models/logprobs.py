@@ -124,6 +124,7 @@ def completion_logprobs(
     chunk_mb: float = DEFAULT_CHUNK_MB,
     usage: dict[str, int] | None = None,
     entropy_grad: bool = False,
+    packed: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
 
@@ -151,6 +152,10 @@ def completion_logprobs(
 
     usage: a dict that counts what this forward really did (`count_usage`): the metrics that say a speed-up ran
     are these counts, never the settings that asked for it.
+
+    packed: the rows' real tokens run as one packed sequence (`packed_rows`: no padding computed, positions restart
+    per row, HF keeps attention within a row); the outputs are gathered back into the (N, T) layout. Exclusive
+    with share_prompts and linear_outputs (both need the padded layout), which it turns off.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -171,7 +176,8 @@ def completion_logprobs(
     device_type = input_ids.device.type
     ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     cache_name = cache_kwarg(model)
-    share_prompts = share_prompts and cache_name is not None and not is_checkpointing(model)
+    share_prompts = share_prompts and cache_name is not None and not is_checkpointing(model) and not packed
+    linear_outputs = None if packed else linear_outputs
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
@@ -181,10 +187,16 @@ def completion_logprobs(
     with ctx, replay as replayed:
         if parts is not None:
             with adapters_off(model):
-                hidden = completion_hidden(parts.decoder, input_ids, attention_mask, position_ids, completion_start,
-                                           groups)
+                if packed:
+                    hidden = packed_outputs(parts.decoder, input_ids, attention_mask, completion_start,
+                                            "last_hidden_state")
+                else:
+                    hidden = completion_hidden(parts.decoder, input_ids, attention_mask, position_ids,
+                                               completion_start, groups)
                 out = parts.logprobs(hidden, targets, temperature=temperature, chunk_mb=chunk_mb,
                                      return_entropy=return_entropy)
+        elif packed:
+            logits = packed_outputs(model, input_ids, attention_mask, completion_start, "logits")
         elif groups is not None:
             logits = shared_prompt_outputs(model, input_ids, attention_mask, position_ids, completion_start, *groups)
         else:
@@ -195,7 +207,7 @@ def completion_logprobs(
                            **extra).logits
             logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
     if usage is not None:
-        count_usage(usage, shared=groups is not None, chunked=parts is not None, replayed=replayed)
+        count_usage(usage, shared=groups is not None, chunked=parts is not None, replayed=replayed, packed=packed)
     if parts is not None:
         if not return_entropy:
             return torch.where(valid, out, torch.zeros_like(out))
@@ -209,10 +221,12 @@ def completion_logprobs(
     return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
 
 
-def count_usage(usage: dict[str, int], shared: bool, chunked: bool, replayed: dict[str, int]) -> None:
-    """Add one forward to ``usage``: whether it shared prompts and ran the chunked head, and how many linear-layer
-    calls returned the sampler's recorded outputs ("replayed") or computed them ("computed")."""
+def count_usage(usage: dict[str, int], shared: bool, chunked: bool, replayed: dict[str, int],
+                packed: bool = False) -> None:
+    """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows, and how many
+    linear-layer calls returned the sampler's recorded outputs ("replayed") or computed them ("computed")."""
     usage["forwards"] = usage.get("forwards", 0) + 1
+    usage["packed"] = usage.get("packed", 0) + int(packed)
     usage["shared_prompts"] = usage.get("shared_prompts", 0) + int(shared)
     usage["chunked_head"] = usage.get("chunked_head", 0) + int(chunked)
     for key in ("replayed", "computed"):
@@ -223,6 +237,34 @@ def adapters_off(model) -> contextlib.AbstractContextManager:
     """The LoRA reference view's `disable_adapter()` (its decoder is the policy's), else nothing."""
     policy = getattr(model, "policy", None)
     return policy.disable_adapter() if policy is not None and hasattr(policy, "disable_adapter") else contextlib.nullcontext()
+
+
+def packed_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The real tokens of left/right-padded rows (N, P+T) as one packed row: ``input_ids`` and ``position_ids``
+    (1, L), restarting at 0 per row, and ``index`` (N, T): the packed position whose output predicts completion
+    token j of row b (the position of column P+j-1; padding positions point anywhere and are masked by the caller)."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(dim=1)  # (N,)
+    offsets = lengths.cumsum(0) - lengths  # (N,) each row's first packed position
+    total = int(lengths.sum())
+    positions = torch.arange(total, device=input_ids.device) - offsets.repeat_interleave(lengths)  # (L,)
+    first = mask.long().argmax(dim=1)  # (N,) each row's first real column (after its left padding)
+    width = input_ids.shape[1] - completion_start
+    columns = completion_start - 1 + torch.arange(width, device=input_ids.device)  # (T,)
+    index = (offsets[:, None] + columns[None, :] - first[:, None]).clamp(0, total - 1)  # (N, T)
+    return input_ids[mask][None], positions[None], index
+
+
+def packed_outputs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int,
+                   key: str) -> torch.Tensor:
+    """``module``'s output ``key`` (logits or last_hidden_state) at the positions that predict the completion
+    tokens, (N, T, D), from one forward over the rows packed (`packed_rows`; no mask, no KV cache: HF keeps attention
+    within a row only then)."""
+    ids, positions, index = packed_rows(input_ids, attention_mask, completion_start)
+    extra = {"use_cache": False} if accepts_kwarg(module, "use_cache") else {}
+    out = getattr(module(input_ids=ids, position_ids=positions, **extra), key)[0]  # (L, D)
+    return out[index]  # (N, T, D)
 
 
 def completion_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

@@ -52,9 +52,10 @@ class GroupOptions:
     @classmethod
     def from_config(cls, config) -> GroupOptions:
         # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
-        # gradient checkpointing turns off)
+        # gradient checkpointing and packed micro-batches turn off)
         record = bool(getattr(config, "reuse_sampling_forward", False) and getattr(config, "share_prompts", False)
-                      and config.updates_per_step == 1 and not getattr(config, "gradient_checkpointing", False))
+                      and config.updates_per_step == 1 and not getattr(config, "gradient_checkpointing", False)
+                      and getattr(config, "max_tokens_per_microbatch", None) is None)
         return cls(config.samples_per_prompt, sampling_params(config), config.sampling_shards, config.seed, record)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import ADVANTAGES, advantages, overlong_filter, zero_variance_groups
+from lmrl.data import packing
 from lmrl.data.chat import render_prompt
 from lmrl.data.loading import check_prompt, is_generated, load_rows, row_where
 from lmrl.eval.generation import task_accuracy
@@ -270,6 +271,8 @@ class OnlineRL(loop.MethodDefaults):
         reward_set = RewardSet.from_config(config)
         self.rows, self.eval_rows = load_prompts(config)
         self.model, self.tokenizer = setup.policy(distribute=False)
+        if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
+            packing.check_packable(self.model, len(self.tokenizer))
         ref_model = setup.frozen(config.model, self.tokenizer) if config.kl_coef > 0 else None
         value_model = setup.value(self.model, config.value_init, self.tokenizer) if config.advantage == "gae" else None
         self.model = setup.distribute(self.model)  # after the value model copied its backbone

@@ -103,6 +103,7 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     ray_address: str | None = field(None, "placement=ray: a Ray cluster to join (null: RAY_ADDRESS, or a local cluster)")
     share_prompts: bool = field(True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)")
     reuse_sampling_forward: bool = field(True, "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)")
+    max_tokens_per_microbatch: int | None = field(None, "training forwards pack each minibatch's rows into micro-batches of at most this many tokens (positions restart per row; replaces grad_accum, share_prompts and reuse_sampling_forward; null: padded rows)")
     skip_zero_advantage: bool = field(True, "no forward/backward for rows whose advantage is 0 when their gradient is exactly 0 (no KL loss, no value model)")
     vf_coef: float = field(0.1, "PPO: value-loss weight")
     value_clip: float | None = field(0.2, "PPO: value clipping range")
@@ -133,6 +134,10 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         if rows % (self.minibatches * self.grad_accum):
             raise ConfigError(f"prompts_per_step*samples_per_prompt ({rows}) must be divisible by minibatches*grad_accum "
                               f"({self.minibatches}*{self.grad_accum}).")
+        if self.max_tokens_per_microbatch is not None and (self.grad_accum != 1 or self.max_tokens_per_microbatch < 2):
+            raise ConfigError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs each minibatch's rows "
+                              f"into micro-batches of that many tokens: it replaces grad_accum (got {self.grad_accum}; "
+                              f"set 1) and must hold the longest prompt + completion.")
         self.check_knobs()
         self.check_correction()
         self.check_processes(self.nproc if self.nproc > 1 else env_world_size())

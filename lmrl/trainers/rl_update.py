@@ -27,6 +27,7 @@ from lmrl.algorithms import (
     high_entropy_tokens,
     policy_loss,
 )
+from lmrl.data import packing
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
@@ -67,6 +68,7 @@ class UpdateOptions:
     value_clip: float | None = 0.2
     skip_zero_advantage: bool = True
     top_entropy_quantile: float = 1.0
+    max_tokens: int | None = None  # max_tokens_per_microbatch: micro-batches of packed rows (lmrl.data.packing)
 
     @property
     def updates(self) -> int:
@@ -106,7 +108,7 @@ class UpdateOptions:
         return cls(LossSpec(preset.loss, options), config.ppo_epochs, config.minibatches, config.grad_accum,
                    config.samples_per_prompt, config.temperature, config.logprob_chunk_mb, config.share_prompts,
                    config.max_grad_norm, config.vf_coef, config.value_clip, config.skip_zero_advantage,
-                   config.top_entropy_quantile)
+                   config.top_entropy_quantile, getattr(config, "max_tokens_per_microbatch", None))
 
 
 @dataclasses.dataclass
@@ -175,9 +177,9 @@ def update(parts, batch: RolloutBatch, targets: Targets, options: UpdateOptions,
     usage: dict[str, int] = {}  # what the training forwards really did (`completion_logprobs`)
     for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
         counts = minibatch_counts(batch, mb)
-        for micro, last in micro_batches(mb, skip, len(batch), options, totals):
+        for micro, last, weight in micro_batches(batch, mb, skip, options, totals):
             stats = train_micro(parts, batch.select(micro), targets.rows(micro), options, dtype, step, counts, usage,
-                                last_use=last and index == options.updates)
+                                last_use=last and index == options.updates, weight=weight)
             add(totals, stats, 1 / options.updates)
         if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
             ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.chunk_mb)
@@ -187,9 +189,10 @@ def update(parts, batch: RolloutBatch, targets: Targets, options: UpdateOptions,
 
 
 def train_micro(parts, sub: RolloutBatch, targets: Targets, options: UpdateOptions, dtype, step: int, counts,
-                usage: dict, last_use: bool) -> dict[str, float]:
+                usage: dict, last_use: bool, weight: float = 1.0) -> dict[str, float]:
     """Forward and backward of one micro-batch: its policy loss weighted by its share of the minibatch (+ vf_coef x
-    its part of the value loss). Returns its stats times that share (the value loss: its part), and the share."""
+    its part of the value loss). Returns its stats times that share (the value loss: its part), and the share.
+    ``weight`` 0: a repeat that only keeps the ranks' backward passes in step (packed micro-batches)."""
     record = sub.linear_outputs
     if record is not None and last_use:
         record = record.for_last_use()  # freed as the forward replays it: not held through the backward
@@ -197,12 +200,13 @@ def train_micro(parts, sub: RolloutBatch, targets: Targets, options: UpdateOptio
     logp, entropy = completion_logprobs(parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
                                         temperature=options.temperature, return_entropy=True, autocast_dtype=dtype,
                                         share_prompts=options.share_prompts, chunk_mb=options.chunk_mb,
-                                        linear_outputs=record, usage=usage, entropy_grad=options.entropy_in_loss)
+                                        linear_outputs=record, usage=usage, entropy_grad=options.entropy_in_loss,
+                                        packed=options.max_tokens is not None)
     old_logp = logp.detach() if targets.old_logp is None else targets.old_logp
     keep = high_entropy_tokens(entropy, mask, options.top_entropy_quantile) if options.top_entropy_quantile < 1 else None
     loss, stats = policy_loss(options.loss.name, logp, old_logp, targets.advantages, mask, ref_logp=targets.ref_logp,
                               sampler_logp=sub.sampler_logp, entropy=entropy, train_tokens=keep, **options.loss.options)
-    share = float(global_share(options.loss.options["agg"], mask, *counts))
+    share = float(global_share(options.loss.options["agg"], mask, *counts)) * weight
     stats.update({"loss/policy": loss.item(),
                   "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))})
     stats = {key: float(value) * share for key, value in stats.items()}
@@ -210,8 +214,8 @@ def train_micro(parts, sub: RolloutBatch, targets: Targets, options: UpdateOptio
     if parts.value_model is not None:  # its own normalisation: a mean over every rank's trained rows
         vloss, vstats = value_term(parts.value_model, sub, targets.old_values, targets.returns, options.value_clip,
                                    dtype, counts[1])
-        loss = loss + options.vf_coef * vloss
-        stats.update({**{key: float(value) * share for key, value in vstats.items()}, "loss/value": vloss.item()})
+        loss = loss + options.vf_coef * vloss * weight
+        stats.update({**{key: float(value) * share for key, value in vstats.items()}, "loss/value": vloss.item() * weight})
     common.check_finite(loss, step)
     loss.backward()
     return {**stats, "train/share": share}
@@ -243,18 +247,28 @@ def minibatch_counts(batch: RolloutBatch, mb: torch.Tensor) -> tuple[torch.Tenso
     return tokens, rows
 
 
-def micro_batches(mb: torch.Tensor, skip: torch.Tensor | None, n: int, options: UpdateOptions,
-                  totals: dict[str, float]) -> Iterator[tuple[torch.Tensor, bool]]:
-    """The ``grad_accum`` micro-batches of minibatch ``mb`` without the skipped rows (they add exactly 0 to the loss;
-    the shares keep the minibatch's size), each with whether it is the minibatch's last; counts the skipped share."""
-    micros = mb.chunk(options.grad_accum)
+def micro_batches(batch: RolloutBatch, mb: torch.Tensor, skip: torch.Tensor | None, options: UpdateOptions,
+                  totals: dict[str, float]) -> Iterator[tuple[torch.Tensor, bool, float]]:
+    """The micro-batches of minibatch ``mb`` without the skipped rows (they add exactly 0 to the loss; the shares keep
+    the minibatch's size), each with whether it is the minibatch's last and its loss weight; counts the skipped
+    share. ``grad_accum`` equal parts, or with ``max_tokens`` the rows packed first-fit-decreasing by their real
+    tokens; then every rank runs as many as the rank with the most (a repeat at weight 0: each backward reduces
+    gradients across ranks)."""
+    if skip is not None:
+        totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
+                                             + float(skip[mb].float().sum()) / len(batch) / options.ppo_epochs)
+    if options.max_tokens is None:
+        micros = [micro[~skip[micro]] if skip is not None else micro for micro in mb.chunk(options.grad_accum)]
+    else:
+        kept = mb[~skip[mb]] if skip is not None else mb
+        lengths = batch.attention_mask[kept].sum(dim=1).tolist()
+        micros = [kept[torch.tensor(sorted(b))] for b in packing.first_fit_decreasing(lengths, options.max_tokens)]
+    micros = [micro for micro in micros if len(micro)]
     for index, micro in enumerate(micros):
-        if skip is not None:
-            skipped = float(skip[micro].float().sum()) / n / options.ppo_epochs
-            totals["train/skipped_rows_frac"] = totals.get("train/skipped_rows_frac", 0.0) + skipped
-            micro = micro[~skip[micro]]
-        if len(micro):
-            yield micro, index == len(micros) - 1
+        yield micro, index == len(micros) - 1, 1.0
+    if options.max_tokens is not None:
+        for _ in range(int(runtime.all_max(len(micros))) - len(micros)):
+            yield (micros[0] if micros else mb[:1]), False, 0.0
 
 
 def zero_gradient_rows(adv: torch.Tensor, options: UpdateOptions, has_value_model: bool) -> torch.Tensor | None:
@@ -299,10 +313,12 @@ def mean_over_ranks(totals: dict[str, float]) -> dict[str, float]:
 
 
 def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
-    """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once
-    and through the chunked LM head, and the share of linear-layer calls that returned the sampler's outputs."""
+    """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once,
+    through the chunked LM head and as packed rows, and the share of linear-layer calls that returned the sampler's
+    outputs."""
     forwards = max(usage.get("forwards", 0), 1)
     calls = usage.get("replayed", 0) + usage.get("computed", 0)
     return {"train/shared_prompts": usage.get("shared_prompts", 0) / forwards,
             "train/chunked_head": usage.get("chunked_head", 0) / forwards,
+            "train/packed": usage.get("packed", 0) / forwards,
             "train/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0}

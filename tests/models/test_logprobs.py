@@ -224,3 +224,27 @@ def test_prompt_groups_find_repeated_prompts_in_any_order():
     assert prompt_groups(distinct, torch.ones_like(distinct), completion_start=2) is None
     same_ids_other_mask = torch.tensor([[0, 0, 4], [0, 0, 5]])  # pad id 0 equals a real token id 0 in row 2
     assert prompt_groups(same_ids_other_mask, torch.tensor([[0, 1, 1], [1, 1, 1]]), completion_start=2) is None
+
+
+@pytest.mark.parametrize("chunk_mb", [128.0, 1e-6])  # one ordinary forward; the chunked LM head
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, chunk_mb):
+    model = build()
+    g = torch.Generator().manual_seed(0)
+    n, p, t = 6, 5, 7
+    mask = torch.ones(n, p + t, dtype=torch.long)
+    for b in range(n):  # left-padded prompts, right-padded completions of different lengths
+        mask[b, : b % 3] = 0
+        mask[b, p + t - b % 4 :] = 0
+    ids = torch.randint(3, 97, (n, p + t), generator=g) * mask
+    outs = {}
+    for packed in (False, True):
+        model.zero_grad(set_to_none=True)
+        logp, entropy = completion_logprobs(model, ids, mask, p, temperature=0.7, return_entropy=True,
+                                            chunk_mb=chunk_mb, packed=packed)
+        logp.sum().backward()
+        outs[packed] = (logp.detach(), entropy, {k: v.grad.clone() for k, v in model.named_parameters()})
+    torch.testing.assert_close(outs[True][0], outs[False][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(outs[True][1], outs[False][1], rtol=0, atol=1e-5)
+    for name, grad in outs[True][2].items():
+        torch.testing.assert_close(grad, outs[False][2][name], rtol=1e-4, atol=1e-6)

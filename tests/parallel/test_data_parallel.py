@@ -110,6 +110,11 @@ def test_packed_preferences_on_two_processes_train_like_one(tmp_path, method):
     two_like_one(tmp_path, method, "fsdp", "grad_accum=1", "max_length=64", "max_tokens_per_microbatch=150")
 
 
+@pytest.mark.slow
+def test_packed_rl_on_two_processes_trains_like_one(tmp_path):
+    two_like_one(tmp_path, "grpo", "ddp", "max_tokens_per_microbatch=50", "skip_zero_advantage=false")
+
+
 DROPS = ["algorithm=dapo", "rewards=[dist_helpers:has_digit]"]  # steps 1-2 drop 1 of 4 groups: one rank's
 
 
