@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_MB = 128
+SPLIT_FORWARD = "lmrl_split_forward"
+"""The method `lmrl.parallel.wrap` registers on an FSDP-sharded model as a forward (`HeadParts.run`)."""
 
-__all__ = ["DEFAULT_CHUNK_MB", "FusedHeadLogprobs", "HeadParts", "chunk_tokens", "chunked_head", "decoder_and_head",
+__all__ = ["DEFAULT_CHUNK_MB", "SPLIT_FORWARD", "FusedHeadLogprobs", "HeadParts", "chunk_tokens", "chunked_head", "decoder_and_head",
            "fusable", "head_logprobs"]
 
 
@@ -42,10 +44,17 @@ class HeadParts(NamedTuple):
     head: torch.nn.Module
     scale: float = 1.0
     softcap: float | None = None
+    runner: Any = None  # an FSDP-sharded model's `SPLIT_FORWARD` method (`run`)
 
     @property
     def plain(self) -> bool:
         return self.scale == 1.0 and self.softcap is None
+
+    def run(self, fn, *args):
+        """``fn(*args)``, which calls `decoder` and `logprobs`; on an FSDP-sharded model inside its registered forward
+        method, so FSDP gathers the root's parameters (embeddings, final norm, head) around it and reduces their
+        gradients in the backward, as for the model's own forward."""
+        return self.runner(fn, *args) if self.runner is not None else fn(*args)
 
     def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, **kwargs):
         """`head_logprobs` through this head and its post-processing."""
@@ -68,7 +77,8 @@ def decoder_and_head(model, verified: bool = False) -> HeadParts | None:
     if decoder is None or decoder is lm or head is None or config is None or not hasattr(head, "weight"):
         return None
     scale = float(getattr(lm, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
-    parts = HeadParts(decoder, head, scale, getattr(config, "final_logit_softcapping", None) or None)
+    parts = HeadParts(decoder, head, scale, getattr(config, "final_logit_softcapping", None) or None,
+                      getattr(model, SPLIT_FORWARD, None))
     return parts if verified else _checked(lm, parts)
 
 
@@ -93,8 +103,8 @@ def _reproduces_logits(lm, parts: HeadParts) -> bool:
     extra = {"use_cache": False} if accepts_kwarg(lm, "use_cache") else {}
     with torch.no_grad(), torch.autocast(device.type, enabled=False), evaluating(lm):
         logits = lm(input_ids=ids, **extra).logits.float()
-        split = _post(parts.head(parts.decoder(input_ids=ids, **extra).last_hidden_state).float(), parts.scale,
-                      parts.softcap)
+        split = parts.run(lambda: _post(parts.head(parts.decoder(input_ids=ids, **extra).last_hidden_state).float(),
+                                        parts.scale, parts.softcap))
     if torch.allclose(logits, split, rtol=1e-4, atol=1e-4):
         return True
     warnings.warn(f"{type(lm).__name__}: its logits are not lm_head(hidden states) with a known scale or soft-cap, "
@@ -110,13 +120,13 @@ def _post(z: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
     return z if softcap is None else torch.tanh(z / softcap) * softcap
 
 
-def chunked_head(model, positions: int, chunk_mb: float) -> HeadParts | None:
+def chunked_head(model, positions: int, chunk_mb: float, sharded: bool = False) -> HeadParts | None:
     """The split model (`decoder_and_head`) when ``positions`` rows of fp32 logits would exceed ``chunk_mb``; None
     when one ordinary forward is the way (everything fits in one chunk, the model cannot be split, or it is
-    FSDP-sharded: its decoder and head are gathered by the whole model's forward, not apart)."""
+    FSDP-sharded and the caller does not take that: ``sharded=True`` callers run the split through `HeadParts.run`)."""
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule) and not (sharded and getattr(model, SPLIT_FORWARD, None) is not None):
         return None
     parts = decoder_and_head(model, verified=True)
     if parts is None or positions <= chunk_tokens(parts.head.weight.shape[0], chunk_mb):

@@ -96,12 +96,12 @@ def labelled_logprobs(model, batch: dict[str, torch.Tensor], autocast_dtype: tor
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
     targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
     labelled = targets != -100
-    parts = chunked_head(model, targets.numel(), chunk_mb)
+    parts = chunked_head(model, targets.numel(), chunk_mb, sharded=True)
     ctx = torch.autocast(targets.device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     with ctx:
         if parts is not None:
-            hidden = parts.decoder(**inputs, use_cache=False).last_hidden_state
-            logp = parts.logprobs(hidden[:, :-1], targets.clamp(min=0), chunk_mb=chunk_mb)
+            logp = parts.run(lambda: parts.logprobs(parts.decoder(**inputs, use_cache=False).last_hidden_state[:, :-1],
+                                                    targets.clamp(min=0), chunk_mb=chunk_mb))
         else:
             extra = {"use_cache": False} if accepts_kwarg(model, "use_cache") else {}
             logits = model(**inputs, **extra).logits[:, :-1]
@@ -181,20 +181,23 @@ def completion_logprobs(
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
-    parts = chunked_head(model, targets.numel(), chunk_mb) if not (return_entropy and entropy_grad) else None
+    parts = chunked_head(model, targets.numel(), chunk_mb, sharded=True) if not (return_entropy and entropy_grad) else None
     replay = (replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None
               else contextlib.nullcontext({}))
     with ctx, replay as replayed:
         if parts is not None:
-            with adapters_off(model):
+            def split():
                 if packed:
                     hidden = packed_outputs(parts.decoder, input_ids, attention_mask, completion_start,
                                             "last_hidden_state")
                 else:
                     hidden = completion_hidden(parts.decoder, input_ids, attention_mask, position_ids,
                                                completion_start, groups)
-                out = parts.logprobs(hidden, targets, temperature=temperature, chunk_mb=chunk_mb,
-                                     return_entropy=return_entropy)
+                return parts.logprobs(hidden, targets, temperature=temperature, chunk_mb=chunk_mb,
+                                      return_entropy=return_entropy)
+
+            with adapters_off(model):
+                out = parts.run(split)
         elif packed:
             logits = packed_outputs(model, input_ids, attention_mask, completion_start, "logits")
         elif groups is not None:

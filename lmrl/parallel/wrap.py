@@ -13,6 +13,8 @@ every trainer's per-rank loss is its part of the global loss (normalised by glob
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from lmrl.parallel import runtime
@@ -36,7 +38,7 @@ def wrap(model: torch.nn.Module, parallel: str, dtype: torch.dtype | None, train
         replicate(model, broadcast_buffers=False)  # buffers (rotary tables) are computed, never trained
         replicate.state(model).lazy_init()  # now, on every rank (its collective would hang in a rank-0-only eval)
         return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     # GPU: all-gather in bf16 (half the traffic); CPU: fp32 parameters under the run's autocast, as in one process
     on_gpu = next(model.parameters()).device.type == "cuda"
@@ -44,4 +46,13 @@ def wrap(model: torch.nn.Module, parallel: str, dtype: torch.dtype | None, train
     for block in block_modules(model):
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    # the chunked LM head calls the decoder and the head apart (lmrl.models.head.HeadParts.run): through this method
+    # FSDP gathers the root's parameters around them and reduces their gradients, as around the model's forward
+    model.lmrl_split_forward = types.MethodType(split_forward, model)
+    register_fsdp_forward_method(model, "lmrl_split_forward")
     return model
+
+
+def split_forward(module: torch.nn.Module, fn, *args):
+    """``fn(*args)`` run as a forward of ``module`` (registered for FSDP in `wrap`)."""
+    return fn(*args)
