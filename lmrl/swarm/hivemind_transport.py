@@ -87,6 +87,7 @@ class HivemindTransport:
         self.stats = SkipCounter()
         self.publish_failures = 0
         self._last_publish: float | None = None  # DHT time of the previous publish: the node's publishing rate
+        self._expirations: dict[int, float] = {}  # round -> its records' expiration: a republish must outlive it
         self._closed = False
         self._tmpdir: str | None = None
         if options.identity_path is None:
@@ -213,6 +214,11 @@ class HivemindTransport:
         now = get_dht_time()
         interval, self._last_publish = (None if self._last_publish is None else now - self._last_publish), now
         expiration = now + record_lifetime(self.options.expiration_s, interval, size, cb)  # within peers' budgets
+        # the DHT keeps the later expiration of a key: a round published again (a retry, a correction) replaces the
+        # earlier entry only if it expires later, even when the publishing rate shortened its lifetime
+        expiration = max(expiration, self._expirations.get(round, 0.0) + 1e-3)
+        self._expirations = {r: t for r, t in self._expirations.items() if t > now}  # forget expired rounds
+        self._expirations[round] = expiration
         keys = [self._chunk_key(round, self._peer_id, digest, i) for i in range(len(chunks))]
         stored = await self._node.store_many(keys, chunks, expiration, subkeys=[self._owner] * len(keys))
         if not all(stored.values()):
