@@ -264,6 +264,7 @@ def test_bad_config():
     assert load_config(preference.DPOConfig, None, ["loss=simpo", "beta=2"]).loss_options == {"beta": 2.0}
 
 
+@pytest.mark.slow  # a CLI subprocess (~8 s): the in-process bad-input tests above cover the messages, SFT's the CLI path
 def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
     import subprocess
     import sys

@@ -344,6 +344,7 @@ def test_bad_config():
         reward.train(load_config(reward.RewardConfig, None, ["mode=score", "model=/no/such/rm"]))
 
 
+@pytest.mark.slow  # a CLI subprocess (~8 s): the in-process bad-input tests above cover the messages, SFT's the CLI path
 def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
     import subprocess
     import sys
