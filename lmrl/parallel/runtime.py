@@ -103,6 +103,12 @@ def all_max(value: float | torch.Tensor) -> float | torch.Tensor:
     return all_sum(value, op="max")
 
 
+def parts_behind(count: int) -> int:
+    """How many micro-batches fewer than the rank with the most this rank has (``count`` its own): it repeats one that
+    many times at loss weight 0, since every backward reduces gradients across ranks (packed micro-batches)."""
+    return int(all_max(count)) - count
+
+
 def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's ``tensor`` (the same shape on each), concatenated in rank order along dim 0."""
     if world() == 1:

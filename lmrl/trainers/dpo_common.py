@@ -199,8 +199,7 @@ def micro_batches(examples: list[Example], config: DPOConfig, real: int) -> list
     lengths = [sum(len(s) for s in e.seqs) for e in examples]
     parts = [torch.tensor(sorted(b)) for b in packing.first_fit_decreasing(lengths, config.max_tokens_per_microbatch)]
     planned = [(part, int((part < real).sum())) for part in parts]
-    most = int(runtime.all_max(len(planned)))
-    return planned + [(parts[0], 0)] * (most - len(planned))
+    return planned + [(parts[0], 0)] * runtime.parts_behind(len(planned))
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -192,7 +192,7 @@ def micro_batches(items: list[Item], config: RewardConfig) -> list[tuple[list[It
         return [(items[i * micro : (i + 1) * micro], 1) for i in range(config.grad_accum)]
     lengths = [sum(len(s) for s in item.seqs) for item in items]
     parts = [([items[i] for i in b], 1) for b in packing.first_fit_decreasing(lengths, config.max_tokens_per_microbatch)]
-    return parts + [(parts[0][0], 0)] * (int(runtime.all_max(len(parts))) - len(parts))
+    return parts + [(parts[0][0], 0)] * runtime.parts_behind(len(parts))
 
 
 def item_weight(item: Item, config: RewardConfig) -> int:

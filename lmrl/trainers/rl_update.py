@@ -267,7 +267,7 @@ def micro_batches(batch: RolloutBatch, mb: torch.Tensor, skip: torch.Tensor | No
     for index, micro in enumerate(micros):
         yield micro, index == len(micros) - 1, 1.0
     if options.max_tokens is not None:
-        for _ in range(int(runtime.all_max(len(micros))) - len(micros)):
+        for _ in range(runtime.parts_behind(len(micros))):
             yield (micros[0] if micros else mb[:1]), False, 0.0
 
 

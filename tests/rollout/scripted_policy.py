@@ -45,18 +45,23 @@ class ScriptedEngine:
             outs.append(ids[: params.max_new_tokens])
             if len(ids) > params.max_new_tokens:
                 finish[-1] = "length"
-        t = max(len(o) for o in outs)
-        comp = torch.zeros(len(outs), t, dtype=torch.long)
-        mask = torch.zeros(len(outs), t)
-        for i, o in enumerate(outs):
-            comp[i, : len(o)] = torch.tensor(o)
-            mask[i, : len(o)] = 1
-        prompt = torch.ones(len(outs), 1, dtype=torch.long)
-        return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt, completion_ids=comp, completion_mask=mask,
-                            sampler_logp=-0.5 * mask, truncated=torch.tensor([f == "length" for f in finish]),
-                            finish_reason=finish, prompts=["p"] * len(outs),
-                            completions=[self.tokenizer.decode(o, skip_special_tokens=True) for o in outs],
-                            group_size=1)
+        return scripted_batch(self.tokenizer, outs, finish)
+
+
+def scripted_batch(tokenizer, outs: list[list[int]], finish: list[str], group_size: int = 1) -> RolloutBatch:
+    """The `RolloutBatch` of completions ``outs`` (token ids) after a one-token prompt, right-padded."""
+    t = max(len(o) for o in outs)
+    comp = torch.zeros(len(outs), t, dtype=torch.long)
+    mask = torch.zeros(len(outs), t)
+    for i, o in enumerate(outs):
+        comp[i, : len(o)] = torch.tensor(o)
+        mask[i, : len(o)] = 1
+    prompt = torch.ones(len(outs), 1, dtype=torch.long)
+    return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt, completion_ids=comp, completion_mask=mask,
+                        sampler_logp=-0.5 * mask, truncated=torch.tensor([f == "length" for f in finish]),
+                        finish_reason=finish, prompts=["p"] * len(outs),
+                        completions=[tokenizer.decode(o, skip_special_tokens=True) for o in outs],
+                        group_size=group_size)
 
 
 class CalculatorPolicy:
@@ -89,15 +94,4 @@ class CalculatorPolicy:
                 lucky = params.greedy or bool(torch.rand(1, generator=generator) < 0.5)
                 text = self.reply(context, lucky)
                 outs.append(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
-        t = max(len(o) for o in outs)
-        comp = torch.zeros(len(outs), t, dtype=torch.long)
-        mask = torch.zeros(len(outs), t)
-        for i, o in enumerate(outs):
-            comp[i, : len(o)] = torch.tensor(o)
-            mask[i, : len(o)] = 1
-        prompt = torch.ones(len(outs), 1, dtype=torch.long)
-        return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt, completion_ids=comp, completion_mask=mask,
-                            sampler_logp=-0.5 * mask, truncated=torch.zeros(len(outs), dtype=torch.bool),
-                            finish_reason=["stop"] * len(outs), prompts=["p"] * len(outs),
-                            completions=[self.tokenizer.decode(o, skip_special_tokens=True) for o in outs],
-                            group_size=n)
+        return scripted_batch(self.tokenizer, outs, ["stop"] * len(outs), group_size=n)
