@@ -299,8 +299,7 @@ ONE_CHUNK_MB = 1_000_000  # logprob_chunk_mb that holds any batch's logits: the 
 
 def case_sft(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     config = load_config(sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx),
                                                f"logprob_chunk_mb={ONE_CHUNK_MB}"])
 
@@ -320,8 +319,7 @@ def case_sft(ctx: Context, run_dir: Path):
 def case_grad_ckpt(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.models.memory import is_checkpointing
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     config = load_config(sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx),
                                                f"logprob_chunk_mb={ONE_CHUNK_MB}", "gradient_checkpointing=true"])
 
@@ -344,8 +342,7 @@ def case_grad_ckpt(ctx: Context, run_dir: Path):
 
 def case_chunked_head(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     # 8 MB (13 positions of 151,936 fp32 logits), or for small vocabularies the logits of 64 positions (at least 1 MB)
     chunk_mb = int(min(8, max(1, ctx.arch["vocab_size"] * 4 * 64 // 2**20)))
     config = load_config(sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx),
@@ -390,8 +387,7 @@ def rl_verify(ctx: Context, run_dir: Path, rows_check=None):
 
 def case_grpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     register_noise_reward()
     config = load_config(online.RLConfig, None, [*common_overrides(ctx, run_dir), *rl_overrides(ctx), "lr=1e-5"])
 
@@ -403,8 +399,7 @@ def case_grpo(ctx: Context, run_dir: Path):
 
 def case_lora_grpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     register_noise_reward()
     config = load_config(online.RLConfig, None, [
         *common_overrides(ctx, run_dir), *rl_overrides(ctx), "lr=1e-4", "lora_r=16", "lora_alpha=32",
@@ -426,8 +421,7 @@ def case_lora_grpo(ctx: Context, run_dir: Path):
 
 def case_dpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import preference
-
+    from lmrl.trainers.dpo import trainer as preference
     batch = 8 if ctx.small else 16
     config = load_config(preference.DPOConfig, None, [
         *common_overrides(ctx, run_dir), "loss=dpo", "beta=0.1", "dataset=builtin:prefs", "data_args.digits=2",
@@ -448,8 +442,7 @@ def case_dpo(ctx: Context, run_dir: Path):
 
 def case_ppo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     register_noise_reward()
     overrides = [o for o in rl_overrides(ctx) if not o.startswith("algorithm=")]
     config = load_config(online.RLConfig, None, [*common_overrides(ctx, run_dir), *overrides, "algorithm=ppo",
@@ -477,8 +470,7 @@ def loss_verify(ctx: Context, run_dir: Path, note: str, records: Path | None = N
 
 def case_online_dpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import preference
-
+    from lmrl.trainers.dpo import trainer as preference
     register_noise_reward()
     batch = 4 if ctx.small else 8
     config = load_config(preference.DPOConfig, None, [
@@ -493,8 +485,7 @@ def case_online_dpo(ctx: Context, run_dir: Path):
 
 def case_rejection(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import rejection
-
+    from lmrl.trainers.rejection import trainer as rejection
     register_noise_reward()
     config = load_config(rejection.RejectionConfig, None, [
         *common_overrides(ctx, run_dir), "dataset=task:arithmetic", "task_args.digits=3", "train_rows=16",
@@ -508,8 +499,7 @@ def case_rejection(ctx: Context, run_dir: Path):
 
 def case_reward(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import reward
-
+    from lmrl.trainers.reward import trainer as reward
     batch = 8 if ctx.small else 16
     config = load_config(reward.RewardConfig, None, [
         *common_overrides(ctx, run_dir), "loss=bt", "dataset=builtin:prefs", "data_args.digits=2",
@@ -527,8 +517,7 @@ def case_reward(ctx: Context, run_dir: Path):
 
 def case_avatarl(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
-    from lmrl.trainers import pretrain
-
+    from lmrl.trainers.pretrain import trainer as pretrain
     batch = 4 if ctx.small else 8
     # the random model is both the student and its frozen critic: the reward path runs whatever the critic knows
     config = load_config(pretrain.PretrainConfig, None, [

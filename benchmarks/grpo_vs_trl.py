@@ -227,8 +227,9 @@ class MemoryModel:
         import torch
 
         from lmrl.rollout import hf
-        from lmrl.trainers import common, online, rl_update
-
+        from lmrl.trainers import common
+        from lmrl.trainers.rl import trainer as online
+        from lmrl.trainers.rl import update as rl_update
         self.bf16 = model_dtype == "bf16"
         self.peaks: dict[str, float] = {}
         self.parts: dict[str, float] = {}
@@ -457,8 +458,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     from lmrl.config import load_config
     from lmrl.tracking import read_jsonl
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     out = workdir / "lmrl-run"
     overrides = [
         f"model={workdir / 'model'}", f"dataset={workdir / 'prompts.jsonl'}", f"train_rows={args.prompts * args.steps}",

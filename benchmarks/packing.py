@@ -24,8 +24,9 @@ import torch
 from lmrl.data.sft import SFTExample
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
-from lmrl.trainers import common, sft
-from lmrl.trainers.sft import SFTConfig
+from lmrl.trainers import common
+from lmrl.trainers.sft import trainer as sft
+from lmrl.trainers.sft.trainer import SFTConfig
 
 
 def status_mb(key: str) -> float:

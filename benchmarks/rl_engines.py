@@ -23,7 +23,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from lmrl.config import load_config  # noqa: E402
 from lmrl.rewards import register_reward  # noqa: E402
 from lmrl.tracking import read_jsonl  # noqa: E402
-from lmrl.trainers import online  # noqa: E402
+from lmrl.trainers.rl import trainer as online  # noqa: E402
 
 
 def digit_share(prompts, completions, **kwargs):

@@ -34,7 +34,9 @@ def _stage_overrides(config: DemoConfig, out: Path, steps: int | None) -> list[s
 
 
 def run(config: DemoConfig) -> dict[str, float]:
-    from lmrl.trainers import online, sft  # here: `lmrl demo`'s config checks without torch (lmrl.cli)
+    # here: `lmrl demo`'s config checks without torch (lmrl.cli)
+    from lmrl.trainers.rl import trainer as online
+    from lmrl.trainers.sft import trainer as sft
 
     root = Path(config.output_dir)
     sft_config = load_config(sft.SFTConfig, config.sft_recipe, _stage_overrides(config, root / "sft", config.sft_steps))

@@ -39,7 +39,7 @@ module level or inside functions alike. A module that imports nothing of lmrl (e
 
 
 def room(name: str) -> str:
-    """The top-level room of a module: lmrl.trainers.online -> trainers, lmrl.cli -> cli."""
+    """The top-level room of a module: lmrl.trainers.rl.trainer -> trainers, lmrl.cli -> cli."""
     return name.split(".")[1] if name != "lmrl" else "lmrl"
 
 
@@ -145,8 +145,8 @@ def test_modules_stay_small(name):
 
 
 def test_the_rl_update_reads_top_to_bottom():
-    """`lmrl.trainers.rl_update.update`: at most 40 lines and 3 levels of nesting (the concerns behind names)."""
-    tree = ast.parse(MODULES["lmrl.trainers.rl_update"].read_text())
+    """`lmrl.trainers.rl.update.update`: at most 40 lines and 3 levels of nesting (the concerns behind names)."""
+    tree = ast.parse(MODULES["lmrl.trainers.rl.update"].read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "update")
 
     def depth(node: ast.AST) -> int:

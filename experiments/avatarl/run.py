@@ -45,7 +45,7 @@ def _one_thread() -> None:
 def run_stage(name: str, recipe: str, overrides: list[str], out: str) -> tuple[str, float]:
     """Train one recipe with overrides; the console output goes to ``<out>/<name>.log``. Returns (name, seconds)."""
     from lmrl.config import load_config
-    from lmrl.trainers.pretrain import PretrainConfig, train
+    from lmrl.trainers.pretrain.trainer import PretrainConfig, train
 
     start = time.time()
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,7 @@ ROOT = HERE.parent.parent
 
 def build_policy(out: Path, steps: int) -> Path:
     """π_ref: SFT of builtin:tiny on all completions of builtin:prefs (the DPO quick start of docs/dpo.md)."""
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     data = out / "prefs_sft.jsonl"
     prefs.export_rows("builtin:prefs-sft", str(data), n=1000, seed=1)
     sft.train(load_config(sft.SFTConfig, None, [
@@ -56,8 +55,7 @@ def build_policy(out: Path, steps: int) -> Path:
 
 def build_proxy_rm(out: Path, rows: int, steps: int) -> tuple[Path, float]:
     """The proxy RM: `lmrl reward --config reward/tiny_prefs` on `rows` pairs for `steps` steps."""
-    from lmrl.trainers import reward
-
+    from lmrl.trainers.reward import trainer as reward
     result = reward.train(load_config(reward.RewardConfig, "reward/tiny_prefs", [
         f"train_rows={rows}", f"max_steps={steps}", "eval_every=0", "save_every=0",
         f"output_dir={out / 'proxy_rm'}", "overwrite=true"]))
@@ -91,8 +89,7 @@ def best_of_n_curve(policy: Path, rm: Path, pool_size: int, max_new_tokens: int,
 
 def rejection_curve(policy: Path, rm: Path, out: Path, rounds: int) -> list[dict]:
     """Rounds of rejection sampling against the proxy; per round: proxy, gold and KL to π_ref (held out)."""
-    from lmrl.trainers import rejection
-
+    from lmrl.trainers.rejection import trainer as rejection
     rejection.train(load_config(rejection.RejectionConfig, "rejection/tiny_prefs_rm", [
         f"model={policy}", f"rewards=[model:{rm}]", f"rounds={rounds}", f"output_dir={out / 'rs'}",
         "overwrite=true", "save_every=0", "eval_samples=32"]))

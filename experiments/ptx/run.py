@@ -42,14 +42,14 @@ def train_verb(verb: str, recipe: str, overrides: list[str], run_dir: Path) -> f
     from lmrl.config import load_config
 
     if verb == "pretrain":
-        from lmrl.trainers.pretrain import PretrainConfig as Config
-        from lmrl.trainers.pretrain import train
+        from lmrl.trainers.pretrain.trainer import PretrainConfig as Config
+        from lmrl.trainers.pretrain.trainer import train
     elif verb == "sft":
-        from lmrl.trainers.sft import SFTConfig as Config
-        from lmrl.trainers.sft import train
+        from lmrl.trainers.sft.trainer import SFTConfig as Config
+        from lmrl.trainers.sft.trainer import train
     else:
-        from lmrl.trainers.online import RLConfig as Config
-        from lmrl.trainers.online import train
+        from lmrl.trainers.rl.trainer import RLConfig as Config
+        from lmrl.trainers.rl.trainer import train
     start = time.time()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{run_dir}.log", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -63,8 +63,8 @@ def pretraining_ce(model_dir: Path) -> float:
 
     from lmrl.data.tokenizers import load_tokenizer
     from lmrl.models import load_model
-    from lmrl.trainers.ptx import PretrainingMix
-    from lmrl.trainers.rl_config import PtxSection
+    from lmrl.trainers.rl.config import PtxSection
+    from lmrl.trainers.rl.ptx import PretrainingMix
 
     defaults = {name: PtxSection.__dataclass_fields__[name].default for name in ("ptx_batch_size", "ptx_block_size")}
     config = SimpleNamespace(ptx_dataset="builtin:pydoc", ptx_coef=0.0, seed=0, **defaults)

@@ -188,7 +188,7 @@ def warm_start_model(config: SwarmConfig, model: str, model_args: dict, cache_di
     hash of the settings, so a resumed run or another configuration reuses them."""
     if config.warm_start_steps == 0:
         return model
-    from lmrl.trainers.sft import SFTConfig, train
+    from lmrl.trainers.sft.trainer import SFTConfig, train
 
     names = list(dict.fromkeys(config.tasks))
     key = {"model": model, "model_args": model_args, "tokenizer": config.tokenizer, "tasks": names,

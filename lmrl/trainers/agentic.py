@@ -1,6 +1,6 @@
 """Multi-turn (tool-use) rollouts for online RL: what `lmrl rl tools=[...]` / `env=...` changes in a step.
 
-The policy-gradient step is the single-turn one (`lmrl.trainers.online`): a trajectory is one row of the
+The policy-gradient step is the single-turn one (`lmrl.trainers.rl.trainer`): a trajectory is one row of the
 `RolloutBatch` whose `loss_mask` leaves out tool outputs, so advantages, losses, KL and TIS apply
 unchanged. This module builds the environments, runs the episodes, adds the `env_reward` column for the
 `env` reward, and the `tools/*` and `episode/*` metrics.

@@ -8,7 +8,7 @@ import torch
 
 from lmrl.algorithms.avatarl import AvatarlOptions
 from lmrl.algorithms.avatarl_head import avatarl_head_loss
-from lmrl.trainers.pretrain import avatarl_objective
+from lmrl.trainers.pretrain.trainer import avatarl_objective
 
 
 def _inputs(dtype):

@@ -55,7 +55,7 @@ def test_the_written_out_defaults_match_their_sources():
     from lmrl.algorithms import AvatarlOptions
     from lmrl.swarm.config import PEER_SAMPLER_NAMES
     from lmrl.swarm.sampling import PEER_SAMPLERS
-    from lmrl.trainers.pretrain_config import PretrainConfig
+    from lmrl.trainers.pretrain.config import PretrainConfig
 
     config = PretrainConfig()
     for f in dataclasses.fields(AvatarlOptions):

@@ -80,7 +80,7 @@ def test_describe_lists_every_field_with_help():
 
 
 def test_trl_names_are_read_as_lmrl_keys_with_a_notice():
-    from lmrl.trainers.rl_config import RLConfig
+    from lmrl.trainers.rl.config import RLConfig
 
     notices = []
     from lmrl.config import from_dict
@@ -98,13 +98,13 @@ def test_trl_names_are_read_as_lmrl_keys_with_a_notice():
 
 
 def test_beta_stays_dpos_own_key():
-    from lmrl.trainers.dpo_config import DPOConfig
+    from lmrl.trainers.dpo.config import DPOConfig
 
     assert load_config(DPOConfig, None, ["beta=0.3"]).beta == 0.3
 
 
 def test_an_alias_on_the_command_line_overrides_the_recipes_key(tmp_path):
-    from lmrl.trainers.rl_config import RLConfig
+    from lmrl.trainers.rl.config import RLConfig
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("samples_per_prompt: 8\nlr: 0.01\n")
@@ -113,7 +113,7 @@ def test_an_alias_on_the_command_line_overrides_the_recipes_key(tmp_path):
 
 
 def test_alias_and_key_in_one_layer_is_an_error():
-    from lmrl.trainers.rl_config import RLConfig
+    from lmrl.trainers.rl.config import RLConfig
 
     with pytest.raises(ConfigError, match="Both 'num_generations' .* and 'samples_per_prompt' are set"):
         load_config(RLConfig, None, ["num_generations=4", "samples_per_prompt=8"])

@@ -54,8 +54,7 @@ def test_unknown_datasets_are_named_with_a_suggestion():
 def test_rl_runs_on_a_reasoning_gym_task_with_its_verifier(tmp_path):
     from lmrl.config import load_config
     from lmrl.tracking import read_jsonl
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     online.train(load_config(online.RLConfig, None, [
         f"output_dir={tmp_path}", "dataset=rg:chain_sum", "task_args={min_terms: 2, max_terms: 2}", "precision=fp32",
         "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",

@@ -47,8 +47,7 @@ def _eval_and_training_eval(tmp_path, *overrides):
     from lmrl.eval import cli as eval_cli
     from lmrl.models.setup import ModelSetup
     from lmrl.rollout.tool_config import build_env_factory
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     config = load_config(eval_cli.EvalConfig, None, [*TOOL_KEYS, "rows=6", f"output_file={tmp_path / 'e.json'}",
                                                      *overrides])
     metrics = eval_cli.run(config)

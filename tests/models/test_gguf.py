@@ -115,8 +115,7 @@ def test_a_gguf_file_or_its_folder_loads_the_written_weights_and_tokenizer(tiny,
 
 
 def test_sft_on_a_gguf_model_saves_a_final_that_plain_transformers_loads(tiny, tmp_path):
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     path, reference = tiny
     config = load_config(sft.SFTConfig, None, [
         f"model={path}", f"output_dir={tmp_path / 'run'}", "precision=fp32", "dataset=task:arithmetic",

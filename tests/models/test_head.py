@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from lmrl.data.sft import collate_sft
 from lmrl.models.head import chunk_tokens, decoder_and_head, fusable, head_logprobs
 from lmrl.models.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
-from lmrl.trainers.sft import token_cross_entropy
+from lmrl.trainers.sft.trainer import token_cross_entropy
 
 
 def qwen(vocab=3000, tied=True, seed=0):
@@ -153,7 +153,7 @@ def test_sft_cross_entropy_chunked_equals_unchunked():
 
 def test_pretrain_cross_entropy_and_validation_chunked_equal_unchunked():
     from lmrl.algorithms import AvatarlOptions
-    from lmrl.trainers.pretrain import train_step, validation_stats
+    from lmrl.trainers.pretrain.trainer import train_step, validation_stats
 
     model = qwen()
     windows = torch.randint(0, 3000, (4, 9), generator=torch.Generator().manual_seed(1))  # (B, L+1)
@@ -170,7 +170,7 @@ def test_pretrain_cross_entropy_and_validation_chunked_equal_unchunked():
 
 def test_pretrain_avatarl_chunked_equals_full_logits():
     from lmrl.algorithms import AvatarlOptions
-    from lmrl.trainers.pretrain import chunked_avatarl, train_step
+    from lmrl.trainers.pretrain.trainer import chunked_avatarl, train_step
 
     model, critic = qwen(), qwen(seed=1).eval().requires_grad_(False)
     windows = torch.randint(0, 3000, (4, 9), generator=torch.Generator().manual_seed(1))  # (B, L+1)
@@ -192,8 +192,7 @@ def test_pretrain_avatarl_chunked_equals_full_logits():
 
 def test_dpo_sequence_log_probs_take_the_configured_chunk(monkeypatch):
     import lmrl.models.head as head
-    from lmrl.trainers import dpo_common
-
+    from lmrl.trainers.dpo import common as dpo_common
     seen = []
     monkeypatch.setattr(head, "head_logprobs", lambda *a, **kw: seen.append(kw["chunk_mb"]) or
                         torch.zeros(a[2].shape))
@@ -285,7 +284,7 @@ def test_a_151936_token_vocabulary_trains_within_a_bound_set_by_the_chunk():
 
 def _big_vocab_avatarl_step(chunk_mb):
     from lmrl.algorithms import AvatarlOptions
-    from lmrl.trainers.pretrain import train_step
+    from lmrl.trainers.pretrain.trainer import train_step
 
     torch.set_num_threads(1)
     models = []

@@ -13,7 +13,9 @@ from lmrl.models.placement import resolve_device
 from lmrl.models.setup import LoraSettings, ModelSetup
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online, preference, sft
+from lmrl.trainers.dpo import trainer as preference
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.sft import trainer as sft
 
 pytest.importorskip("peft")
 
@@ -119,7 +121,7 @@ def test_lora_resume_is_exact(tmp_path):
             "eval_every=0", "log_every=1", "max_steps=6"]
     whole = sft.train(load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'a'}", *args, "save_every=0"]))
     part = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'b'}", *args, "save_every=3"])
-    import lmrl.trainers.sft as sft_module
+    import lmrl.trainers.sft.trainer as sft_module
 
     original = sft_module.train_step
     calls = {"n": 0}

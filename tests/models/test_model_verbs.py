@@ -19,7 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lmrl.config import load_config
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online, preference, sft
+from lmrl.trainers.dpo import trainer as preference
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.sft import trainer as sft
 
 COMMON = ["precision=fp32", "device=cpu", "eval_every=0", "save_every=0", "log_every=1"]
 RL = ["sample_every=100", "task_args.digits=1", "train_rows=32", "eval_rows=4", "prompts_per_step=2",

@@ -14,8 +14,8 @@ from lmrl.data.sft import build_sft_examples
 from lmrl.data.tasks import get_task
 from lmrl.data.tasks.arithmetic import CHAT_QUESTION, last_number
 from lmrl.data.tokenizers import build_char_tokenizer
-from lmrl.trainers.dpo_config import DPOConfig
-from lmrl.trainers.sft import SFTConfig
+from lmrl.trainers.dpo.config import DPOConfig
+from lmrl.trainers.sft.trainer import SFTConfig
 
 TASK_ARGS = {"digits": 2, "ops": "+", "negative": False, "style": "chat"}  # the GRPO recipe's task
 
@@ -75,8 +75,7 @@ def read_metrics(run) -> list[dict]:
 @pytest.mark.slow
 def test_the_sft_recipe_runs_a_step_on_smollm2(tmp_path):
     """~1.5 min on 2 busy cores: load, held-out accuracy on 4 problems, one step, again, final/."""
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     path, run = smollm2(), tmp_path / "sft"
     result = sft.train(recipe(SFTConfig, "sft/smollm2_arithmetic",
                               [f"model={path}", f"output_dir={run}", "max_steps=1", "train_rows=16", "eval_rows=4"]))
@@ -87,8 +86,7 @@ def test_the_sft_recipe_runs_a_step_on_smollm2(tmp_path):
 @pytest.mark.slow
 def test_the_dpo_recipe_runs_a_step_on_smollm2(tmp_path):
     """~1.5 min on 2 busy cores: load, π_ref log-probs, held-out reward stats and gold score, one step, final/."""
-    from lmrl.trainers import preference
-
+    from lmrl.trainers.dpo import trainer as preference
     path, run = smollm2(), tmp_path / "dpo"
     result = preference.train(recipe(DPOConfig, "dpo/smollm2_arithmetic",
                                      [f"model={path}", f"output_dir={run}", "max_steps=1", "train_rows=8",

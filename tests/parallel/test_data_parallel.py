@@ -18,7 +18,14 @@ from lmrl.data.corpus import builtin_corpus
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model, load_model_and_tokenizer
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import distill, online, preference, pretrain, rejection, reward, selfplay, sft
+from lmrl.trainers.distill import trainer as distill
+from lmrl.trainers.dpo import trainer as preference
+from lmrl.trainers.pretrain import trainer as pretrain
+from lmrl.trainers.rejection import trainer as rejection
+from lmrl.trainers.reward import trainer as reward
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.selfplay import trainer as selfplay
+from lmrl.trainers.sft import trainer as sft
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainers"))  # env=agentic_envs:digits
 TOL = 1e-5
@@ -291,7 +298,6 @@ def test_methods_without_a_data_parallel_step_refuse_several_processes(tmp_path,
     from lmrl.parallel import runtime
     from lmrl.swarm.cli import JoinedNode
     from lmrl.trainers import loop
-
     monkeypatch.setattr(runtime, "world", lambda: 2)
     config = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path}"])
     run_ = SimpleNamespace(tracker=runtime.NullTracker(), checkpoint=None)
@@ -308,8 +314,7 @@ def test_methods_without_a_data_parallel_step_refuse_several_processes(tmp_path,
 def test_more_processes_than_cores_and_a_stale_world_size_are_refused_at_start_up(tmp_path, monkeypatch):
     import os
 
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ConfigError, match=r"nproc=4 starts 4 training processes, but this machine has 2 CPU cores"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from dist_helpers import TINY, max_weight_diff, run_ranks
 
 from lmrl.config import load_config
-from lmrl.trainers import online
+from lmrl.trainers.rl import trainer as online
 
 TESTS = Path(__file__).resolve().parent
 ARGS = ["algorithm=grpo", "precision=fp32", *TINY, "task_args.digits=1", "train_rows=64", "eval_rows=4",

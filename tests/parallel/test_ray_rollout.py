@@ -13,7 +13,8 @@ from dist_helpers import TINY
 from lmrl.config import ConfigError, load_config
 from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common, loop, online
+from lmrl.trainers import common, loop
+from lmrl.trainers.rl import trainer as online
 
 SLOW = pytest.mark.slow  # Ray and two actors that import torch: ~50-60 s a test on 2 shared cores
 

@@ -14,10 +14,10 @@ from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.vllm_engine import apply_stop_strings, check_exact_logprobs
 from lmrl.rollout.vllm_weights import checkpoint_name, hf_weights
 from lmrl.swarm.config import SwarmConfig
-from lmrl.trainers.dpo_config import DPOConfig
-from lmrl.trainers.rejection import RejectionConfig
-from lmrl.trainers.rl_config import RLConfig
-from lmrl.trainers.selfplay_config import SelfPlayConfig
+from lmrl.trainers.dpo.config import DPOConfig
+from lmrl.trainers.rejection.trainer import RejectionConfig
+from lmrl.trainers.rl.config import RLConfig
+from lmrl.trainers.selfplay.config import SelfPlayConfig
 
 HEADS = (32, 64, 128)
 

@@ -18,7 +18,7 @@ from lmrl.rollout.groups import LocalGroups
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.ray import RayRollouts
 from lmrl.rollout.vllm_engine import VLLMEngine
-from lmrl.trainers import online
+from lmrl.trainers.rl import trainer as online
 
 sys_path = Path(__file__).resolve().parents[1] / "trainers"
 LMRL = Path(online.__file__).resolve().parents[1]

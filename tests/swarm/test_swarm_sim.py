@@ -141,7 +141,7 @@ def test_warm_start_trains_once_and_is_reused(tmp_path, monkeypatch, no_plots):
     path = warm_start_model(cfg, cfg.model, cfg.model_args, tmp_path / "cache")
     model = load_model(path)
     assert model.config.hidden_size == 32
-    import lmrl.trainers.sft as sft
+    import lmrl.trainers.sft.trainer as sft
 
     monkeypatch.setattr(sft, "train", lambda *a, **k: pytest.fail("the cached warm start must be reused"))
     assert warm_start_model(cfg, cfg.model, cfg.model_args, tmp_path / "cache") == path

@@ -10,7 +10,9 @@ import torch
 from lmrl import algorithms
 from lmrl.config import ConfigError, load_config
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online, rl_update, sft
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.rl import update as rl_update
+from lmrl.trainers.sft import trainer as sft
 
 sys.path.insert(0, str(Path(__file__).parent))  # env=agentic_envs:digits
 
@@ -128,7 +130,6 @@ def test_eval_metrics_of_a_tool_run_are_tool_episodes_like_its_own_eval(tmp_path
     from lmrl.eval import runner
     from lmrl.eval.training import build_evaluator
     from lmrl.trainers import loop
-
     sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
     from scripted_policy import CalculatorPolicy
 
@@ -155,7 +156,6 @@ def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
     from lmrl.rollout.tool_parsers import get_parser
     from lmrl.rollout.types import SamplingParams
     from lmrl.trainers import agentic
-
     sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
     from scripted_policy import CalculatorPolicy
 

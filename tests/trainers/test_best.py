@@ -6,8 +6,8 @@ import pytest
 
 from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import sft
 from lmrl.trainers.best import BestKeeper, is_better, lower_is_better
+from lmrl.trainers.sft import trainer as sft
 from tests.trainers.test_sft import config
 
 

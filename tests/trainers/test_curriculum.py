@@ -2,7 +2,7 @@
 exactly the next epochs, never stuck, exact resume."""
 
 from lmrl.trainers import common
-from lmrl.trainers.curriculum import Curriculum
+from lmrl.trainers.rl.curriculum import Curriculum
 
 
 def test_without_sit_outs_the_batches_are_the_plain_data_order():
@@ -54,8 +54,7 @@ def test_rl_with_a_curriculum_logs_it_and_resumes_exactly(tmp_path):
     from test_online import rl_config  # noqa: E402 - the online tests' tiny dense-reward setup
 
     from lmrl.tracking import read_jsonl
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     args = ["train_rows=8", "prompts_per_step=2", "curriculum=[0.3, 1.0]", "save_every=2", "keep_checkpoints=5"]
     online.train(rl_config(tmp_path / "full", "grpo", *args, "max_steps=4"))
     online.train(rl_config(tmp_path / "half", "grpo", *args, "max_steps=2"))

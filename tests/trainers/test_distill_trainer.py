@@ -10,7 +10,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.loading import builtin_config
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import distill
+from lmrl.trainers.distill import trainer as distill
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
 TINY_KEYS = [f"model_args.{k}={v}" for k, v in TINY.items()]

@@ -8,7 +8,15 @@ import inspect
 import pytest
 
 from lmrl.swarm.cli import JoinedNode
-from lmrl.trainers import distill, loop, online, online_dpo, preference, pretrain, reward, selfplay, sft
+from lmrl.trainers import loop
+from lmrl.trainers.distill import trainer as distill
+from lmrl.trainers.dpo import online as online_dpo
+from lmrl.trainers.dpo import trainer as preference
+from lmrl.trainers.pretrain import trainer as pretrain
+from lmrl.trainers.reward import trainer as reward
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.selfplay import trainer as selfplay
+from lmrl.trainers.sft import trainer as sft
 
 METHODS = [sft.SFT, distill.Distill, preference.DPO, online_dpo.OnlineDPO, reward.RewardModelTraining,
            pretrain.Pretrain, selfplay.SelfPlay, online.OnlineRL, JoinedNode]

@@ -6,7 +6,7 @@ import torch
 from lmrl.config import ConfigError, load_config
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online
+from lmrl.trainers.rl import trainer as online
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]

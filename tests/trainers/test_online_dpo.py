@@ -14,7 +14,8 @@ from lmrl.data import preference as prefs
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online_dpo, preference
+from lmrl.trainers.dpo import online as online_dpo
+from lmrl.trainers.dpo import trainer as preference
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]

@@ -13,7 +13,7 @@ else:
 from lmrl.config import ConfigError, load_config  # noqa: E402
 from lmrl.rewards import REWARDS, register_reward  # noqa: E402
 from lmrl.tracking import read_jsonl  # noqa: E402
-from lmrl.trainers import online  # noqa: E402
+from lmrl.trainers.rl import trainer as online  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 # head size 32: vLLM's CPU attention runs 32, 64, 80, ... (not the 16 of test_online.py's model)
@@ -111,8 +111,7 @@ def test_on_policy_distillation_samples_through_engine_vllm(tmp_path, monkeypatc
     from lmrl.data.tokenizers import build_char_tokenizer
     from lmrl.models import load_model
     from lmrl.rollout.vllm_engine import VLLMEngine
-    from lmrl.trainers import distill
-
+    from lmrl.trainers.distill import trainer as distill
     teacher, tokenizer = tmp_path / "teacher", build_char_tokenizer()
     args = dict(item.removeprefix("model_args.").split("=") for item in MODEL)
     load_model("builtin:tiny", tokenizer, seed=7, model_args={k: int(v) for k, v in args.items()}).save_pretrained(

@@ -13,7 +13,9 @@ from lmrl.data import preference as prefs
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import dpo_common, preference, sft
+from lmrl.trainers.dpo import common as dpo_common
+from lmrl.trainers.dpo import trainer as preference
+from lmrl.trainers.sft import trainer as sft
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]
@@ -184,7 +186,6 @@ def test_bco_keeps_a_running_mean_of_implicit_rewards(tmp_path):
     cfg = config(tmp_path, *SMALL_RUN, "max_steps=3", "loss=bco", "save_every=3")
     preference.train(cfg)
     from lmrl.trainers import common
-
     state = common.read_state(common.latest_checkpoint(cfg.output_dir))["trainer"]
     total, count = state["bco"]
     assert count == 3 * 8 * 2  # 3 steps x 8 pairs x (chosen, rejected)

@@ -17,8 +17,9 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.loading import builtin_config
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common, pretrain
-from lmrl.trainers.pretrain import PretrainConfig
+from lmrl.trainers import common
+from lmrl.trainers.pretrain import trainer as pretrain
+from lmrl.trainers.pretrain.trainer import PretrainConfig
 
 VOCAB = 102  # builtin:char: 5 special tokens + "\n", "\t" + 95 printable ASCII characters
 TINY_ARGS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)

@@ -10,8 +10,9 @@ from lmrl.config import ConfigError
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common, online
-from lmrl.trainers.ptx import PretrainingMix
+from lmrl.trainers import common
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.rl.ptx import PretrainingMix
 
 
 def test_the_ptx_term_adds_gamma_times_the_pretraining_gradient(tmp_path):

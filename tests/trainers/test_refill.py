@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling that refills (`lmrl.trainers.refill`): the zero-variance groups of a step, and only they, are
+"""DAPO dynamic sampling that refills (`lmrl.trainers.rl.refill`): the zero-variance groups of a step, and only they, are
 replaced by the groups of the next prompts of the data stream, scored once, up to max_refill_batches rounds; the run
 resumes exactly; broken variants are caught."""
 
@@ -12,7 +12,9 @@ from lmrl.config import ConfigError
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common, online, refill
+from lmrl.trainers import common
+from lmrl.trainers.rl import refill
+from lmrl.trainers.rl import trainer as online
 from tests.trainers.test_online import rl_config
 
 G, B = 4, 4

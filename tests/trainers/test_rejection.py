@@ -12,7 +12,7 @@ from lmrl.config import ConfigError, load_config
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import rejection
+from lmrl.trainers.rejection import trainer as rejection
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]
@@ -163,8 +163,7 @@ def test_rejection_sampling_raises_the_reward_and_logs_the_selection(tmp_path):
 @pytest.mark.slow
 def test_rejection_sampling_improves_task_accuracy_of_an_sft_policy(tmp_path):
     """Built-in task, verifier reward: SFT a tiny model briefly, then 2 rounds of RS keeping correct answers."""
-    from lmrl.trainers import sft
-
+    from lmrl.trainers.sft import trainer as sft
     sft.train(load_config(sft.SFTConfig, None, [
         f"output_dir={tmp_path / 'sft'}", "precision=fp32", "task_args.digits=1", "max_steps=100", "batch_size=64",
         "lr=3e-3", "warmup_steps=20", "eval_every=0", "save_every=0", "eval_rows=20"]))

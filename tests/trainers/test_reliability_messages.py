@@ -68,7 +68,7 @@ def test_a_checkpoint_of_another_number_of_processes_is_refused_before_torchrun(
 
 
 def test_lora_with_fsdp_is_refused_when_the_config_is_read(monkeypatch):
-    from lmrl.trainers.sft_config import SFTConfig
+    from lmrl.trainers.sft.config import SFTConfig
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     with pytest.raises(ConfigError, match="parallel=ddp"):  # was: each torchrun rank, after the model loaded
@@ -77,8 +77,7 @@ def test_lora_with_fsdp_is_refused_when_the_config_is_read(monkeypatch):
 
 
 def test_a_non_string_prompt_names_its_row(tmp_path):
-    from lmrl.trainers import online
-
+    from lmrl.trainers.rl import trainer as online
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 5, "answer": "5"}\n')
     config = load_config(online.RLConfig, None, [f"dataset={data}", "train_rows=null", f"output_dir={tmp_path}/r"])

@@ -19,7 +19,8 @@ from lmrl.models.reward import RewardModel, last_token_index, load_reward_model
 from lmrl.rewards import RewardSet
 from lmrl.rewards.reward_model import reward_model_reward, score_texts, tokenize_for_scoring
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common, reward
+from lmrl.trainers import common
+from lmrl.trainers.reward import trainer as reward
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 from lmrl.config import ConfigError
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online, rl_update
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.rl import update as rl_update
 from tests.trainers.test_online import rl_config
 
 

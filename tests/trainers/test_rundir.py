@@ -11,7 +11,8 @@ from lmrl import cli
 from lmrl.models import precision
 from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common, rundir, sft
+from lmrl.trainers import common, rundir
+from lmrl.trainers.sft import trainer as sft
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",

@@ -13,7 +13,8 @@ import yaml
 
 from lmrl import cli
 from lmrl.config import from_dict
-from lmrl.trainers import runlock, sft
+from lmrl.trainers import runlock
+from lmrl.trainers.sft import trainer as sft
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",

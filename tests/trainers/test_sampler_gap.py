@@ -1,4 +1,4 @@
-"""The alarm on a broken weight sync (`lmrl.trainers.sampler_gap`): an fp32 run whose sampler's log-probs are off
+"""The alarm on a broken weight sync (`lmrl.trainers.rl.sampler_gap`): an fp32 run whose sampler's log-probs are off
 from the learner's by far more than rounding warns on every such step, or stops with `stop_on_sampler_logp_gap`.
 The broken sync is simulated on engine=hf by shifting the sampler's log-probs by 1 (the size measured for a
 broken vLLM sync); tests/trainers/test_online_vllm.py breaks a real vLLM sync."""
@@ -11,9 +11,9 @@ from lmrl.config import ConfigError, load_config
 from lmrl.rewards import REWARDS, register_reward
 from lmrl.rollout.hf import HFEngine
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import online
 from lmrl.trainers.common import TrainingStopped
-from lmrl.trainers.sampler_gap import check_sampler_gap
+from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.rl.sampler_gap import check_sampler_gap
 
 if "test_gap_varied" not in REWARDS:  # a reward that differs within a group: every step trains
     register_reward("test_gap_varied")(lambda **_: lambda prompts, completions, **kw: [

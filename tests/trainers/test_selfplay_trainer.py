@@ -11,7 +11,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.rewards.self_reward import SelfReward, parse_score, quality_prompt
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import selfplay
+from lmrl.trainers.selfplay import trainer as selfplay
 
 TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
         "model_args.num_attention_heads=2"]
