@@ -35,6 +35,7 @@ demo: $(STAMP)
 # ruff's lint rules (pyproject.toml [tool.ruff]); CI runs it after the tests.
 lint: $(STAMP)
 	$(PY) -m ruff check lmrl tests benchmarks experiments
+	$(PY) -m ruff format --check lmrl tests benchmarks experiments
 
 # The browser tests drive Debian's chromium with Playwright (which never downloads a browser here).
 chromium:

@@ -36,9 +36,18 @@ def build(name: str, vocab: int, hidden: int = 512, layers: int = 8):
     if name == "medium":
         config = builtin_config("builtin:medium", vocab, PAD, EOS, num_attention_heads=6)
         return LlamaForCausalLM(config).eval()
-    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                         num_key_value_heads=2, intermediate_size=3 * hidden, max_position_embeddings=1024,
-                         tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=2,
+        intermediate_size=3 * hidden,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
     return Qwen2ForCausalLM(config).eval()
 
 
@@ -66,13 +75,19 @@ def main() -> None:
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=())
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{args.model}: {n_params / 1e6:.1f}M params, vocab {vocab}, {torch.get_num_threads()} torch threads; "
-          f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} new tokens")
+    print(
+        f"{args.model}: {n_params / 1e6:.1f}M params, vocab {vocab}, {torch.get_num_threads()} torch threads; "
+        f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} new tokens"
+    )
     for name in args.dtypes:
         dtype = torch.bfloat16 if name == "bf16" else None
         hf = HFEngine(model, tok, autocast_dtype=dtype)
-        options = VLLMOptions(max_model_len=64 + args.new_tokens, dtype=dtype or torch.float32, kv_cache_gb=args.kv_gb,
-                              max_num_seqs=args.prompts * args.samples)
+        options = VLLMOptions(
+            max_model_len=64 + args.new_tokens,
+            dtype=dtype or torch.float32,
+            kv_cache_gb=args.kv_gb,
+            max_num_seqs=args.prompts * args.samples,
+        )
         t0 = time.perf_counter()
         vl = VLLMEngine(model, tok, options)
         start_s = time.perf_counter() - t0
@@ -83,8 +98,10 @@ def main() -> None:
             engines["vllm server"] = VLLMEngine(model, tok, options, driver=server_driver("auto", 3600, model, options))
             server_s = time.perf_counter() - t0
             server_syncs = [engines["vllm server"].sync_weights() for _ in range(5)]
-            print(f"  {name}: vLLM server start {server_s:.1f} s, weight push "
-                  f"{min(server_syncs) * 1000:.0f}-{max(server_syncs) * 1000:.0f} ms")
+            print(
+                f"  {name}: vLLM server start {server_s:.1f} s, weight push "
+                f"{min(server_syncs) * 1000:.0f}-{max(server_syncs) * 1000:.0f} ms"
+            )
         if args.sync_only:
             print(f"  {name}: vLLM start {start_s:.1f} s, weight sync {min(syncs):.2f}-{max(syncs):.2f} s")
             continue
@@ -98,7 +115,9 @@ def main() -> None:
         print(f"  {name}: vLLM start {start_s:.1f} s, weight sync {min(syncs) * 1000:.0f}-{max(syncs) * 1000:.0f} ms")
         for label, (seconds, tokens) in results.items():
             rate = tokens / seconds
-            print(f"  {name:4s} {label:12s} {seconds:7.2f} s  {tokens:6d} tokens  {rate:8.0f} tok/s  x{rate / base:.2f}")
+            print(
+                f"  {name:4s} {label:12s} {seconds:7.2f} s  {tokens:6d} tokens  {rate:8.0f} tok/s  x{rate / base:.2f}"
+            )
         if args.server:
             engines["vllm server"].driver.close()
         vl = engines = None  # release the engines before the next dtype starts its own

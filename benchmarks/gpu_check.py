@@ -67,15 +67,42 @@ from pathlib import Path
 
 import torch
 
-FULL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-            intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
-            rms_norm_eps=1e-6)
+FULL = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
 """Qwen2.5-0.5B's architecture (config.json of Qwen/Qwen2.5-0.5B), with random weights."""
-SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, vocab_size=4096, max_position_embeddings=2048, rope_theta=1_000_000.0,
-             rms_norm_eps=1e-6)
-CASES = ("sft", "grpo", "lora_grpo", "dpo", "grad_ckpt", "chunked_head", "ppo", "online_dpo", "rejection", "reward",
-         "avatarl")
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=4096,
+    max_position_embeddings=2048,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
+CASES = (
+    "sft",
+    "grpo",
+    "lora_grpo",
+    "dpo",
+    "grad_ckpt",
+    "chunked_head",
+    "ppo",
+    "online_dpo",
+    "rejection",
+    "reward",
+    "avatarl",
+)
 TOKENIZER = "builtin:char"
 NOISE_REWARD = "gpu_check_noise"
 PROBE_WEIGHT = "model.layers.0.self_attn.q_proj.weight"  # compared between the start and final/
@@ -127,9 +154,17 @@ def build_model(ctx: Context) -> int:
     from lmrl.models.loading import save_model
 
     tokenizer = load_tokenizer(TOKENIZER)
-    check(len(tokenizer) <= ctx.arch["vocab_size"], f"tokenizer of {len(tokenizer)} ids > vocab {ctx.arch['vocab_size']}")
-    config = Qwen2Config(**ctx.arch, tie_word_embeddings=True, use_sliding_window=False,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    check(
+        len(tokenizer) <= ctx.arch["vocab_size"], f"tokenizer of {len(tokenizer)} ids > vocab {ctx.arch['vocab_size']}"
+    )
+    config = Qwen2Config(
+        **ctx.arch,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     with torch.device(ctx.device):  # initialising 494M weights is quicker on the GPU
         model = Qwen2ForCausalLM(config)
@@ -191,8 +226,11 @@ def instruments():
         finally:
             seen["in_backward"] = False
 
-    with patched(ModelSetup, "policy", policy), patched(head, "_logits", logits), \
-            patched(head.FusedHeadLogprobs, "backward", staticmethod(backward)):
+    with (
+        patched(ModelSetup, "policy", policy),
+        patched(head, "_logits", logits),
+        patched(head.FusedHeadLogprobs, "backward", staticmethod(backward)),
+    ):
         yield seen
 
 
@@ -225,9 +263,11 @@ def train_records(run_dir: Path, steps: int) -> list[dict]:
     """The training steps' rows of metrics.jsonl (steps 1..steps, each once), checked to be all there."""
     from lmrl.tracking import read_jsonl
 
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) >= 1 and "grad_norm" in r]
-    check([r["step"] for r in rows] == list(range(1, steps + 1)),
-          f"metrics.jsonl has training steps {[r['step'] for r in rows]}, expected 1..{steps}")
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step", 0) >= 1 and "optim/grad_norm" in r]
+    check(
+        [r["step"] for r in rows] == list(range(1, steps + 1)),
+        f"metrics.jsonl has training steps {[r['step'] for r in rows]}, expected 1..{steps}",
+    )
     return rows
 
 
@@ -238,7 +278,7 @@ def finite(rows: list[dict], key: str) -> list[float]:
 
 
 def check_gradients(rows: list[dict]) -> None:
-    norms = finite(rows, "grad_norm")
+    norms = finite(rows, "optim/grad_norm")
     check(all(n > 0 for n in norms), f"grad_norm is 0 at a step: {norms}")
 
 
@@ -283,15 +323,35 @@ def step1_loss_matches(ctx: Context, rows: list[dict], what: str) -> str:
 
 
 def common_overrides(ctx: Context, run_dir: Path) -> list[str]:
-    return [f"model={ctx.model_dir}", f"tokenizer={TOKENIZER}", f"output_dir={run_dir}", f"device={ctx.device}",
-            f"precision={ctx.args.precision}", f"max_steps={ctx.args.steps}", "seed=0", "log_every=1",
-            "eval_every=0", "save_every=0", "keep_checkpoints=1", "warmup_steps=0", "lr_schedule=constant"]
+    return [
+        f"model={ctx.model_dir}",
+        f"tokenizer={TOKENIZER}",
+        f"output_dir={run_dir}",
+        f"device={ctx.device}",
+        f"precision={ctx.args.precision}",
+        f"max_steps={ctx.args.steps}",
+        "seed=0",
+        "log_every=1",
+        "eval_every=0",
+        "save_every=0",
+        "keep_checkpoints=1",
+        "warmup_steps=0",
+        "lr_schedule=constant",
+    ]
 
 
 def sft_overrides(ctx: Context) -> list[str]:
     batch = 8 if ctx.small else 16
-    return ["dataset=task:arithmetic", "task_args.digits=3", f"train_rows={4 * batch}", "eval_rows=8",
-            "eval_max_new_tokens=8", f"batch_size={batch}", "max_length=128", "lr=1e-5"]
+    return [
+        "dataset=task:arithmetic",
+        "task_args.digits=3",
+        f"train_rows={4 * batch}",
+        "eval_rows=8",
+        "eval_max_new_tokens=8",
+        f"batch_size={batch}",
+        "max_length=128",
+        "lr=1e-5",
+    ]
 
 
 ONE_CHUNK_MB = 1_000_000  # logprob_chunk_mb that holds any batch's logits: the plain full-logits head
@@ -300,18 +360,26 @@ ONE_CHUNK_MB = 1_000_000  # logprob_chunk_mb that holds any batch's logits: the 
 def case_sft(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.sft import trainer as sft
-    config = load_config(sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx),
-                                               f"logprob_chunk_mb={ONE_CHUNK_MB}"])
+
+    config = load_config(
+        sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx), f"logprob_chunk_mb={ONE_CHUNK_MB}"]
+    )
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
         losses = finite(rows, "loss")
         check_gradients(rows)
         expected = math.log(ctx.arch["vocab_size"])  # a random model's cross-entropy: about ln(vocab)
-        check(abs(losses[0] - expected) < 0.25 * expected, f"step-1 loss {losses[0]:.3f}, expected ~ln V = {expected:.3f}")
+        check(
+            abs(losses[0] - expected) < 0.25 * expected, f"step-1 loss {losses[0]:.3f}, expected ~ln V = {expected:.3f}"
+        )
         check_final(ctx, run_dir)
-        return rows, {"loss1": losses[0], "layer_calls": seen["layer_calls"], "head_chunks": seen["head_chunks"],
-                      "note": f"step-1 loss {losses[0]:.4f} (ln V = {expected:.4f})"}
+        return rows, {
+            "loss1": losses[0],
+            "layer_calls": seen["layer_calls"],
+            "head_chunks": seen["head_chunks"],
+            "note": f"step-1 loss {losses[0]:.4f} (ln V = {expected:.4f})",
+        }
 
     return lambda: sft.train(config), verify
 
@@ -320,8 +388,17 @@ def case_grad_ckpt(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.models.memory import is_checkpointing
     from lmrl.trainers.sft import trainer as sft
-    config = load_config(sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx),
-                                               f"logprob_chunk_mb={ONE_CHUNK_MB}", "gradient_checkpointing=true"])
+
+    config = load_config(
+        sft.SFTConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            *sft_overrides(ctx),
+            f"logprob_chunk_mb={ONE_CHUNK_MB}",
+            "gradient_checkpointing=true",
+        ],
+    )
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
@@ -332,8 +409,11 @@ def case_grad_ckpt(ctx: Context, run_dir: Path):
         base = ctx.results.get("sft")
         plain = base.info["layer_calls"] if base is not None and base.ok else ctx.args.steps
         calls = seen["layer_calls"]
-        check(calls >= 2 * plain, f"layer 0 ran {calls} times with grad in {ctx.args.steps} steps ({plain} without "
-                                  "checkpointing): no recompute in the backward")
+        check(
+            calls >= 2 * plain,
+            f"layer 0 ran {calls} times with grad in {ctx.args.steps} steps ({plain} without "
+            "checkpointing): no recompute in the backward",
+        )
         note = step1_loss_matches(ctx, rows, "grad_ckpt")
         return rows, {"note": f"layer 0 ran {calls} times with grad ({plain} without checkpointing); {note}"}
 
@@ -343,18 +423,22 @@ def case_grad_ckpt(ctx: Context, run_dir: Path):
 def case_chunked_head(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.sft import trainer as sft
+
     # 8 MB (13 positions of 151,936 fp32 logits), or for small vocabularies the logits of 64 positions (at least 1 MB)
     chunk_mb = int(min(8, max(1, ctx.arch["vocab_size"] * 4 * 64 // 2**20)))
-    config = load_config(sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx),
-                                               f"logprob_chunk_mb={chunk_mb}"])
+    config = load_config(
+        sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx), f"logprob_chunk_mb={chunk_mb}"]
+    )
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
         finite(rows, "loss")
         check_gradients(rows)
         chunks = seen["head_chunks"]
-        check(chunks >= 4 * ctx.args.steps, f"the fused LM head's backward ran {chunks} chunks in {ctx.args.steps} "
-                                            "steps, expected several per step")
+        check(
+            chunks >= 4 * ctx.args.steps,
+            f"the fused LM head's backward ran {chunks} chunks in {ctx.args.steps} steps, expected several per step",
+        )
         base = ctx.results.get("sft")
         if base is not None and base.ok:
             check(base.info["head_chunks"] == 0, f"the sft case's backward ran {base.info['head_chunks']} head chunks")
@@ -366,9 +450,20 @@ def case_chunked_head(ctx: Context, run_dir: Path):
 
 def rl_overrides(ctx: Context) -> list[str]:
     prompts, samples, tokens = (4, 4, 16) if ctx.small else (8, 8, 64)
-    return ["algorithm=grpo", "engine=hf", "dataset=task:arithmetic", "task_args.digits=3", "train_rows=64",
-            "eval_rows=8", f"prompts_per_step={prompts}", f"samples_per_prompt={samples}",
-            f"max_new_tokens={tokens}", f"rewards=[{NOISE_REWARD}]", "sample_every=100", "temperature=1.0"]
+    return [
+        "algorithm=grpo",
+        "engine=hf",
+        "dataset=task:arithmetic",
+        "task_args.digits=3",
+        "train_rows=64",
+        "eval_rows=8",
+        f"prompts_per_step={prompts}",
+        f"samples_per_prompt={samples}",
+        f"max_new_tokens={tokens}",
+        f"rewards=[{NOISE_REWARD}]",
+        "sample_every=100",
+        "temperature=1.0",
+    ]
 
 
 def rl_verify(ctx: Context, run_dir: Path, rows_check=None):
@@ -388,11 +483,14 @@ def rl_verify(ctx: Context, run_dir: Path, rows_check=None):
 def case_grpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.rl import trainer as online
+
     register_noise_reward()
     config = load_config(online.RLConfig, None, [*common_overrides(ctx, run_dir), *rl_overrides(ctx), "lr=1e-5"])
 
     def rows_check(rows, seen):
-        return {"note": f"policy loss {rows[0]['loss/policy']:+.4f}, grad norm {rows[0]['grad_norm']:.3f} at step 1"}
+        return {
+            "note": f"policy loss {rows[0]['loss/policy']:+.4f}, grad norm {rows[0]['optim/grad_norm']:.3f} at step 1"
+        }
 
     return lambda: online.train(config), rl_verify(ctx, run_dir, rows_check)
 
@@ -400,17 +498,31 @@ def case_grpo(ctx: Context, run_dir: Path):
 def case_lora_grpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.rl import trainer as online
+
     register_noise_reward()
-    config = load_config(online.RLConfig, None, [
-        *common_overrides(ctx, run_dir), *rl_overrides(ctx), "lr=1e-4", "lora_r=16", "lora_alpha=32",
-        "lora_target_modules=[all-linear]", "merge_lora=true", "kl_coef=0.05"])
+    config = load_config(
+        online.RLConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            *rl_overrides(ctx),
+            "lr=1e-4",
+            "lora_r=16",
+            "lora_alpha=32",
+            "lora_target_modules=[all-linear]",
+            "merge_lora=true",
+            "kl_coef=0.05",
+        ],
+    )
 
     def rows_check(rows, seen):
         kl = finite(rows, "kl")
         check(abs(kl[0]) < 1e-3, f"KL at step 1 is {kl[0]:.2e}, expected 0 (reference = base with adapters off)")
         trained = [n for n, p in seen["policy"].named_parameters() if p.requires_grad]
-        check(trained and all("lora_" in n for n in trained),
-              f"trainable parameters other than LoRA's: {[n for n in trained if 'lora_' not in n][:3]}")
+        check(
+            trained and all("lora_" in n for n in trained),
+            f"trainable parameters other than LoRA's: {[n for n in trained if 'lora_' not in n][:3]}",
+        )
         check((run_dir / "final" / "adapter").is_dir(), "final/adapter/ missing")
         total = sum(p.numel() for p in seen["policy"].parameters())
         share = sum(p.numel() for p in seen["policy"].parameters() if p.requires_grad) / total
@@ -422,16 +534,31 @@ def case_lora_grpo(ctx: Context, run_dir: Path):
 def case_dpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.dpo import trainer as preference
+
     batch = 8 if ctx.small else 16
-    config = load_config(preference.DPOConfig, None, [
-        *common_overrides(ctx, run_dir), "loss=dpo", "beta=0.1", "dataset=builtin:prefs", "data_args.digits=2",
-        f"train_rows={4 * batch}", "eval_rows=8", "eval_samples=2", "eval_max_new_tokens=8", f"batch_size={batch}",
-        "max_length=128", "lr=1e-5"])
+    config = load_config(
+        preference.DPOConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            "loss=dpo",
+            "beta=0.1",
+            "dataset=builtin:prefs",
+            "data_args.digits=2",
+            f"train_rows={4 * batch}",
+            "eval_rows=8",
+            "eval_samples=2",
+            "eval_max_new_tokens=8",
+            f"batch_size={batch}",
+            "max_length=128",
+            "lr=1e-5",
+        ],
+    )
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
         losses = finite(rows, "loss")
-        finite(rows, "rewards/margin")
+        finite(rows, "policy/reward_margin")
         check_gradients(rows)
         check(abs(losses[0] - math.log(2)) < 0.02, f"step-1 DPO loss {losses[0]:.4f}, expected log 2 = 0.6931")
         check_final(ctx, run_dir)
@@ -443,10 +570,12 @@ def case_dpo(ctx: Context, run_dir: Path):
 def case_ppo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.rl import trainer as online
+
     register_noise_reward()
     overrides = [o for o in rl_overrides(ctx) if not o.startswith("algorithm=")]
-    config = load_config(online.RLConfig, None, [*common_overrides(ctx, run_dir), *overrides, "algorithm=ppo",
-                                                 "kl_coef=0.05", "lr=1e-5"])
+    config = load_config(
+        online.RLConfig, None, [*common_overrides(ctx, run_dir), *overrides, "algorithm=ppo", "kl_coef=0.05", "lr=1e-5"]
+    )
 
     def rows_check(rows, seen):
         values = finite(rows, "loss/value")
@@ -458,6 +587,7 @@ def case_ppo(ctx: Context, run_dir: Path):
 def loss_verify(ctx: Context, run_dir: Path, note: str, records: Path | None = None):
     """The common checks of a trainer's run: its steps logged finite losses and non-zero gradients (in
     ``records``, default the run directory), and ``final/`` loads and moved; ``note`` formats the step-1 loss."""
+
     def verify(seen):
         rows = train_records(records or run_dir, ctx.args.steps)
         losses = finite(rows, "loss")
@@ -471,13 +601,30 @@ def loss_verify(ctx: Context, run_dir: Path, note: str, records: Path | None = N
 def case_online_dpo(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.dpo import trainer as preference
+
     register_noise_reward()
     batch = 4 if ctx.small else 8
-    config = load_config(preference.DPOConfig, None, [
-        *common_overrides(ctx, run_dir), "online=true", f"rewards=[{NOISE_REWARD}]", "samples_per_prompt=4",
-        "max_new_tokens=16", "temperature=1.0", "loss=dpo", "beta=0.1", "dataset=builtin:prefs",
-        "data_args.digits=2", f"train_rows={4 * batch}", "eval_rows=8", "eval_samples=2", f"batch_size={batch}",
-        "lr=1e-5"])
+    config = load_config(
+        preference.DPOConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            "online=true",
+            f"rewards=[{NOISE_REWARD}]",
+            "samples_per_prompt=4",
+            "max_new_tokens=16",
+            "temperature=1.0",
+            "loss=dpo",
+            "beta=0.1",
+            "dataset=builtin:prefs",
+            "data_args.digits=2",
+            f"train_rows={4 * batch}",
+            "eval_rows=8",
+            "eval_samples=2",
+            f"batch_size={batch}",
+            "lr=1e-5",
+        ],
+    )
 
     verify = loss_verify(ctx, run_dir, "step-1 loss {loss:.4f} on pairs sampled by the policy")
     return lambda: preference.train(config), verify
@@ -486,24 +633,59 @@ def case_online_dpo(ctx: Context, run_dir: Path):
 def case_rejection(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.rejection import trainer as rejection
-    register_noise_reward()
-    config = load_config(rejection.RejectionConfig, None, [
-        *common_overrides(ctx, run_dir), "dataset=task:arithmetic", "task_args.digits=3", "train_rows=16",
-        "eval_rows=4", "eval_samples=2", f"rewards=[{NOISE_REWARD}]", "samples_per_prompt=4", "max_new_tokens=16",
-        "drop_truncated=false", "select=best", "rounds=1", "batch_size=8", "max_length=128", "lr=1e-5"])
 
-    verify = loss_verify(ctx, run_dir, "SFT on the best of 4 samples per prompt, step-1 loss {loss:.4f}",
-                         records=run_dir / "round-1" / "sft")  # the round's SFT run
+    register_noise_reward()
+    config = load_config(
+        rejection.RejectionConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            "dataset=task:arithmetic",
+            "task_args.digits=3",
+            "train_rows=16",
+            "eval_rows=4",
+            "eval_samples=2",
+            f"rewards=[{NOISE_REWARD}]",
+            "samples_per_prompt=4",
+            "max_new_tokens=16",
+            "drop_truncated=false",
+            "select=best",
+            "rounds=1",
+            "batch_size=8",
+            "max_length=128",
+            "lr=1e-5",
+        ],
+    )
+
+    verify = loss_verify(
+        ctx,
+        run_dir,
+        "SFT on the best of 4 samples per prompt, step-1 loss {loss:.4f}",
+        records=run_dir / "round-1" / "sft",
+    )  # the round's SFT run
     return lambda: rejection.train(config), verify
 
 
 def case_reward(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.reward import trainer as reward
+
     batch = 8 if ctx.small else 16
-    config = load_config(reward.RewardConfig, None, [
-        *common_overrides(ctx, run_dir), "loss=bt", "dataset=builtin:prefs", "data_args.digits=2",
-        f"train_rows={4 * batch}", "eval_rows=16", f"batch_size={batch}", "max_length=64", "lr=1e-5"])
+    config = load_config(
+        reward.RewardConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            "loss=bt",
+            "dataset=builtin:prefs",
+            "data_args.digits=2",
+            f"train_rows={4 * batch}",
+            "eval_rows=16",
+            f"batch_size={batch}",
+            "max_length=64",
+            "lr=1e-5",
+        ],
+    )
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
@@ -518,19 +700,42 @@ def case_reward(ctx: Context, run_dir: Path):
 def case_avatarl(ctx: Context, run_dir: Path):
     from lmrl.config import load_config
     from lmrl.trainers.pretrain import trainer as pretrain
+
     batch = 4 if ctx.small else 8
     # the random model is both the student and its frozen critic: the reward path runs whatever the critic knows
-    config = load_config(pretrain.PretrainConfig, None, [
-        *common_overrides(ctx, run_dir), "objective=avatarl", f"critic={ctx.model_dir}", "data=builtin:pydoc",
-        "block_size=128", f"batch_size={batch}", "eval_batches=1", "num_samples=1", "sample_tokens=16", "lr=1e-5"])
+    config = load_config(
+        pretrain.PretrainConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            "objective=avatarl",
+            f"critic={ctx.model_dir}",
+            "data=builtin:pydoc",
+            "block_size=128",
+            f"batch_size={batch}",
+            "eval_batches=1",
+            "num_samples=1",
+            "sample_tokens=16",
+            "lr=1e-5",
+        ],
+    )
 
     return lambda: pretrain.train(config), loss_verify(ctx, run_dir, "avatarl loss {loss:+.4f} at step 1")
 
 
-CASE_FUNCTIONS = {"sft": case_sft, "grpo": case_grpo, "lora_grpo": case_lora_grpo, "dpo": case_dpo,
-                  "grad_ckpt": case_grad_ckpt, "chunked_head": case_chunked_head, "ppo": case_ppo,
-                  "online_dpo": case_online_dpo, "rejection": case_rejection, "reward": case_reward,
-                  "avatarl": case_avatarl}
+CASE_FUNCTIONS = {
+    "sft": case_sft,
+    "grpo": case_grpo,
+    "lora_grpo": case_lora_grpo,
+    "dpo": case_dpo,
+    "grad_ckpt": case_grad_ckpt,
+    "chunked_head": case_chunked_head,
+    "ppo": case_ppo,
+    "online_dpo": case_online_dpo,
+    "rejection": case_rejection,
+    "reward": case_reward,
+    "avatarl": case_avatarl,
+}
 
 
 # ----------------------------------------------------------------------------- running
@@ -579,8 +784,11 @@ def run_case(ctx: Context, name: str) -> Result:
         seen.clear()
     if not result.ok and quiet:
         tail = log_path.read_text().strip().splitlines()[-15:]
-        print(f"--- {name} failed; the last lines of its log ({log_path}, kept with --keep):",
-              *("    " + t for t in tail), sep="\n")
+        print(
+            f"--- {name} failed; the last lines of its log ({log_path}, kept with --keep):",
+            *("    " + t for t in tail),
+            sep="\n",
+        )
     elif result.ok:
         notes = "; ".join(n for n in (result.info.get("note", ""), result.info_start) if n)
         print(f"{name}: pass in {result.seconds:.1f} s" + (f"  ({notes})" if notes else ""))
@@ -597,13 +805,16 @@ def print_table(results: list[Result]) -> None:
     print(header)
     print("-" * len(header))
     for r in results:
-        print(f"{r.case:<13} {'pass' if r.ok else 'FAIL':<6} {fmt(r.seconds, '.1f'):>8} "
-              f"{fmt(r.tokens_per_s, ',.0f'):>10} {fmt(r.peak_gib, '.2f'):>9}  {r.error}".rstrip())
+        print(
+            f"{r.case:<13} {'pass' if r.ok else 'FAIL':<6} {fmt(r.seconds, '.1f'):>8} "
+            f"{fmt(r.tokens_per_s, ',.0f'):>10} {fmt(r.peak_gib, '.2f'):>9}  {r.error}".rstrip()
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument("--small", action="store_true", help="a tiny Qwen2 model (for --device cpu: a minute or two)")
     parser.add_argument("--vocab", type=int, help="vocabulary size instead of the shapes' (151936; --small: 4096)")
@@ -652,9 +863,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             results = [Result(name, error=f"model not built: {one_line(exc)}") for name in names]
         else:
-            print(f"random Qwen2 model, {params / 1e6:.1f}M parameters ({'small' if args.small else 'Qwen2.5-0.5B'} "
-                  f"shapes, vocabulary {arch['vocab_size']}), built and saved in {time.perf_counter() - t0:.1f} s; "
-                  f"precision={args.precision}, {args.steps} steps per case")
+            print(
+                f"random Qwen2 model, {params / 1e6:.1f}M parameters ({'small' if args.small else 'Qwen2.5-0.5B'} "
+                f"shapes, vocabulary {arch['vocab_size']}), built and saved in {time.perf_counter() - t0:.1f} s; "
+                f"precision={args.precision}, {args.steps} steps per case"
+            )
             for name in names:
                 result = run_case(ctx, name)
                 ctx.results[name] = result

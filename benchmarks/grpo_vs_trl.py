@@ -126,13 +126,18 @@ class DtypeProbe:
     def __init__(self) -> None:
         import torch
 
-        self.counts: dict[str, collections.Counter] = {"generate": collections.Counter(), "train": collections.Counter()}
+        self.counts: dict[str, collections.Counter] = {
+            "generate": collections.Counter(),
+            "train": collections.Counter(),
+        }
         self._torch = torch
         self._handle = torch.nn.modules.module.register_module_forward_hook(self)
 
     def __call__(self, module, inputs, output) -> None:
         torch = self._torch
-        if (isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D") and isinstance(output, torch.Tensor):
+        if (isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D") and isinstance(
+            output, torch.Tensor
+        ):
             counts = self.counts["train" if torch.is_grad_enabled() else "generate"]
             if sum(counts.values()) < self.CALLS:
                 counts[str(output.dtype).removeprefix("torch.")] += 1
@@ -153,7 +158,11 @@ def steady_state(step_ends: list[float], tokens: list[float], warmup: int) -> di
         raise ValueError(f"need more than warmup={warmup} >= 1 step ends, got {len(step_ends)}")
     seconds = step_ends[-1] - step_ends[warmup - 1]
     steps = len(step_ends) - warmup
-    return {"steps_per_s": steps / seconds, "s_per_step": seconds / steps, "tokens_per_s": sum(tokens[warmup:]) / seconds}
+    return {
+        "steps_per_s": steps / seconds,
+        "s_per_step": seconds / steps,
+        "tokens_per_s": sum(tokens[warmup:]) / seconds,
+    }
 
 
 # ----------------------------------------------------------------------------- lmrl's memory model
@@ -185,8 +194,22 @@ def malloc_free_mib() -> float:
     import ctypes
 
     class Info(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
     try:
         mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):
@@ -197,8 +220,17 @@ def malloc_free_mib() -> float:
 
 PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak of `MemoryModel`
     "rollout (step 1)": ("RSS before", "weights", "KV cache", "autocast", "recorded layer outputs (after"),
-    "backward": ("RSS before", "weights", "AdamW", "gradients", "saved for backward: activations",
-                 "saved for backward: bf16", "LM head", "recorded layer outputs, still", "malloc free"),
+    "backward": (
+        "RSS before",
+        "weights",
+        "AdamW",
+        "gradients",
+        "saved for backward: activations",
+        "saved for backward: bf16",
+        "LM head",
+        "recorded layer outputs, still",
+        "malloc free",
+    ),
 }
 
 
@@ -230,6 +262,7 @@ class MemoryModel:
         from lmrl.trainers import common
         from lmrl.trainers.rl import trainer as online
         from lmrl.trainers.rl import update as rl_update
+
         self.bf16 = model_dtype == "bf16"
         self.peaks: dict[str, float] = {}
         self.parts: dict[str, float] = {}
@@ -238,7 +271,12 @@ class MemoryModel:
         self.step_peaks: list[float] = []  # the largest phase peak of each step
         self.last_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.resets = reset_peak()
-        rollout, logprobs, step, repeat = online.rollout, rl_update.completion_logprobs, common.optimizer_step, hf._repeat_cache
+        rollout, logprobs, step, repeat = (
+            online.rollout,
+            rl_update.completion_logprobs,
+            common.optimizer_step,
+            hf._repeat_cache,
+        )
 
         def timed_rollout(*a, **kw):
             self.mark("rollout")
@@ -269,19 +307,36 @@ class MemoryModel:
             self.mark("optimizer")
             norm = step(params, optimizer, *a, **kw)
             self.mark("log")
-            self.record("AdamW exp_avg + exp_avg_sq (fp32)", storage_mib(
-                [t for state in optimizer.state.values() for k, t in state.items() if k in ("exp_avg", "exp_avg_sq")]))
+            self.record(
+                "AdamW exp_avg + exp_avg_sq (fp32)",
+                storage_mib(
+                    [
+                        t
+                        for state in optimizer.state.values()
+                        for k, t in state.items()
+                        if k in ("exp_avg", "exp_avg_sq")
+                    ]
+                ),
+            )
             return norm
 
         def measured_repeat(cache, n):
             cache = repeat(cache, n)
             layers = getattr(cache, "layers", [])
-            self.record("KV cache (rollout)", storage_mib(
-                [getattr(layer, name) for layer in layers for name in ("_kbuf", "_vbuf") if hasattr(layer, name)]
-                or [t for layer in layers for t in (layer.keys, layer.values)]))
+            self.record(
+                "KV cache (rollout)",
+                storage_mib(
+                    [getattr(layer, name) for layer in layers for name in ("_kbuf", "_vbuf") if hasattr(layer, name)]
+                    or [t for layer in layers for t in (layer.keys, layer.values)]
+                ),
+            )
             return cache
 
-        online.rollout, rl_update.completion_logprobs, common.optimizer_step = timed_rollout, measured_logprobs, measured_step
+        online.rollout, rl_update.completion_logprobs, common.optimizer_step = (
+            timed_rollout,
+            measured_logprobs,
+            measured_step,
+        )
         hf._repeat_cache = measured_repeat
 
     def mark(self, next_phase: str) -> None:
@@ -319,13 +374,19 @@ class MemoryModel:
         for phase, names in PEAK_MODELS.items():
             total = sum(mib for part, mib in parts.items() if part.startswith(names))
             measured = self.peaks.get(phase, float("nan"))
-            lines.append(f"  {'model of the ' + phase + ' peak (sum)':52s} {total:9.0f}   measured {measured:6.0f} "
-                         f"({(total - measured) / measured:+.0%})")
+            lines.append(
+                f"  {'model of the ' + phase + ' peak (sum)':52s} {total:9.0f}   measured {measured:6.0f} "
+                f"({(total - measured) / measured:+.0%})"
+            )
         lines.append("  phase peaks: " + ", ".join(f"{k} {v:.0f}" for k, v in self.peaks.items()))
         lines.append("  peak of each step: " + ", ".join(f"{v:.0f}" for v in self.step_peaks))
         steps = max(1, self.rollouts)
-        lines.append("  minor page faults per step (fresh 4 KiB pages, MiB): " + ", ".join(
-            f"{k} {v * 4 / 1024 / steps:.0f}" for k, v in self.faults.items() if k not in ("load", "after step")))
+        lines.append(
+            "  minor page faults per step (fresh 4 KiB pages, MiB): "
+            + ", ".join(
+                f"{k} {v * 4 / 1024 / steps:.0f}" for k, v in self.faults.items() if k not in ("load", "after step")
+            )
+        )
         return lines
 
 
@@ -381,20 +442,38 @@ def build_model(args: argparse.Namespace):
         tokenizer = build_char_tokenizer()  # + added tokens <x0>, <x1>, ... up to the vocabulary size
         tokenizer.add_tokens([f"<x{i}>" for i in range(args.qwen2_vocab - len(tokenizer))])
         torch.manual_seed(0)
-        return Qwen2ForCausalLM(Qwen2Config(
-            vocab_size=args.qwen2_vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-            num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=1,
-            tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id, max_position_embeddings=4096)), tokenizer
+        return Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=args.qwen2_vocab,
+                hidden_size=args.hidden,
+                intermediate_size=4 * args.hidden,
+                num_hidden_layers=args.layers,
+                num_attention_heads=max(1, args.hidden // 64),
+                num_key_value_heads=1,
+                tie_word_embeddings=True,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id,
+                max_position_embeddings=4096,
+            )
+        ), tokenizer
     if args.gpt2:
         from transformers import GPT2Config, GPT2LMHeadModel
 
         tokenizer = load_tokenizer("builtin:bpe")
         torch.manual_seed(0)
-        return GPT2LMHeadModel(GPT2Config(
-            vocab_size=len(tokenizer), n_embd=args.hidden, n_layer=args.layers, n_head=max(1, args.hidden // 32),
-            n_positions=1024, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.eos_token_id)), tokenizer
+        return GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(tokenizer),
+                n_embd=args.hidden,
+                n_layer=args.layers,
+                n_head=max(1, args.hidden // 32),
+                n_positions=1024,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.eos_token_id,
+            )
+        ), tokenizer
     if is_builtin(args.model):
         tokenizer = build_char_tokenizer()
         return load_model(args.model, tokenizer, seed=0), tokenizer
@@ -429,17 +508,26 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     style = task_style(args)
     rows = make_rows(get_task("arithmetic", style=style), args.prompts * args.steps, split="train", seed=0)
     rows_path = workdir / "prompts.jsonl"
-    rows_path.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "answer", "task", "meta")}) + "\n" for r in rows))
+    rows_path.write_text(
+        "".join(json.dumps({k: r[k] for k in ("prompt", "answer", "task", "meta")}) + "\n" for r in rows)
+    )
     prompt_tokens = []
     for row in rows[:4]:
         ours = tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
-        theirs = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"]
+        theirs = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         if list(ours) != list(theirs):
             raise RuntimeError(f"prompt token ids differ between lmrl and the chat template: {ours} vs {theirs}")
         prompt_tokens.append(len(ours))
-    return {"model_dir": str(model_dir), "rows": str(rows_path), "params_m": count_parameters(model) / 1e6,
-            "name": model_name(args, model), "style": style, "prompt_tokens": prompt_tokens}
+    return {
+        "model_dir": str(model_dir),
+        "rows": str(rows_path),
+        "params_m": count_parameters(model) / 1e6,
+        "name": model_name(args, model),
+        "style": style,
+        "prompt_tokens": prompt_tokens,
+    }
 
 
 def model_name(args: argparse.Namespace, model) -> str:
@@ -459,23 +547,52 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from lmrl.config import load_config
     from lmrl.tracking import read_jsonl
     from lmrl.trainers.rl import trainer as online
+
     out = workdir / "lmrl-run"
     overrides = [
-        f"model={workdir / 'model'}", f"dataset={workdir / 'prompts.jsonl'}", f"train_rows={args.prompts * args.steps}",
-        "algorithm=grpo", f"prompts_per_step={args.prompts}", f"samples_per_prompt={args.samples}",
-        f"max_new_tokens={args.max_new_tokens}", "temperature=1.0", "top_p=1.0", "top_k=0",
-        "ppo_epochs=1", "minibatches=1", "grad_accum=1", "kl_coef=0", "tis_cap=null", "adv_scale=group",
-        "clip_low=0.2", "clip_high=0.2", "loss_agg=token_mean",
-        f"lr={LR}", f"adam_betas=[{ADAM_BETAS[0]},{ADAM_BETAS[1]}]", "weight_decay=0", "lr_schedule=constant",
-        "warmup_steps=0", f"max_grad_norm={MAX_GRAD_NORM}", f"precision={args.precision}", "seed=0",
-        f"max_steps={args.steps}", "log_every=1", "eval_every=0", "save_every=0", f"sample_every={args.steps + 1}",
-        f"output_dir={out}", "overwrite=true", *args.lmrl_set,
+        f"model={workdir / 'model'}",
+        f"dataset={workdir / 'prompts.jsonl'}",
+        f"train_rows={args.prompts * args.steps}",
+        "algorithm=grpo",
+        f"prompts_per_step={args.prompts}",
+        f"samples_per_prompt={args.samples}",
+        f"max_new_tokens={args.max_new_tokens}",
+        "temperature=1.0",
+        "top_p=1.0",
+        "top_k=0",
+        "ppo_epochs=1",
+        "minibatches=1",
+        "grad_accum=1",
+        "kl_coef=0",
+        "tis_cap=null",
+        "adv_scale=group",
+        "clip_low=0.2",
+        "clip_high=0.2",
+        "loss_agg=token_mean",
+        f"lr={LR}",
+        f"adam_betas=[{ADAM_BETAS[0]},{ADAM_BETAS[1]}]",
+        "weight_decay=0",
+        "lr_schedule=constant",
+        "warmup_steps=0",
+        f"max_grad_norm={MAX_GRAD_NORM}",
+        f"precision={args.precision}",
+        "seed=0",
+        f"max_steps={args.steps}",
+        "log_every=1",
+        "eval_every=0",
+        "save_every=0",
+        f"sample_every={args.steps + 1}",
+        f"output_dir={out}",
+        "overwrite=true",
+        *args.lmrl_set,
     ]
     if args.reward == "digits":
         from lmrl.rewards import REWARDS, register_reward
 
         if "digit_share" not in REWARDS:
-            register_reward("digit_share")(lambda **_: lambda prompts, completions, **kw: [digit_share(c) for c in completions])
+            register_reward("digit_share")(
+                lambda **_: lambda prompts, completions, **kw: [digit_share(c) for c in completions]
+            )
         overrides.append("rewards=[digit_share]")
     config = load_config(online.RLConfig, None, overrides)
     step_ends: list[float] = []
@@ -504,9 +621,13 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "generate_s": [r["time/rollout_s"] for r in records],
         "rewards": [r["reward/mean"] for r in records],
         "losses": [r["loss"] for r in records],
-        "skipped_rows": sum(r.get("train/skipped_rows_frac", 0.0) for r in records) / len(records),
-        "baseline_mb": baseline, "peak_mb": peak_at_last_step[0], "exit_peak_mb": max(memory.peaks.values()),
-        "dtypes": probe.seen, "threads": torch.get_num_threads(), "memory_model": memory.table(baseline),
+        "skipped_rows": sum(r.get("update/skipped_rows_frac", 0.0) for r in records) / len(records),
+        "baseline_mb": baseline,
+        "peak_mb": peak_at_last_step[0],
+        "exit_peak_mb": max(memory.peaks.values()),
+        "dtypes": probe.seen,
+        "threads": torch.get_num_threads(),
+        "memory_model": memory.table(baseline),
         "resets_peak": memory.resets,
     }
 
@@ -520,8 +641,17 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from lmrl.data.tasks import get_task
 
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"],
-                                  "task": r["task"], "meta": json.dumps(r["meta"])} for r in rows])
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": r["prompt"]}],
+                "answer": r["answer"],
+                "task": r["task"],
+                "meta": json.dumps(r["meta"]),
+            }
+            for r in rows
+        ]
+    )
     tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
     calls = {"reward": 0}
 
@@ -533,8 +663,12 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     # the reward function must score a right answer 1 and a wrong one 0, or the comparison means nothing
     first = rows[0]
-    check = task_reward([[{"content": f"<answer>{first['answer']}</answer>"}], [{"content": "x"}]], [first["answer"]] * 2,
-                        [first["task"]] * 2, [json.dumps(first["meta"])] * 2)
+    check = task_reward(
+        [[{"content": f"<answer>{first['answer']}</answer>"}], [{"content": "x"}]],
+        [first["answer"]] * 2,
+        [first["task"]] * 2,
+        [json.dumps(first["meta"])] * 2,
+    )
     if check != [1.0, 0.0]:
         raise RuntimeError(f"TRL reward function scores a right/wrong answer as {check}, expected [1.0, 0.0]")
     calls["reward"] = 0
@@ -545,14 +679,37 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     micro = args.trl_micro_batch or args.prompts * args.samples  # one optimizer step per B*G completions either way
     config = GRPOConfig(
-        output_dir=str(workdir / "trl-run"), use_cpu=True, bf16=args.precision == "bf16", fp16=False,
-        per_device_train_batch_size=micro, num_generations=args.samples,
-        gradient_accumulation_steps=args.prompts * args.samples // micro, num_iterations=1, max_completion_length=args.max_new_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
-        learning_rate=LR, adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], weight_decay=0.0,
-        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=MAX_GRAD_NORM, max_steps=args.steps,
-        gradient_checkpointing=args.trl_gradient_checkpointing, logging_steps=1, report_to="none",
-        save_strategy="no", eval_strategy="no", seed=0, disable_tqdm=True,
+        output_dir=str(workdir / "trl-run"),
+        use_cpu=True,
+        bf16=args.precision == "bf16",
+        fp16=False,
+        per_device_train_batch_size=micro,
+        num_generations=args.samples,
+        gradient_accumulation_steps=args.prompts * args.samples // micro,
+        num_iterations=1,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        learning_rate=LR,
+        adam_beta1=ADAM_BETAS[0],
+        adam_beta2=ADAM_BETAS[1],
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=MAX_GRAD_NORM,
+        max_steps=args.steps,
+        gradient_checkpointing=args.trl_gradient_checkpointing,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        seed=0,
+        disable_tqdm=True,
     )
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
@@ -569,9 +726,14 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     probe = DtypeProbe()
     baseline = rss_mb()
-    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=task_reward if args.reward == "task" else digits_reward,
-                          args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=str(workdir / "model"),
+        reward_funcs=task_reward if args.reward == "task" else digits_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timer()],
+    )
     generate_s: list[float] = []
     original_generate = trainer._generate_single_turn
 
@@ -592,8 +754,11 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "rewards": [r["reward"] for r in records],
         "losses": [r["loss"] for r in records],
         "reward_calls": calls["reward"],
-        "baseline_mb": baseline, "peak_mb": peak_at_last_step[0], "exit_peak_mb": peak_rss_mb(),
-        "dtypes": probe.seen, "threads": torch.get_num_threads(),
+        "baseline_mb": baseline,
+        "peak_mb": peak_at_last_step[0],
+        "exit_peak_mb": peak_rss_mb(),
+        "dtypes": probe.seen,
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -631,7 +796,9 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     with open(log, "w") as fh:
-        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "TQDM_DISABLE": "1"}).returncode
+        code = subprocess.run(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "TQDM_DISABLE": "1"}
+        ).returncode
     if code != 0:
         tail = "\n".join(log.read_text().splitlines()[-40:])
         raise RuntimeError(f"{name} run failed (exit {code}); last lines of {log}:\n{tail}")
@@ -661,47 +828,61 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, info: dict) 
     results = {name: median_round(rs) for name, rs in rounds.items()}
     print(f"\nmachine: {machine()}; torch threads {next(iter(results.values()))['threads']}")
     print(f"lmrl overrides: {' '.join(args.lmrl_set) or 'none'}; TRL micro-batch {args.trl_micro_batch or 'B*G'}")
-    print(f"model {info['name']} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
-          f"{args.max_new_tokens} new tokens, {info['style']} prompts of {min(info['prompt_tokens'])}-"
-          f"{max(info['prompt_tokens'])} tokens, {args.steps} steps ({args.warmup} warm-up), {args.precision}, "
-          f"reward {args.reward}, median of {args.rounds} round(s)"
-          + (", TRL gradient checkpointing on" if args.trl_gradient_checkpointing else ""))
-    head = f"{'framework':10s} {'steps/s':>8s} {'s/step':>7s} {'gen s/step':>10s} {'tok/s':>7s} {'len':>5s} " \
-           f"{'peak RSS MB':>11s} {'peak-base MB':>12s} {'exit MB':>8s} {'reward':>7s} {'loss':>9s}  dtypes (gen/train), load"
+    print(
+        f"model {info['name']} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
+        f"{args.max_new_tokens} new tokens, {info['style']} prompts of {min(info['prompt_tokens'])}-"
+        f"{max(info['prompt_tokens'])} tokens, {args.steps} steps ({args.warmup} warm-up), {args.precision}, "
+        f"reward {args.reward}, median of {args.rounds} round(s)"
+        + (", TRL gradient checkpointing on" if args.trl_gradient_checkpointing else "")
+    )
+    head = (
+        f"{'framework':10s} {'steps/s':>8s} {'s/step':>7s} {'gen s/step':>10s} {'tok/s':>7s} {'len':>5s} "
+        f"{'peak RSS MB':>11s} {'peak-base MB':>12s} {'exit MB':>8s} {'reward':>7s} {'loss':>9s}  dtypes (gen/train), load"
+    )
     print(head)
     print("-" * len(head))
     for name, r in results.items():
         dtypes = f"{r['dtypes'].get('generate', '?')}/{r['dtypes'].get('train', '?')}"
-        print(f"{name:10s} {r['steps_per_s']:8.3f} {r['s_per_step']:7.2f} {generate_s(r, args):10.2f} "
-              f"{r['tokens_per_s']:7.0f} {completion_len(r, args):5.1f} {r['peak_mb']:11.0f} "
-              f"{r['peak_mb'] - r['baseline_mb']:12.0f} {r['exit_peak_mb']:8.0f} "
-              f"{sum(r['rewards']) / len(r['rewards']):7.3f} {sum(r['losses']) / len(r['losses']):9.2e}  "
-              f"{dtypes}, {r['load'][0]:.1f}->{r['load'][1]:.1f}")
+        print(
+            f"{name:10s} {r['steps_per_s']:8.3f} {r['s_per_step']:7.2f} {generate_s(r, args):10.2f} "
+            f"{r['tokens_per_s']:7.0f} {completion_len(r, args):5.1f} {r['peak_mb']:11.0f} "
+            f"{r['peak_mb'] - r['baseline_mb']:12.0f} {r['exit_peak_mb']:8.0f} "
+            f"{sum(r['rewards']) / len(r['rewards']):7.3f} {sum(r['losses']) / len(r['losses']):9.2e}  "
+            f"{dtypes}, {r['load'][0]:.1f}->{r['load'][1]:.1f}"
+        )
     if {"lmrl", "trl"} <= set(results):
         a, b = results["lmrl"], results["trl"]
         peak, above_base = memory_ratios(a, b)
-        print(f"{'lmrl/TRL':10s} {a['steps_per_s'] / b['steps_per_s']:7.2f}x {'':7s} {'':10s} "
-              f"{a['tokens_per_s'] / b['tokens_per_s']:6.2f}x {'':5s} {peak:10.2f}x {above_base:11.2f}x "
-              f"{a['exit_peak_mb'] / b['exit_peak_mb']:7.2f}x")
+        print(
+            f"{'lmrl/TRL':10s} {a['steps_per_s'] / b['steps_per_s']:7.2f}x {'':7s} {'':10s} "
+            f"{a['tokens_per_s'] / b['tokens_per_s']:6.2f}x {'':5s} {peak:10.2f}x {above_base:11.2f}x "
+            f"{a['exit_peak_mb'] / b['exit_peak_mb']:7.2f}x"
+        )
     for name, r in results.items():
         finite = all(x == x and abs(x) != float("inf") for x in r["losses"])
         extra = f", reward function called {r['reward_calls']} times" if "reward_calls" in r else ""
         if "skipped_rows" in r:  # zero-advantage rows lmrl did not forward (their gradient is exactly 0)
             extra += f", rows skipped as zero-advantage {100 * r['skipped_rows']:.0f}%"
-        print(f"{name}: {len(r['step_ends'])} steps, losses finite: {finite}{extra}, child wall time {r['wall_s']:.0f} s")
+        print(
+            f"{name}: {len(r['step_ends'])} steps, losses finite: {finite}{extra}, child wall time {r['wall_s']:.0f} s"
+        )
     if "lmrl" in results:
         print(f"lmrl memory model, median round (MiB; peak RSS resets per phase: {results['lmrl']['resets_peak']}):")
         print(*results["lmrl"]["memory_model"], sep="\n")
     report_rounds(rounds)
     print("\nsummary (markdown):")
-    print("| framework | steps/s | s/step | gen s/step | completion tok/s | mean len | peak RSS MiB | peak − base MiB | load |")
+    print(
+        "| framework | steps/s | s/step | gen s/step | completion tok/s | mean len | peak RSS MiB | peak − base MiB | load |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         peaks = [x["peak_mb"] for x in rounds[name]]
-        print(f"| {framework_label(name, args)} | {r['steps_per_s']:.3f} | {r['s_per_step']:.2f} | "
-              f"{generate_s(r, args):.2f} | {r['tokens_per_s']:.0f} | {completion_len(r, args):.1f} | "
-              f"{r['peak_mb']:,.0f} ({min(peaks):,.0f}-{max(peaks):,.0f}) | {r['peak_mb'] - r['baseline_mb']:,.0f} | "
-              f"{r['load'][0]:.1f} |")
+        print(
+            f"| {framework_label(name, args)} | {r['steps_per_s']:.3f} | {r['s_per_step']:.2f} | "
+            f"{generate_s(r, args):.2f} | {r['tokens_per_s']:.0f} | {completion_len(r, args):.1f} | "
+            f"{r['peak_mb']:,.0f} ({min(peaks):,.0f}-{max(peaks):,.0f}) | {r['peak_mb'] - r['baseline_mb']:,.0f} | "
+            f"{r['load'][0]:.1f} |"
+        )
     if {"lmrl", "trl"} <= set(results):
         a, b = results["lmrl"], results["trl"]
         peak, above_base = memory_ratios(a, b)
@@ -715,7 +896,7 @@ def memory_ratios(a: dict, b: dict) -> tuple[float, float]:
 
 def generate_s(r: dict, args: argparse.Namespace) -> float:
     """Mean generation seconds of the steady steps."""
-    steady = r["generate_s"][args.warmup:]
+    steady = r["generate_s"][args.warmup :]
     return sum(steady) / max(1, len(steady))
 
 
@@ -735,44 +916,82 @@ def report_rounds(rounds: dict[str, list[dict]]) -> None:
     if min(len(rounds.get("lmrl", [])), len(rounds.get("trl", []))) < 2:
         return
     ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(rounds["lmrl"], rounds["trl"])]
-    print(f"lmrl/TRL steps/s per round (same round = adjacent runs): {', '.join(f'{r:.2f}x' for r in ratios)}; "
-          f"median {statistics.median(ratios):.2f}x")
+    print(
+        f"lmrl/TRL steps/s per round (same round = adjacent runs): {', '.join(f'{r:.2f}x' for r in ratios)}; "
+        f"median {statistics.median(ratios):.2f}x"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin:medium",
-                        help="built-in model (random init, seed 0), an HF model folder or a .gguf file (de-quantized "
-                             "to fp32 by lmrl's loader, saved once as an HF folder that both frameworks load)")
-    parser.add_argument("--gpt2", action="store_true",
-                        help="build a GPT-2 instead (random init, seed 0; --hidden, --layers, heads of 32) with the "
-                             "builtin:bpe tokenizer")
-    parser.add_argument("--task-style", choices=("auto", "plain", "chat"), default="auto",
-                        help="arithmetic prompts: plain '12+34=', or chat 'What is 12+34? Answer with the number "
-                             "only.'; auto: chat for a model folder or GGUF file, plain otherwise")
+    parser.add_argument(
+        "--model",
+        default="builtin:medium",
+        help="built-in model (random init, seed 0), an HF model folder or a .gguf file (de-quantized "
+        "to fp32 by lmrl's loader, saved once as an HF folder that both frameworks load)",
+    )
+    parser.add_argument(
+        "--gpt2",
+        action="store_true",
+        help="build a GPT-2 instead (random init, seed 0; --hidden, --layers, heads of 32) with the "
+        "builtin:bpe tokenizer",
+    )
+    parser.add_argument(
+        "--task-style",
+        choices=("auto", "plain", "chat"),
+        default="auto",
+        help="arithmetic prompts: plain '12+34=', or chat 'What is 12+34? Answer with the number "
+        "only.'; auto: chat for a model folder or GGUF file, plain otherwise",
+    )
     parser.add_argument("--prompts", type=int, default=8, help="distinct prompts per step (B)")
     parser.add_argument("--samples", type=int, default=8, help="completions per prompt (G); a step trains on B*G")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per framework")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="first steps left out of the steady-state rate (>= 1); 0: peak memory only (--steps 1)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="first steps left out of the steady-state rate (>= 1); 0: peak memory only (--steps 1)",
+    )
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or plain fp32")
-    parser.add_argument("--reward", choices=("digits", "task"), default="digits",
-                        help="digits: share of digit characters (dense: every group has reward variance, so both "
-                             "frameworks train on every row); task: the arithmetic verifier (0 for a random model)")
+    parser.add_argument(
+        "--reward",
+        choices=("digits", "task"),
+        default="digits",
+        help="digits: share of digit characters (dense: every group has reward variance, so both "
+        "frameworks train on every row); task: the arithmetic verifier (0 for a random model)",
+    )
     parser.add_argument("--frameworks", default="lmrl,trl", help="comma-separated, run in this order")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run the frameworks this many times, alternating; report each one's median round")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the frameworks this many times, alternating; report each one's median round",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads in each run (0: torch's default)")
-    parser.add_argument("--trl-gradient-checkpointing", action="store_true",
-                        help="TRL's default; off by default so that both do the same forward/backward work")
-    parser.add_argument("--qwen2-vocab", type=int, default=0, help="build a Qwen2-architecture model with this vocabulary")
+    parser.add_argument(
+        "--trl-gradient-checkpointing",
+        action="store_true",
+        help="TRL's default; off by default so that both do the same forward/backward work",
+    )
+    parser.add_argument(
+        "--qwen2-vocab", type=int, default=0, help="build a Qwen2-architecture model with this vocabulary"
+    )
     parser.add_argument("--hidden", type=int, default=128, help="--qwen2-vocab, --gpt2: hidden size")
     parser.add_argument("--layers", type=int, default=2, help="--qwen2-vocab, --gpt2: decoder layers")
-    parser.add_argument("--trl-micro-batch", type=int, default=0,
-                        help="TRL per_device_train_batch_size (with gradient accumulation to B*G; 0: B*G at once)")
-    parser.add_argument("--lmrl-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra lmrl config override, e.g. gradient_checkpointing=true (repeatable)")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=0,
+        help="TRL per_device_train_batch_size (with gradient accumulation to B*G; 0: B*G at once)",
+    )
+    parser.add_argument(
+        "--lmrl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra lmrl config override, e.g. gradient_checkpointing=true (repeatable)",
+    )
     parser.add_argument("--workdir", help="keep the model, prompts, logs and run dirs here (default: a temp dir)")
     parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -780,8 +999,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.qwen2_vocab and args.gpt2:
         parser.error("--qwen2-vocab and --gpt2 each build a model: give one.")
     if not (args.warmup == 0 or 1 <= args.warmup < args.steps):
-        parser.error(f"--warmup must be at least 1 and less than --steps ({args.steps}), or 0 for peak memory only; "
-                     f"got {args.warmup}. Steady state is measured from the end of the last warm-up step.")
+        parser.error(
+            f"--warmup must be at least 1 and less than --steps ({args.steps}), or 0 for peak memory only; "
+            f"got {args.warmup}. Steady state is measured from the end of the last warm-up step."
+        )
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}.")
     if args.samples < 2:
@@ -805,8 +1026,11 @@ def main(argv: list[str] | None = None) -> None:
         for round_ in range(1, args.rounds + 1):
             for name in args.frameworks.split(","):
                 result = run_child(name, args, workdir)
-                print(f"round {round_} {name}: {result['steps_per_s']:.3f} steps/s, peak {result['peak_mb']:.0f} MB, "
-                      f"load {result['load'][0]:.1f}", flush=True)
+                print(
+                    f"round {round_} {name}: {result['steps_per_s']:.3f} steps/s, peak {result['peak_mb']:.0f} MB, "
+                    f"load {result['load'][0]:.1f}",
+                    flush=True,
+                )
                 rounds.setdefault(name, []).append(result)
         report(rounds, args, info)
 

@@ -71,8 +71,12 @@ def child(args) -> dict:
         if step:
             elapsed += time.perf_counter() - t0
             tokens += stats["tokens"]
-    return {"variant": args.variant, "tokens_per_s": tokens / elapsed, "peak_mb": status_mb("VmHWM") - base,
-            "micro_batches": len(micro)}
+    return {
+        "variant": args.variant,
+        "tokens_per_s": tokens / elapsed,
+        "peak_mb": status_mb("VmHWM") - base,
+        "micro_batches": len(micro),
+    }
 
 
 def main() -> None:
@@ -90,17 +94,22 @@ def main() -> None:
         return
     results = []
     for variant in args.variants:
-        cmd = [sys.executable, __file__, "--variant", variant] + [f"--{k}={v}" for k, v in vars(args).items()
-                                                                 if k in ("model", "batch", "micro", "steps", "threads")]
+        cmd = [sys.executable, __file__, "--variant", variant] + [
+            f"--{k}={v}" for k, v in vars(args).items() if k in ("model", "batch", "micro", "steps", "threads")
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results.append(json.loads(out))
         print(results[-1], flush=True)
     padded = results[0]
-    print("\n| variant | micro-batches/step | tokens/s | vs padded | peak MB over start | vs padded |\n|---|---|---|---|---|---|")
+    print(
+        "\n| variant | micro-batches/step | tokens/s | vs padded | peak MB over start | vs padded |\n|---|---|---|---|---|---|"
+    )
     for r in results:
-        print(f"| {r['variant']} | {r['micro_batches']} | {r['tokens_per_s']:.0f} | "
-              f"{r['tokens_per_s'] / padded['tokens_per_s']:.2f}x | {r['peak_mb']:.0f} | "
-              f"{r['peak_mb'] / padded['peak_mb']:.2f}x |")
+        print(
+            f"| {r['variant']} | {r['micro_batches']} | {r['tokens_per_s']:.0f} | "
+            f"{r['tokens_per_s'] / padded['tokens_per_s']:.2f}x | {r['peak_mb']:.0f} | "
+            f"{r['peak_mb'] / padded['peak_mb']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

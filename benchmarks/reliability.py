@@ -20,9 +20,21 @@ from lmrl.swarm.memory import FileHub, MemoryTransport
 from lmrl.swarm.sampling import fair_share
 from lmrl.trainers import common
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",
-        "batch_size=4", "eval_every=0", "warmup_steps=0", "lr_schedule=constant", "log_every=1"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=1",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "precision=fp32",
+    "task_args.digits=1",
+    "train_rows=32",
+    "eval_rows=4",
+    "batch_size=4",
+    "eval_every=0",
+    "warmup_steps=0",
+    "lr_schedule=constant",
+    "log_every=1",
+]
 
 
 def flooding(rounds: int = 1000, flooders: int = 16, per_flooder: int = 64, cap: int = 64) -> dict[str, float]:
@@ -42,16 +54,30 @@ def fetch_bytes(out: Path, peers: int = 200, size: int = 1_500_000) -> dict[str,
     for i in range(peers):
         hub.put(0, f"peer-{i:03d}", b"x" * size)
     got = MemoryTransport(hub, "me").fetch(0)
-    return {"peers_held": peers, "held_mib": peers * size / 2**20, "peers_returned": len(got),
-            "returned_mib": sum(len(d) for _, d in got) / 2**20}
+    return {
+        "peers_held": peers,
+        "held_mib": peers * size / 2**20,
+        "peers_returned": len(got),
+        "returned_mib": sum(len(d) for _, d in got) / 2**20,
+    }
 
 
 def absurd_lr(out: Path) -> dict[str, object]:
     """A run resumed with lr=1e6: exit code and the newest checkpoint left."""
     run = out / "absurd"
     cli.main(["sft", f"output_dir={run}", *TINY, "max_steps=2", "overwrite=true"])
-    code = cli.main(["sft", f"output_dir={run}", *TINY, "max_steps=4", "lr=1e6", "save_every=1", "resume=true",
-                     "max_grad_norm=null"])
+    code = cli.main(
+        [
+            "sft",
+            f"output_dir={run}",
+            *TINY,
+            "max_steps=4",
+            "lr=1e6",
+            "save_every=1",
+            "resume=true",
+            "max_grad_norm=null",
+        ]
+    )
     return {"exit_code": code, "newest_checkpoint": common.checkpoint_step(common.latest_checkpoint(run))}
 
 
@@ -70,8 +96,12 @@ def main() -> None:
     out = Path(parser.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    figures = {"flooding": flooding(), "fetch": fetch_bytes(out), "absurd_lr": absurd_lr(out),
-               "resume_lr": resume_lr(out)}
+    figures = {
+        "flooding": flooding(),
+        "fetch": fetch_bytes(out),
+        "absurd_lr": absurd_lr(out),
+        "resume_lr": resume_lr(out),
+    }
     print(json.dumps(figures, indent=1))
     print(f"({time.time() - t0:.0f} s)")
 

@@ -46,23 +46,40 @@ def main() -> None:
     args = parser.parse_args()
     out = tempfile.mkdtemp(prefix="lmrl-rl-engines-")
     for engine in args.engines:
-        config = load_config(online.RLConfig, None, [
-            *ENGINE_KEYS[engine], "model=builtin:medium", "model_args.num_attention_heads=6", f"precision={args.precision}",
-            f"prompts_per_step={args.prompts}", f"samples_per_prompt={args.samples}",
-            f"max_new_tokens={args.new_tokens}", f"max_steps={args.steps}", "eval_every=0", "save_every=0",
-            "eval_rows=8", "log_every=1", f"output_dir={out}/{engine}", "vllm_kv_cache_gb=2",
-            "rewards=[bench_digit_share]"])
+        config = load_config(
+            online.RLConfig,
+            None,
+            [
+                *ENGINE_KEYS[engine],
+                "model=builtin:medium",
+                "model_args.num_attention_heads=6",
+                f"precision={args.precision}",
+                f"prompts_per_step={args.prompts}",
+                f"samples_per_prompt={args.samples}",
+                f"max_new_tokens={args.new_tokens}",
+                f"max_steps={args.steps}",
+                "eval_every=0",
+                "save_every=0",
+                "eval_rows=8",
+                "log_every=1",
+                f"output_dir={out}/{engine}",
+                "vllm_kv_cache_gb=2",
+                "rewards=[bench_digit_share]",
+            ],
+        )
         online.train(config)
         rows = [r for r in read_jsonl(f"{out}/{engine}/metrics.jsonl") if "time/rollout_s" in r][1:]
         rollout = sum(r["time/rollout_s"] for r in rows) / len(rows)
         train = sum(r["time/train_s"] for r in rows) / len(rows)
         tokens = sum(r["tokens_per_s"] * r["time/rollout_s"] for r in rows) / len(rows)
         sync = sum(r.get("time/weight_sync_s", 0.0) for r in rows) / len(rows)
-        gap = max(r.get("sampler_logp_gap", 0.0) for r in rows)
-        trained = sum("sampler_logp_gap" in r for r in rows)  # logged on every step that ran a backward
-        print(f"{engine:11s} {args.precision}: {1 / (rollout + train):.3f} steps/s  rollout {rollout:.2f} s "
-              f"({tokens / rollout:.0f} tok/s, sync {sync:.2f} s)  train {train:.2f} s ({trained}/{len(rows)} steps "
-              f"trained)  max sampler_logp_gap {gap:.2e}")
+        gap = max(r.get("policy/sampler_logp_gap", 0.0) for r in rows)
+        trained = sum("policy/sampler_logp_gap" in r for r in rows)  # logged on every step that ran a backward
+        print(
+            f"{engine:11s} {args.precision}: {1 / (rollout + train):.3f} steps/s  rollout {rollout:.2f} s "
+            f"({tokens / rollout:.0f} tok/s, sync {sync:.2f} s)  train {train:.2f} s ({trained}/{len(rows)} steps "
+            f"trained)  max sampler_logp_gap {gap:.2e}"
+        )
 
 
 if __name__ == "__main__":

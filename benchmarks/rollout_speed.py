@@ -44,14 +44,24 @@ class _IdTokenizer:
 def build_model(vocab: int, eos_bias: float, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4,
-        intermediate_size=1024, max_position_embeddings=512, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=1,
+        vocab_size=vocab,
+        hidden_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=512,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=1,
     )
     model = LlamaForCausalLM(config).eval()
     if eos_bias:
 
         def raise_eos(module, inputs, logits):  # +eos_bias on the eos logit, for both engines alike
-            return logits.index_add(-1, torch.tensor([EOS]), torch.full((*logits.shape[:-1], 1), eos_bias, dtype=logits.dtype))
+            return logits.index_add(
+                -1, torch.tensor([EOS]), torch.full((*logits.shape[:-1], 1), eos_bias, dtype=logits.dtype)
+            )
 
         model.lm_head.register_forward_hook(raise_eos)
     return model
@@ -108,8 +118,10 @@ def main() -> None:
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
 
-    print(f"model {n_params / 1e6:.1f}M params, {torch.get_num_threads()} threads; "
-          f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} new tokens, prompt len {lengths and (min(lengths), max(lengths))}")
+    print(
+        f"model {n_params / 1e6:.1f}M params, {torch.get_num_threads()} threads; "
+        f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} new tokens, prompt len {lengths and (min(lengths), max(lengths))}"
+    )
     for dtype in (None, torch.bfloat16):
         name = "fp32" if dtype is None else "bf16"
         ctx = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype is not None else contextlib.nullcontext
@@ -117,9 +129,16 @@ def main() -> None:
         def run_hf():
             with torch.no_grad(), ctx():  # generate() itself runs under no_grad
                 out = model.generate(
-                    input_ids=ids, attention_mask=mask, do_sample=True, num_return_sequences=args.samples,
-                    max_new_tokens=args.new_tokens, top_k=None, top_p=None, temperature=1.0,
-                    pad_token_id=PAD, eos_token_id=EOS if stop else None,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    num_return_sequences=args.samples,
+                    max_new_tokens=args.new_tokens,
+                    top_k=None,
+                    top_p=None,
+                    temperature=1.0,
+                    pad_token_id=PAD,
+                    eos_token_id=EOS if stop else None,
                 )
             completion = out[:, width:]  # (N, T)
             if not stop:
@@ -134,14 +153,18 @@ def main() -> None:
                 continue  # nothing finishes early: compaction never triggers
             engine = HFEngine(model, _IdTokenizer(args.vocab), autocast_dtype=dtype, compact_threshold=compact)
             contenders[label] = lambda engine=engine: int(
-                engine.generate(prompts, params, n=args.samples, generator=torch.Generator().manual_seed(1)).completion_lengths.sum()
+                engine.generate(
+                    prompts, params, n=args.samples, generator=torch.Generator().manual_seed(1)
+                ).completion_lengths.sum()
             )
         contenders["hf.generate"] = run_hf
         results = race(contenders, args.repeats)
         base = results["hf.generate"][1] / results["hf.generate"][0]
         for label, (seconds, tokens) in results.items():
             rate = tokens / seconds
-            print(f"  {name:4s} {label:15s} {seconds * 1000:8.0f} ms  {tokens:6d} tokens  {rate:8.0f} tok/s  x{rate / base:.2f}")
+            print(
+                f"  {name:4s} {label:15s} {seconds * 1000:8.0f} ms  {tokens:6d} tokens  {rate:8.0f} tok/s  x{rate / base:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -39,13 +39,36 @@ def digit_share(prompts, completions, **kwargs) -> list[float]:
 
 def run(name: str, args, workdir: Path) -> dict:
     out = workdir / name
-    cmd = [sys.executable, "-m", "lmrl", "rl", f"output_dir={out}", "algorithm=grpo", f"model={args.model}",
-           "precision=fp32", "task_args.digits=2", "train_rows=512", "eval_rows=4", f"prompts_per_step={args.prompts}",
-           f"samples_per_prompt={args.group}", f"max_new_tokens={args.tokens}", "rewards=[scale:digit_share]",
-           "lr=1e-4", f"max_steps={args.steps}", "eval_every=0", "save_every=0", "log_every=1",
-           "check_contamination=false", "overwrite=true", *SETUPS[name]]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmrl",
+        "rl",
+        f"output_dir={out}",
+        "algorithm=grpo",
+        f"model={args.model}",
+        "precision=fp32",
+        "task_args.digits=2",
+        "train_rows=512",
+        "eval_rows=4",
+        f"prompts_per_step={args.prompts}",
+        f"samples_per_prompt={args.group}",
+        f"max_new_tokens={args.tokens}",
+        "rewards=[scale:digit_share]",
+        "lr=1e-4",
+        f"max_steps={args.steps}",
+        "eval_every=0",
+        "save_every=0",
+        "log_every=1",
+        "check_contamination=false",
+        "overwrite=true",
+        *SETUPS[name],
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
@@ -53,9 +76,14 @@ def run(name: str, args, workdir: Path) -> dict:
     times = {r["step"]: r["time_s"] for r in rows if "reward/mean" in r}
     first, last = args.warmup, max(times)
     steps_per_s = (last - first) / (times[last] - times[first])
-    stale = [r.get("async/staleness", 0.0) for r in rows if "reward/mean" in r]
-    return {"setup": name, "steps_per_s": steps_per_s, "max_staleness": max(stale),
-            "reward_first": rows[1]["reward/mean"], "reward_last": [r for r in rows if "reward/mean" in r][-1]["reward/mean"]}
+    stale = [r.get("rollout/staleness", 0.0) for r in rows if "reward/mean" in r]
+    return {
+        "setup": name,
+        "steps_per_s": steps_per_s,
+        "max_staleness": max(stale),
+        "reward_first": rows[1]["reward/mean"],
+        "reward_last": [r for r in rows if "reward/mean" in r][-1]["reward/mean"],
+    }
 
 
 def main() -> None:
@@ -74,8 +102,10 @@ def main() -> None:
     print(f"| setup | steps/s | vs {results[0]['setup']} | max staleness | reward step 1 -> {args.steps} |")
     print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['setup']} | {r['steps_per_s']:.2f} | {r['steps_per_s'] / base:.2f}x | {r['max_staleness']:.0f} | "
-              f"{r['reward_first']:.3f} -> {r['reward_last']:.3f} |")
+        print(
+            f"| {r['setup']} | {r['steps_per_s']:.2f} | {r['steps_per_s'] / base:.2f}x | {r['max_staleness']:.0f} | "
+            f"{r['reward_first']:.3f} -> {r['reward_last']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

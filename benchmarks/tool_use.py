@@ -31,8 +31,14 @@ def lmrl(verb: str, args: list[str], out: Path, done: Path) -> None:
     if done.exists():
         return
     with open(f"{out}.log", "w") as f:
-        subprocess.run([sys.executable, "-m", "lmrl", verb, *args, f"output_dir={out}", "overwrite=true"], check=True,
-                       stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(
+            [sys.executable, "-m", "lmrl", verb, *args, f"output_dir={out}", "overwrite=true"],
+            check=True,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
 
 
 def condition(tools: bool) -> list[str]:
@@ -48,23 +54,48 @@ def run_condition(tools: bool, out: Path, a) -> list[dict]:
     tag = "tools" if tools else "notools"
     sft1, sft2 = out / f"sft1-{tag}", out / f"sft2-{tag}"
     lmrl("sft", ["--config", "sft/tiny_calculator", *condition(tools), "seed=0"], sft1, sft1 / "final")
-    lmrl("sft", ["--config", "sft/tiny_calculator_more", *condition(tools), "seed=0", f"model={sft1}/final"], sft2,
-         sft2 / "final")
+    lmrl(
+        "sft",
+        ["--config", "sft/tiny_calculator_more", *condition(tools), "seed=0", f"model={sft1}/final"],
+        sft2,
+        sft2 / "final",
+    )
     warm = sft2 / "checkpoints" / f"step-{a.warm_step}"
     sft_curve = evals(sft2 / "metrics.jsonl")
     results = []
     for seed in a.seeds:
         rl = out / f"rl-{tag}-s{seed}"
-        lmrl("rl", ["--config", "rl/tiny_calculator_grpo", *condition(tools), f"seed={seed}", f"model={warm}",
-                    f"max_steps={a.rl_steps}", f"eval_every={a.rl_steps // 3}", "save_every=0"], rl, rl / "final")
+        lmrl(
+            "rl",
+            [
+                "--config",
+                "rl/tiny_calculator_grpo",
+                *condition(tools),
+                f"seed={seed}",
+                f"model={warm}",
+                f"max_steps={a.rl_steps}",
+                f"eval_every={a.rl_steps // 3}",
+                "save_every=0",
+            ],
+            rl,
+            rl / "final",
+        )
         rows = [json.loads(line) for line in (rl / "metrics.jsonl").read_text().splitlines()]
         curve = evals(rl / "metrics.jsonl")
-        result = {"seed": seed, "tools": tools, "sft_stage2_accuracy": sft_curve, "warm_accuracy": curve[0],
-                  "rl_accuracy": curve[a.rl_steps], "rl_eval_curve": sorted(curve.items()),
-                  "rl_reward_curve": [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r],
-                  "warm": pass_k(warm, tools, seed, a), "rl": pass_k(rl / "final", tools, seed, a)}
-        print(json.dumps({k: v for k, v in result.items() if "curve" not in k and k != "sft_stage2_accuracy"}),
-              flush=True)
+        result = {
+            "seed": seed,
+            "tools": tools,
+            "sft_stage2_accuracy": sft_curve,
+            "warm_accuracy": curve[0],
+            "rl_accuracy": curve[a.rl_steps],
+            "rl_eval_curve": sorted(curve.items()),
+            "rl_reward_curve": [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r],
+            "warm": pass_k(warm, tools, seed, a),
+            "rl": pass_k(rl / "final", tools, seed, a),
+        }
+        print(
+            json.dumps({k: v for k, v in result.items() if "curve" not in k and k != "sft_stage2_accuracy"}), flush=True
+        )
         results.append(result)
     return results
 
@@ -74,18 +105,30 @@ def pass_k(model_dir: Path, tools: bool, seed: int, a) -> dict:
     with the calculator as in GRPO (multi-turn, pythonic calls) or without tools (single-turn)."""
     out = model_dir.parent / f"passk-{model_dir.name}-s{seed}.json"
     tool_keys = ["tools=[calculator]", "tool_parser=pythonic", "max_turns=3", "max_total_tokens=160"] if tools else []
-    subprocess.run([sys.executable, "-m", "lmrl", "eval", *eval_args(model_dir, seed, a), *tool_keys,
-                    f"output_file={out}"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [sys.executable, "-m", "lmrl", "eval", *eval_args(model_dir, seed, a), *tool_keys, f"output_file={out}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     metrics = json.loads(out.read_text())["metrics"]
     return {k: v for k, v in metrics.items() if k.startswith("pass")}
 
 
 def eval_args(model_dir: Path, seed: int, a) -> list[str]:
     """`lmrl eval`'s keys of the pass@k table (docs/tools.md), less the tool keys."""
-    return [f"model={model_dir}", "dataset=task:tool_arithmetic", "task_args={digits: 2}", f"rows={a.passk_rows}",
-            "metrics=[pass@1,pass@2,pass@4,pass^1,pass^2,pass^4]", f"samples={a.n}", f"temperature={a.temperature}",
-            "max_new_tokens=48", f"seed={seed}"]
+    return [
+        f"model={model_dir}",
+        "dataset=task:tool_arithmetic",
+        "task_args={digits: 2}",
+        f"rows={a.passk_rows}",
+        "metrics=[pass@1,pass@2,pass@4,pass^1,pass^2,pass^4]",
+        f"samples={a.n}",
+        f"temperature={a.temperature}",
+        "max_new_tokens=48",
+        f"seed={seed}",
+    ]
 
 
 def summary(results: list[dict]) -> dict:
@@ -97,8 +140,9 @@ def summary(results: list[dict]) -> dict:
         for phase in ("warm", "rl"):
             for k in rs[0][phase]:
                 values[f"{phase}/{k}"] = [r[phase][k] for r in rs]
-        out["tools" if tools else "notools"] = {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
-                                                for k, v in values.items()}
+        out["tools" if tools else "notools"] = {
+            k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for k, v in values.items()
+        }
     return out
 
 
@@ -136,8 +180,12 @@ def plot(results: list[dict], path: Path) -> None:
         color, label = ("tab:blue", "with calculator") if r["tools"] else ("tab:orange", "without tools")
         steps, acc = zip(*r["rl_eval_curve"])
         ax1.plot(steps, acc, "o-", color=color, alpha=0.7, label=label if r["seed"] == results[0]["seed"] else None)
-    ax1.set(xlabel="GRPO step", ylabel="held-out greedy accuracy (100 problems)", ylim=(-0.02, 1.0),
-            title="GRPO from the partial SFT warm start, one line per seed")
+    ax1.set(
+        xlabel="GRPO step",
+        ylabel="held-out greedy accuracy (100 problems)",
+        ylim=(-0.02, 1.0),
+        title="GRPO from the partial SFT warm start, one line per seed",
+    )
     ax1.legend()
     ks = (1, 2, 4)
     for tools, color in ((True, "tab:blue"), (False, "tab:orange")):
@@ -149,7 +197,9 @@ def plot(results: list[dict], path: Path) -> None:
                     continue
                 mean = [statistics.mean(r[phase][f"{kind}{k}"] for r in rs) for k in ks]
                 ax2.plot(ks, mean, style, marker="o", color=color, alpha=alpha, label=f"{name}, {kind}k, {when}")
-    ax2.set(xlabel="k", ylabel="mean over seeds", xticks=ks, ylim=(-0.02, 1.0), title="pass@k (any of k) and pass^k (all k)")
+    ax2.set(
+        xlabel="k", ylabel="mean over seeds", xticks=ks, ylim=(-0.02, 1.0), title="pass@k (any of k) and pass^k (all k)"
+    )
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

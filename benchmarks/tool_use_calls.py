@@ -35,8 +35,14 @@ def main() -> None:
     parser = get_parser("pythonic")
     rows = load_rows("task:tool_arithmetic", split="test", limit=a.rows, digits=a.digits)
     make = tool_env_factory(ToolBox([calculator()]), parser)
-    batch = run_episodes(HFEngine(model, tok), tok, [make(r) for r in rows], rows,
-                         SamplingParams(max_new_tokens=48, greedy=True), MultiTurnOptions(3, 160, parser=parser))
+    batch = run_episodes(
+        HFEngine(model, tok),
+        tok,
+        [make(r) for r in rows],
+        rows,
+        SamplingParams(max_new_tokens=48, greedy=True),
+        MultiTurnOptions(3, 160, parser=parser),
+    )
     scores = episode_scores(batch, rows)
     called = right_call = relayed = 0
     for row, info, answer in zip(rows, batch.info, batch.completions):
@@ -46,9 +52,19 @@ def main() -> None:
             right_call += 1
             relayed += answer.strip() == calculate(row["meta"]["expression"])
     n = len(rows)
-    print(json.dumps({"model": a.model, "episodes": n, "called_calculator": called / n,
-                      "exact_call_arguments": right_call / n, "answer_is_tool_result": relayed / n,
-                      "accuracy": sum(scores) / n, "example": batch.info[0]["transcript"]}))
+    print(
+        json.dumps(
+            {
+                "model": a.model,
+                "episodes": n,
+                "called_calculator": called / n,
+                "exact_call_arguments": right_call / n,
+                "answer_is_tool_result": relayed / n,
+                "accuracy": sum(scores) / n,
+                "example": batch.info[0]["transcript"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,16 +31,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lmrl.report.metric_names import upgrade
 from lmrl.tracking import read_jsonl
 
-ARMS = {"sync": ["async_steps=0"], "async_tis": ["async_steps=2"], "async_off": ["async_steps=2", "is_mode=off"],
-        "async_geo_mask": ["async_steps=2", "is_level=geometric", "is_mode=mask", "tis_cap=1.1"]}
+ARMS = {
+    "sync": ["async_steps=0"],
+    "async_tis": ["async_steps=2"],
+    "async_off": ["async_steps=2", "is_mode=off"],
+    "async_geo_mask": ["async_steps=2", "is_level=geometric", "is_mode=mask", "tis_cap=1.1"],
+}
 DEFAULT_ARMS = ["sync", "async_tis", "async_off"]
-BASE = ["algorithm=grpo", "precision=fp32", "model_args.hidden_size=32", "model_args.num_hidden_layers=2",
-        "model_args.intermediate_size=64", "model_args.num_attention_heads=2", "dataset=task:arithmetic",
-        "task_args.digits=1", "train_rows=256", "eval_rows=4", "prompts_per_step=4", "samples_per_prompt=4",
-        "max_new_tokens=6", "rewards=[async_correction:digit_fraction]", "eval_every=0", "save_every=0",
-        "log_every=1", "check_contamination=false", "placement=ray", "rollout_workers=2"]
+BASE = [
+    "algorithm=grpo",
+    "precision=fp32",
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "dataset=task:arithmetic",
+    "task_args.digits=1",
+    "train_rows=256",
+    "eval_rows=4",
+    "prompts_per_step=4",
+    "samples_per_prompt=4",
+    "max_new_tokens=6",
+    "rewards=[async_correction:digit_fraction]",
+    "eval_every=0",
+    "save_every=0",
+    "log_every=1",
+    "check_contamination=false",
+    "placement=ray",
+    "rollout_workers=2",
+]
 
 
 def digit_fraction(prompts, completions, **kwargs):
@@ -52,10 +74,23 @@ def run(out: Path, arm: str, seed: int, steps: int, lr: float) -> None:
     run_dir = out / f"{arm}-s{seed}"
     if (run_dir / "final").exists():
         return
-    command = [sys.executable, "-m", "lmrl", "rl", *BASE, *ARMS[arm], f"seed={seed}", f"max_steps={steps}",
-               f"lr={lr}", f"output_dir={run_dir}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    command = [
+        sys.executable,
+        "-m",
+        "lmrl",
+        "rl",
+        *BASE,
+        *ARMS[arm],
+        f"seed={seed}",
+        f"max_steps={steps}",
+        f"lr={lr}",
+        f"output_dir={run_dir}",
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    }
     print(" ".join(command[1:]), flush=True)
     with open(f"{run_dir}.log", "w") as log:
         subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -67,18 +102,23 @@ def mean_of(rows: list[dict], key: str) -> float | None:
 
 
 def summarize_run(run_dir: Path) -> dict[str, float | None]:
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    rows = [upgrade(r) for r in read_jsonl(run_dir / "metrics.jsonl") if "reward/mean" in r]  # old runs' names too
     rewards = [r["reward/mean"] for r in rows]
     # the weights that sampled step s's batch are those after update s - 1 - staleness (async: up to 2 older)
-    versions = [r["step"] - 1 - r.get("async/staleness", 0.0) for r in rows]
+    versions = [r["step"] - 1 - r.get("rollout/staleness", 0.0) for r in rows]
     reached = [versions[i] for i in range(4, len(rows)) if sum(rewards[i - 4 : i + 1]) / 5 >= 0.9]
-    return {"reward_first5": sum(rewards[:5]) / 5, "reward_last5": sum(rewards[-5:]) / 5,
-            "reward_mean": sum(rewards) / len(rewards), "update_to_0.9": reached[0] if reached else None,
-            "staleness_mean": mean_of(rows, "async/staleness_mean"),
-            "tis_weight_mean": mean_of(rows, "tis/weight_mean"),
-            "tis_weight_max": max((r["tis/weight_max"] for r in rows if "tis/weight_max" in r), default=None),
-            "tis_clip_frac": mean_of(rows, "tis/clip_frac"), "tis_masked_frac": mean_of(rows, "tis/masked_frac"),
-            "sampler_logp_gap": mean_of(rows, "sampler_logp_gap")}
+    return {
+        "reward_first5": sum(rewards[:5]) / 5,
+        "reward_last5": sum(rewards[-5:]) / 5,
+        "reward_mean": sum(rewards) / len(rewards),
+        "update_to_0.9": reached[0] if reached else None,
+        "staleness_mean": mean_of(rows, "rollout/staleness_mean"),
+        "tis_weight_mean": mean_of(rows, "policy/tis_weight_mean"),
+        "tis_weight_max": max((r["policy/tis_weight_max"] for r in rows if "policy/tis_weight_max" in r), default=None),
+        "tis_clip_frac": mean_of(rows, "policy/tis_clip_frac"),
+        "tis_masked_frac": mean_of(rows, "policy/tis_masked_frac"),
+        "sampler_logp_gap": mean_of(rows, "policy/sampler_logp_gap"),
+    }
 
 
 def summarize(out: Path, seeds: list[int]) -> dict:

@@ -53,8 +53,12 @@ def eval_points(run: Path) -> dict[str, list[float]]:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def summarize(runs: dict[int, Path]) -> dict[str, dict]:
@@ -66,8 +70,9 @@ def summarize(runs: dict[int, Path]) -> dict[str, dict]:
         start = [points[s][key][0] for s in runs]
         end = [points[s][key][-1] for s in runs]
         change = [b - a for a, b in zip(start, end)]
-        summary[key] = {name: {"values": v, **spread(v)} for name, v in
-                        (("start", start), ("end", end), ("change", change))}
+        summary[key] = {
+            name: {"values": v, **spread(v)} for name, v in (("start", start), ("end", end), ("change", change))
+        }
     return summary
 
 
@@ -76,7 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("verb", help="an lmrl verb: demo, rl, sft, dpo, selfplay, distill, ...")
     parser.add_argument("--config", help="its recipe")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for every seed; {seed} in a value is replaced by the seed")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more overrides for every seed; {seed} in a value is replaced by the seed",
+    )
     parser.add_argument("--out", default="runs/seeds", help="parent of the run directories")
     parser.add_argument("--summary-only", action="store_true", help="only summarise the existing run directories")
     args = parser.parse_args(argv)
@@ -86,22 +97,40 @@ def main(argv: list[str] | None = None) -> None:
     for seed, run in runs.items():
         if args.summary_only or (run / "final").exists() or (run / "rl" / "final").exists():
             continue
-        command = [sys.executable, "-m", "lmrl", args.verb, *(["--config", args.config] if args.config else []),
-                   f"seed={seed}", f"output_dir={run}", *(value.replace("{seed}", str(seed)) for value in args.set)]
+        command = [
+            sys.executable,
+            "-m",
+            "lmrl",
+            args.verb,
+            *(["--config", args.config] if args.config else []),
+            f"seed={seed}",
+            f"output_dir={run}",
+            *(value.replace("{seed}", str(seed)) for value in args.set),
+        ]
         print("running:", " ".join(command[2:]), flush=True)
         out.mkdir(parents=True, exist_ok=True)
         with open(f"{run}.log", "w") as log:
             subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     summary = summarize(runs)
-    command = " ".join(["python experiments/seeds.py", args.verb, *(["--config", args.config] if args.config else []),
-                        "--seeds", *map(str, args.seeds), *(["--set", *args.set] if args.set else [])])
+    command = " ".join(
+        [
+            "python experiments/seeds.py",
+            args.verb,
+            *(["--config", args.config] if args.config else []),
+            "--seeds",
+            *map(str, args.seeds),
+            *(["--set", *args.set] if args.set else []),
+        ]
+    )
     path = out / f"{args.verb}-summary.json"
     path.write_text(json.dumps({"command": command, "seeds": args.seeds, "metrics": summary}, indent=1))
     print(f"{command}\n{'metric':34s} {'start':>20s} {'end':>20s} {'change (min..max)':>30s}")
     for key, s in summary.items():
         cells = [f"{s[n]['mean']:.3f} ± {s[n]['std']:.3f}" for n in ("start", "end", "change")]
-        print(f"{key:34s} {cells[0]:>20s} {cells[1]:>20s} {cells[2]:>16s} "
-              f"({s['change']['min']:+.3f}..{s['change']['max']:+.3f})")
+        print(
+            f"{key:34s} {cells[0]:>20s} {cells[1]:>20s} {cells[2]:>16s} "
+            f"({s['change']['min']:+.3f}..{s['change']['max']:+.3f})"
+        )
     print(f"wrote {path}")
 
 

@@ -77,12 +77,19 @@ Explain briefly, then end with [[A]] if A is better, [[B]] if B is better, or [[
 
 @dataclasses.dataclass
 class CAIConfig(ModelSection):
-    mode: Literal["revise", "label"] = field("revise", "revise: critique-and-revise SFT data; label: AI-feedback preference pairs")
-    dataset: str = field("builtin:prefs", "prompts (revise) or pairs with prompt/chosen/rejected (label): builtin:prefs, a file or an HF dataset")
+    mode: Literal["revise", "label"] = field(
+        "revise", "revise: critique-and-revise SFT data; label: AI-feedback preference pairs"
+    )
+    dataset: str = field(
+        "builtin:prefs",
+        "prompts (revise) or pairs with prompt/chosen/rejected (label): builtin:prefs, a file or an HF dataset",
+    )
     split: str = field("train", "dataset split")
     rows: int | None = field(200, "rows to process (null: all)")
     principles: list[str] = field(PRINCIPLES, "the constitution: a list of principles")
-    principles_file: str | None = field(None, "the constitution from a text file, one principle per line (replaces 'principles')")
+    principles_file: str | None = field(
+        None, "the constitution from a text file, one principle per line (replaces 'principles')"
+    )
     revisions: int = field(2, "revise: critique-and-revise rounds n, one principle drawn per round")
     principles_per_judgement: int = field(2, "label: principles the feedback model sees per pair (a random subset)")
     judge: str | None = field(None, "label: the feedback model (default: model)")
@@ -98,8 +105,10 @@ class CAIConfig(ModelSection):
         if self.revisions < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ConfigError("'revisions', 'max_new_tokens' and 'batch_size' must be >= 1.")
         if not 1 <= self.principles_per_judgement <= len(self.principles):
-            raise ConfigError(f"'principles_per_judgement' must be in [1, {len(self.principles)}] (the number of "
-                              f"principles), got {self.principles_per_judgement}.")
+            raise ConfigError(
+                f"'principles_per_judgement' must be in [1, {len(self.principles)}] (the number of "
+                f"principles), got {self.principles_per_judgement}."
+            )
 
 
 def load_principles(value: list[str] | str) -> list[str]:
@@ -107,8 +116,10 @@ def load_principles(value: list[str] | str) -> list[str]:
     if isinstance(value, str):
         path = Path(value).expanduser()
         if not path.is_file():
-            raise ConfigError(f"principles_file={value!r} is not a file: give a text file with one principle per "
-                              "line, or the list as principles=[...].")
+            raise ConfigError(
+                f"principles_file={value!r} is not a file: give a text file with one principle per "
+                "line, or the list as principles=[...]."
+            )
         value = path.read_text(encoding="utf-8").splitlines()
     principles = [p.strip() for p in value if isinstance(p, str) and p.strip()]
     if not principles:
@@ -123,18 +134,27 @@ def strip_answer(text: str) -> str:
 
 def revise(generate, prompts: list[str], principles: list[str], revisions: int, rng: random.Random) -> list[dict]:
     """Critique-and-revise every prompt ``revisions`` times; ``generate(texts) -> texts`` is the model (greedy)."""
-    from lmrl.rewards.judge import fill
+    from lmrl.rewards.judge_text import fill
 
     responses = [strip_answer(t) for t in generate(prompts)]
-    rows = [{"prompt": p, "initial": r, "critiques": [], "revisions": [], "principles": []}
-            for p, r in zip(prompts, responses)]
+    rows = [
+        {"prompt": p, "initial": r, "critiques": [], "revisions": [], "principles": []}
+        for p, r in zip(prompts, responses)
+    ]
     for _ in range(revisions):
         chosen = [rng.choice(principles) for _ in prompts]
-        critiques = generate([fill(CRITIQUE_PROMPT, question=p, response=r, principle=c)
-                              for p, r, c in zip(prompts, responses, chosen)])
-        responses = [strip_answer(t) for t in generate([
-            fill(REVISION_PROMPT, question=p, response=r, critique=k, principle=c)
-            for p, r, k, c in zip(prompts, responses, critiques, chosen)])]
+        critiques = generate(
+            [fill(CRITIQUE_PROMPT, question=p, response=r, principle=c) for p, r, c in zip(prompts, responses, chosen)]
+        )
+        responses = [
+            strip_answer(t)
+            for t in generate(
+                [
+                    fill(REVISION_PROMPT, question=p, response=r, critique=k, principle=c)
+                    for p, r, k, c in zip(prompts, responses, critiques, chosen)
+                ]
+            )
+        ]
         for row, c, k, r in zip(rows, chosen, critiques, responses):
             row["principles"].append(c)
             row["critiques"].append(k)
@@ -150,8 +170,9 @@ def label(judge, rows: list[dict], principles: list[str], per_judgement: int, rn
     ("A": the source's chosen won, "B": its rejected won, "tie", None: failure)."""
     subsets = [sorted(rng.sample(range(len(principles)), per_judgement)) for _ in rows]
     context = [{"principles": "\n".join(f"- {principles[i]}" for i in s)} for s in subsets]
-    verdicts = judge.judge([r["prompt"] for r in rows], [r["chosen"] for r in rows], [r["rejected"] for r in rows],
-                           context=context)
+    verdicts = judge.judge(
+        [r["prompt"] for r in rows], [r["chosen"] for r in rows], [r["rejected"] for r in rows], context=context
+    )
     out = []
     for row, subset, verdict in zip(rows, subsets, verdicts):
         labelled = {**row, "principles": [principles[i] for i in subset], "ai_verdict": verdict}
@@ -169,8 +190,10 @@ def gold_report(mode: str, rows: list[dict]) -> dict[str, float]:
         return gold_score(row["prompt"], text, row.get("meta"))
 
     if mode == "revise":
-        return {"gold/initial": sum(gold(r, r["initial"]) for r in rows) / len(rows),
-                "gold/revised": sum(gold(r, r["completion"]) for r in rows) / len(rows)}
+        return {
+            "gold/initial": sum(gold(r, r["initial"]) for r in rows) / len(rows),
+            "gold/revised": sum(gold(r, r["completion"]) for r in rows) / len(rows),
+        }
     decided = [r for r in rows if r["ai_verdict"] in ("A", "B")]
     agree = sum(gold(r, r["chosen"]) > gold(r, r["rejected"]) for r in decided)
     return {"gold/agreement": agree / max(1, len(decided)), "gold/decided": float(len(decided))}
@@ -180,28 +203,40 @@ def run(config: CAIConfig) -> dict[str, float]:
     """Write the revised SFT rows or the AI-labelled pairs; print the counts (and gold figures on builtin:prefs)."""
     from lmrl.data.preference import load_preference_rows
     from lmrl.models.setup import ModelSetup
-    from lmrl.rewards.judge import GreedyGenerator, PairwiseJudge, question_text
+    from lmrl.rewards.judge import GreedyGenerator, PairwiseJudge
+    from lmrl.rewards.judge_text import question_text
 
     rows = load_preference_rows(config.dataset, split=config.split, limit=config.rows)
     needed = {"prompt"} if config.mode == "revise" else {"prompt", "chosen", "rejected"}
     missing = sorted(needed - set(rows[0]))
     if missing:
-        raise ValueError(f"{config.dataset}: mode={config.mode} needs columns {sorted(needed)}; {missing} missing "
-                         f"(found {sorted(rows[0])}).")
+        raise ValueError(
+            f"{config.dataset}: mode={config.mode} needs columns {sorted(needed)}; {missing} missing "
+            f"(found {sorted(rows[0])})."
+        )
     setup = ModelSetup.from_config(config)
     rng = random.Random(config.seed)
     if config.mode == "revise":
         model, tokenizer = setup.policy()
-        generate = GreedyGenerator(model.eval(), tokenizer, config.max_new_tokens, config.batch_size, config.chat,
-                              setup.dtype)
+        generate = GreedyGenerator(
+            model.eval(), tokenizer, config.max_new_tokens, config.batch_size, config.chat, setup.dtype
+        )
         out = revise(generate, [question_text(r["prompt"]) for r in rows], config.principles, config.revisions, rng)
         for row, source in zip(out, rows):
             row["meta"] = source.get("meta")
         kept = out
     else:
         model, tokenizer = setup.judge(config.judge or config.model)
-        judge = PairwiseJudge(model, tokenizer, LABEL_PROMPT, config.swap, max_new_tokens=config.max_new_tokens,
-                              batch_size=config.batch_size, chat=config.chat, autocast_dtype=setup.dtype)
+        judge = PairwiseJudge(
+            model,
+            tokenizer,
+            LABEL_PROMPT,
+            config.swap,
+            max_new_tokens=config.max_new_tokens,
+            batch_size=config.batch_size,
+            chat=config.chat,
+            autocast_dtype=setup.dtype,
+        )
         out = label(judge, rows, config.principles, config.principles_per_judgement, rng)
         kept = [r for r in out if r["ai_verdict"] in ("A", "B")]
     path = Path(config.output_file)
@@ -209,12 +244,19 @@ def run(config: CAIConfig) -> dict[str, float]:
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     stats: dict[str, Any] = {"rows": float(len(rows)), "written": float(len(kept))}
     if config.mode == "label":
-        stats.update({"flipped": float(sum(r["ai_verdict"] == "B" for r in out)),
-                      "ties": float(sum(r["ai_verdict"] == "tie" for r in out)),
-                      "failures": float(sum(r["ai_verdict"] is None for r in out))})
+        stats.update(
+            {
+                "flipped": float(sum(r["ai_verdict"] == "B" for r in out)),
+                "ties": float(sum(r["ai_verdict"] == "tie" for r in out)),
+                "failures": float(sum(r["ai_verdict"] is None for r in out)),
+            }
+        )
     if config.dataset == "builtin:prefs":
         stats.update(gold_report(config.mode, out))
-    console.print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) and not v.is_integer() else f"{k}={v:g}"
-                           for k, v in stats.items()))
+    console.print(
+        " ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) and not v.is_integer() else f"{k}={v:g}" for k, v in stats.items()
+        )
+    )
     console.print(f"wrote {len(kept)} rows -> {path}")
     return stats

@@ -31,31 +31,123 @@ class Verb:
 
 
 VERBS: dict[str, Verb] = {
-    "demo": Verb("built-in tiny model end to end on CPU: SFT then GRPO, with held-out accuracy", "lmrl.demo", "DemoConfig", "run"),
-    "sft": Verb("supervised fine-tuning on chat or prompt/completion data", "lmrl.trainers.sft.trainer", "SFTConfig", "train", config_module="lmrl.trainers.sft.config"),
-    "rl": Verb("online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo", "lmrl.trainers.rl.trainer", "RLConfig", "train", config_module="lmrl.trainers.rl.config"),
-    "reward": Verb("reward models: Bradley-Terry, K-wise, Plackett-Luce, ORM, PRM; mode=score scores a file", "lmrl.trainers.reward.trainer", "RewardConfig", "train", config_module="lmrl.trainers.reward.config"),
-    "dpo": Verb("direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...; online=true samples and labels pairs each step", "lmrl.trainers.dpo.trainer", "DPOConfig", "train", config_module="lmrl.trainers.dpo.config"),
-    "distill": Verb("distillation from a frozen teacher: offline KD (forward KL) and on-policy (reverse KL on the student's samples)", "lmrl.trainers.distill.trainer", "DistillConfig", "train", config_module="lmrl.trainers.distill.config"),
-    "rejection-sampling": Verb("rejection sampling: N samples per prompt, scored, best per prompt or global top-K, then SFT", "lmrl.trainers.rejection.trainer", "RejectionConfig", "train", config_module="lmrl.trainers.rejection.config"),
-    "swarm": Verb("decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'", "lmrl.swarm.cli", "SwarmConfig", "run", config_module="lmrl.swarm.config"),
-    "cai": Verb("Constitutional AI data: mode=revise (critique-and-revise SFT rows) or mode=label (AI-feedback preference pairs)",
-                "lmrl.cai", "CAIConfig", "run"),
-    "pretrain": Verb("pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)", "lmrl.trainers.pretrain.trainer", "PretrainConfig", "train", config_module="lmrl.trainers.pretrain.config"),
-    "selfplay": Verb("Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)", "lmrl.trainers.selfplay.trainer", "SelfPlayConfig", "train", config_module="lmrl.trainers.selfplay.config"),
-    "generate": Verb("sample completions from a model or checkpoint", "lmrl.generate", "GenerateConfig", "run", config_module="lmrl.rollout.generate_config"),
-    "eval": Verb("evaluate a model: accuracy, pass@k, maj@k, avg@k, pass^k, reward, judge win rate, loglik; table + JSON",
-                 "lmrl.eval.cli", "EvalConfig", "run"),
-    "filter": Verb("offline difficulty filter: N samples per prompt, keep prompts whose pass rate is in [min_pass, max_pass], write JSONL",
-                   "lmrl.eval.difficulty", "FilterConfig", "run"),
-    "decontaminate": Verb("n-gram overlap (default 8) between training data and an evaluation set", "lmrl.eval.cli",
-                          "DecontamConfig", "decontaminate"),
-    "vllm-serve": Verb("vLLM as a server for trainers elsewhere (engine=vllm vllm_server=host:port); weights pushed to it",
-                       "lmrl.rollout.vllm_server", "VLLMServeConfig", "run"),
-    "report": Verb("self-contained HTML report of one run or a comparison: lmrl report RUN [RUN...]",
-                   "lmrl.report.html", "ReportConfig", "run", positional="runs"),
-    "dashboard": Verb("local web dashboard of every run under a directory, live: lmrl dashboard RUNS_DIR",
-                      "lmrl.report.dashboard", "DashboardConfig", "run", positional="runs_dir"),
+    "demo": Verb(
+        "built-in tiny model end to end on CPU: SFT then GRPO, with held-out accuracy", "lmrl.demo", "DemoConfig", "run"
+    ),
+    "sft": Verb(
+        "supervised fine-tuning on chat or prompt/completion data",
+        "lmrl.trainers.sft.trainer",
+        "SFTConfig",
+        "train",
+        config_module="lmrl.trainers.sft.config",
+    ),
+    "rl": Verb(
+        "online RL: grpo, rloo, reinforce, ppo, dr_grpo, dapo, gspo, cispo",
+        "lmrl.trainers.rl.trainer",
+        "RLConfig",
+        "train",
+        config_module="lmrl.trainers.rl.config",
+    ),
+    "reward": Verb(
+        "reward models: Bradley-Terry, K-wise, Plackett-Luce, ORM, PRM; mode=score scores a file",
+        "lmrl.trainers.reward.trainer",
+        "RewardConfig",
+        "train",
+        config_module="lmrl.trainers.reward.config",
+    ),
+    "dpo": Verb(
+        "direct alignment: dpo, cdpo, ipo, simpo, orpo, kto, dpo_nll, ...; online=true samples and labels pairs each step",
+        "lmrl.trainers.dpo.trainer",
+        "DPOConfig",
+        "train",
+        config_module="lmrl.trainers.dpo.config",
+    ),
+    "distill": Verb(
+        "distillation from a frozen teacher: offline KD (forward KL) and on-policy (reverse KL on the student's samples)",
+        "lmrl.trainers.distill.trainer",
+        "DistillConfig",
+        "train",
+        config_module="lmrl.trainers.distill.config",
+    ),
+    "rejection-sampling": Verb(
+        "rejection sampling: N samples per prompt, scored, best per prompt or global top-K, then SFT",
+        "lmrl.trainers.rejection.trainer",
+        "RejectionConfig",
+        "train",
+        config_module="lmrl.trainers.rejection.config",
+    ),
+    "swarm": Verb(
+        "decentralized RL sharing rollouts: 'lmrl swarm sim ...' (N nodes here) or 'lmrl swarm join ...'",
+        "lmrl.swarm.cli",
+        "SwarmConfig",
+        "run",
+        config_module="lmrl.swarm.config",
+    ),
+    "cai": Verb(
+        "Constitutional AI data: mode=revise (critique-and-revise SFT rows) or mode=label (AI-feedback preference pairs)",
+        "lmrl.cai",
+        "CAIConfig",
+        "run",
+    ),
+    "pretrain": Verb(
+        "pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)",
+        "lmrl.trainers.pretrain.trainer",
+        "PretrainConfig",
+        "train",
+        config_module="lmrl.trainers.pretrain.config",
+    ),
+    "selfplay": Verb(
+        "Language Self-Play: data-free RL, one model as Challenger and Solver (lsp_zero, lsp)",
+        "lmrl.trainers.selfplay.trainer",
+        "SelfPlayConfig",
+        "train",
+        config_module="lmrl.trainers.selfplay.config",
+    ),
+    "generate": Verb(
+        "sample completions from a model or checkpoint",
+        "lmrl.generate",
+        "GenerateConfig",
+        "run",
+        config_module="lmrl.rollout.generate_config",
+    ),
+    "eval": Verb(
+        "evaluate a model: accuracy, pass@k, maj@k, avg@k, pass^k, reward, judge win rate, loglik; table + JSON",
+        "lmrl.eval.cli",
+        "EvalConfig",
+        "run",
+    ),
+    "filter": Verb(
+        "offline difficulty filter: N samples per prompt, keep prompts whose pass rate is in [min_pass, max_pass], write JSONL",
+        "lmrl.eval.difficulty",
+        "FilterConfig",
+        "run",
+    ),
+    "decontaminate": Verb(
+        "n-gram overlap (default 8) between training data and an evaluation set",
+        "lmrl.eval.cli",
+        "DecontamConfig",
+        "decontaminate",
+    ),
+    "vllm-serve": Verb(
+        "vLLM as a server for trainers elsewhere (engine=vllm vllm_server=host:port); weights pushed to it",
+        "lmrl.rollout.vllm_server",
+        "VLLMServeConfig",
+        "run",
+    ),
+    "report": Verb(
+        "self-contained HTML report of one run or a comparison: lmrl report RUN [RUN...]",
+        "lmrl.report.html",
+        "ReportConfig",
+        "run",
+        positional="runs",
+    ),
+    "dashboard": Verb(
+        "local web dashboard of every run under a directory, live: lmrl dashboard RUNS_DIR",
+        "lmrl.report.dashboard",
+        "DashboardConfig",
+        "run",
+        positional="runs_dir",
+    ),
 }
 
 USER_ERRORS = (ConfigError, ValueError, FileNotFoundError, FileExistsError, KeyError)
@@ -86,8 +178,12 @@ def _run_function(verb: Verb) -> Callable:
     return getattr(importlib.import_module(verb.module), verb.run)
 
 
-STOP_ERRORS = {"lmrl.trainers.common": "TrainingStopped", "lmrl.rollout.ray": "WorkersFailed",
-               "lmrl.rollout.vllm_client": "VLLMServerError", "lmrl.swarm.hivemind_transport": "SwarmStartupError"}
+STOP_ERRORS = {
+    "lmrl.trainers.common": "TrainingStopped",
+    "lmrl.rollout.ray": "WorkersFailed",
+    "lmrl.rollout.vllm_client": "VLLMServerError",
+    "lmrl.swarm.hivemind_transport": "SwarmStartupError",
+}
 """Errors that stop a started run (exit 1, "Training stopped"), by module: a run that raises one has imported it."""
 
 

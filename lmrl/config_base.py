@@ -1,12 +1,13 @@
 """The building blocks of every config: the error type, fields with help strings, and sections.
 
-`lmrl.config` builds the shared sections from these and re-exports them; configs elsewhere (tools, engines) that
-only need the blocks import them from here.
+`lmrl.config_sections` builds the shared sections from these (`lmrl.config` re-exports them); configs elsewhere
+(tools, engines) that only need the blocks import them from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import typing
@@ -23,6 +24,12 @@ def field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's na
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def suggest(name: str, choices: typing.Iterable[str]) -> str:
+    """' Did you mean X?' for the closest choice, or ''."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
 
 
 class Section:
@@ -98,8 +105,10 @@ def check_output_dir(output_dir: str, key: str = "output_dir") -> None:
                 what = "is a file" if existing == path else f"is under the file '{existing}'"
                 raise ConfigError(f"'{key}' {output_dir!r} {what}. Choose a directory: {key}=...")
             if existing != path and not os.access(existing, os.W_OK | os.X_OK):
-                raise ConfigError(f"'{key}' {output_dir!r} cannot be created: '{existing}' is not writable. "
-                                  f"Choose a writable {key}=...")
+                raise ConfigError(
+                    f"'{key}' {output_dir!r} cannot be created: '{existing}' is not writable. "
+                    f"Choose a writable {key}=..."
+                )
             return
 
 
@@ -111,5 +120,7 @@ def check_input_file(key: str, value: str) -> None:
     if path.is_dir():
         raise ConfigError(f"'{key}' {value!r} is a directory; give a file: {key}=PATH.")
     if not path.is_file():
-        raise ConfigError(f"'{key}' {value!r} is not a regular file (a FIFO or a device would block or never end); "
-                          f"give a file: {key}=PATH.")
+        raise ConfigError(
+            f"'{key}' {value!r} is not a regular file (a FIFO or a device would block or never end); "
+            f"give a file: {key}=PATH."
+        )

@@ -42,8 +42,11 @@ def run(config: DemoConfig) -> dict[str, float]:
     sft_config = load_config(sft.SFTConfig, config.sft_recipe, _stage_overrides(config, root / "sft", config.sft_steps))
     rl_config = None
     if config.rl_steps != 0:
-        rl_config = load_config(online.RLConfig, config.rl_recipe,
-                                _stage_overrides(config, root / "rl", config.rl_steps) + [f"model={root / 'sft' / 'final'}"])
+        rl_config = load_config(
+            online.RLConfig,
+            config.rl_recipe,
+            _stage_overrides(config, root / "rl", config.rl_steps) + [f"model={root / 'sft' / 'final'}"],
+        )
     console.rule("[bold]lmrl demo, stage 1: SFT")
     sft_result = sft.train(sft_config)
     results = {"random init": sft_result["initial/eval/accuracy"], "after SFT": sft_result["eval/accuracy"]}
@@ -62,5 +65,5 @@ def run(config: DemoConfig) -> dict[str, float]:
     for run_dir in runs:
         console.print(f"{run_dir}: metrics.jsonl, samples.jsonl, plots/, final/")
     final = runs[-1] / "final"
-    console.print(f"Try: lmrl generate model={final} prompts='[\"3+5=\", \"7-9=\"]' temperature=0")
+    console.print(f'Try: lmrl generate model={final} prompts=\'["3+5=", "7-9="]\' temperature=0')
     return results

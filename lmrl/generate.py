@@ -42,24 +42,37 @@ def run(config: GenerateConfig) -> list[list[str]]:
     start_servers(config)  # an MCP server that does not start stops here, before the model loads
     model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed)
     params = SamplingParams(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature or 1.0, top_p=config.top_p,
-        top_k=config.top_k, stop_strings=tuple(config.stop), greedy=config.temperature == 0,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature or 1.0,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        stop_strings=tuple(config.stop),
+        greedy=config.temperature == 0,
     )
     if config.multi_turn:  # tools or an environment: the tool loop
-        engine = make_engine(config, model, tokenizer, autocast_dtype(config.precision), sampling=params,
-                             longest_prompt=1)
+        engine = make_engine(
+            config, model, tokenizer, autocast_dtype(config.precision), sampling=params, longest_prompt=1
+        )
         return run_tool_episodes(config, engine, tokenizer, params, prompts)
     texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    engine = make_engine(config, model, tokenizer, autocast_dtype(config.precision), sampling=params,
-                         longest_prompt=max(len(i) for i in ids))
+    engine = make_engine(
+        config,
+        model,
+        tokenizer,
+        autocast_dtype(config.precision),
+        sampling=params,
+        longest_prompt=max(len(i) for i in ids),
+    )
     if config.best_of > 1:
         rewards = RewardSet(config.rewards, config.reward_weights or None, config.reward_kwargs, "stop")
         return [[c] for c in run_best_of(engine, ids, params, rewards, config, prompts)["completion"]]
     batch = engine.generate(ids, params, n=config.n, generator=torch.Generator().manual_seed(config.seed))
     if config.output_file:
-        write_jsonl(config.output_file, [{"prompt": prompts[k // config.n], "completion": c}
-                                         for k, c in enumerate(batch.completions)])
+        write_jsonl(
+            config.output_file,
+            [{"prompt": prompts[k // config.n], "completion": c} for k, c in enumerate(batch.completions)],
+        )
     grouped = [batch.completions[i * config.n : (i + 1) * config.n] for i in range(len(prompts))]
     table = Table(title=f"{config.model}", show_lines=True)
     for column in ("prompt", "completion", "tokens", "finish"):
@@ -68,14 +81,21 @@ def run(config: GenerateConfig) -> list[list[str]]:
     for i, prompt in enumerate(prompts):
         for j, completion in enumerate(grouped[i]):
             k = i * config.n + j
-            table.add_row(plain(prompt if j == 0 else ""), plain(completion), str(int(lengths[k])),
-                          batch.finish_reason[k])
+            table.add_row(
+                plain(prompt if j == 0 else ""), plain(completion), str(int(lengths[k])), batch.finish_reason[k]
+            )
     console.print(table)
     return grouped
 
 
-def run_best_of(engine: HFEngine, ids: list[list[int]], params: SamplingParams, rewards: RewardSet,
-                config: GenerateConfig, prompts: list[str]) -> dict:
+def run_best_of(
+    engine: HFEngine,
+    ids: list[list[int]],
+    params: SamplingParams,
+    rewards: RewardSet,
+    config: GenerateConfig,
+    prompts: list[str],
+) -> dict:
     """Best-of-N per prompt: the chosen completions, their rewards and the KL of best-of-N (printed too).
 
     The pool per prompt is N + kl_samples i.i.d. samples; the best is picked among the first N (ties: the
@@ -83,33 +103,57 @@ def run_best_of(engine: HFEngine, ids: list[list[int]], params: SamplingParams, 
     """
     n, pool_size = config.best_of, config.best_of + config.kl_samples
     batch = engine.generate(ids, params, n=pool_size, generator=torch.Generator().manual_seed(config.seed))
-    result = rewards.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
-                             completion_lengths=batch.completion_lengths.tolist())
+    result = rewards.compute(
+        batch.prompts,
+        batch.completions,
+        truncated=batch.truncated.tolist(),
+        completion_lengths=batch.completion_lengths.tolist(),
+    )
     pool = result.total.view(len(prompts), pool_size)  # (B, N + kl_samples)
     chosen = select_best(pool[:, :n])  # (B,) flat indices into the (B, N) candidates
     rows = (chosen // n) * pool_size + chosen % n  # (B,) rows of `batch`
-    out = {"completion": [batch.completions[k] for k in rows.tolist()],
-           "reward": pool.reshape(-1)[rows].tolist(),
-           "kl_bound": bon_kl_bound(n), "kl_empirical": bon_kl_empirical(pool, n).mean().item()}
+    out = {
+        "completion": [batch.completions[k] for k in rows.tolist()],
+        "reward": pool.reshape(-1)[rows].tolist(),
+        "kl_bound": bon_kl_bound(n),
+        "kl_empirical": bon_kl_empirical(pool, n).mean().item(),
+    }
     show_best_of(batch, rows, out, prompts, n, pool)
     if config.output_file:
-        write_jsonl(config.output_file, [
-            {"prompt": p, "completion": c, "reward": r, "best_of": n, "mean_reward_of_n": pool[i, :n].mean().item(),
-             "kl_bound": out["kl_bound"], "kl_empirical": out["kl_empirical"]}
-            for i, (p, c, r) in enumerate(zip(prompts, out["completion"], out["reward"]))])
+        write_jsonl(
+            config.output_file,
+            [
+                {
+                    "prompt": p,
+                    "completion": c,
+                    "reward": r,
+                    "best_of": n,
+                    "mean_reward_of_n": pool[i, :n].mean().item(),
+                    "kl_bound": out["kl_bound"],
+                    "kl_empirical": out["kl_empirical"],
+                }
+                for i, (p, c, r) in enumerate(zip(prompts, out["completion"], out["reward"]))
+            ],
+        )
     return out
 
 
-def show_best_of(batch: RolloutBatch, rows: torch.Tensor, out: dict, prompts: list[str], n: int,
-                 pool: torch.Tensor) -> None:
+def show_best_of(
+    batch: RolloutBatch, rows: torch.Tensor, out: dict, prompts: list[str], n: int, pool: torch.Tensor
+) -> None:
     table = Table(title=f"best of {n}", show_lines=True)
     for column in ("prompt", "best completion", "reward", f"mean reward of the {n}", "tokens", "finish"):
         table.add_column(column, overflow="fold")
     lengths = batch.completion_lengths.tolist()
     for i, k in enumerate(rows.tolist()):
-        table.add_row(plain(prompts[i]), plain(out["completion"][i]), f"{out['reward'][i]:.4g}",
-                      f"{pool[i, :n].mean().item():.4g}",
-                      str(int(lengths[k])), batch.finish_reason[k])
+        table.add_row(
+            plain(prompts[i]),
+            plain(out["completion"][i]),
+            f"{out['reward'][i]:.4g}",
+            f"{pool[i, :n].mean().item():.4g}",
+            str(int(lengths[k])),
+            batch.finish_reason[k],
+        )
     console.print(table)
     console.print(
         f"KL(π_BoN ‖ π) with N={n}: analytic log N − (N−1)/N = {out['kl_bound']:.4f} nats (exact for a reward "
@@ -130,18 +174,40 @@ def run_tool_episodes(config, engine, tokenizer, params, prompts: list[str]) -> 
     """n episodes per prompt; returns the final answers grouped per prompt (transcripts are printed/written)."""
     make_env = build_env_factory(config, tokenizer)
     rows = [{"prompt": p} for p in prompts for _ in range(config.n)]
-    batch = run_episodes(engine, tokenizer, [make_env(r) for r in rows], rows, params, config.turn_options(),
-                         torch.Generator().manual_seed(config.seed), group_size=config.n)
+    batch = run_episodes(
+        engine,
+        tokenizer,
+        [make_env(r) for r in rows],
+        rows,
+        params,
+        config.turn_options(),
+        torch.Generator().manual_seed(config.seed),
+        group_size=config.n,
+    )
     table = Table(title=f"{config.model} with tools {config.tools + config.mcp_servers}", show_lines=True)
     for column in ("prompt", "transcript", "turns", "tool calls", "finish"):
         table.add_column(column, overflow="fold")
     for k, info in enumerate(batch.info):
-        table.add_row(plain(rows[k]["prompt"] if k % config.n == 0 else ""), plain(info["transcript"]),
-                      str(info["num_turns"]),
-                      f"{info['stats'].get('calls', 0)} ({info['stats'].get('call_errors', 0)} errors)", info["finish"])
+        table.add_row(
+            plain(rows[k]["prompt"] if k % config.n == 0 else ""),
+            plain(info["transcript"]),
+            str(info["num_turns"]),
+            f"{info['stats'].get('calls', 0)} ({info['stats'].get('call_errors', 0)} errors)",
+            info["finish"],
+        )
     console.print(table)
     if config.output_file:
-        write_jsonl(config.output_file, [{"prompt": r["prompt"], "completion": c, "transcript": i["transcript"],
-                                          "finish": i["finish"], "tool_stats": i["stats"]}
-                                         for r, c, i in zip(rows, batch.completions, batch.info)])
+        write_jsonl(
+            config.output_file,
+            [
+                {
+                    "prompt": r["prompt"],
+                    "completion": c,
+                    "transcript": i["transcript"],
+                    "finish": i["finish"],
+                    "tool_stats": i["stats"],
+                }
+                for r, c, i in zip(rows, batch.completions, batch.info)
+            ],
+        )
     return [batch.completions[i * config.n : (i + 1) * config.n] for i in range(len(prompts))]

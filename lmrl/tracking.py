@@ -17,36 +17,51 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from lmrl.report.metric_names import upgrade  # imports nothing of lmrl
+
 console = Console(highlight=False)
 
-# Shown in the progress bar, in this order, when present.
-KEY_METRICS = ("loss", "reward/mean", "accuracy", "eval/accuracy", "kl", "entropy", "lr", "tokens_per_s")
-# Plotted at the end: one figure per group, each present key a line.
+# Shown in the progress bar, in this order, when present (names: docs/metrics.md).
+KEY_METRICS = ("loss", "reward/mean", "policy/accuracy", "eval/accuracy", "kl", "entropy", "lr", "tokens_per_s")
+# Plotted at the end: one figure per group, each present key a line; the reward first (the report's panels follow
+# this order, then every other namespace, `NAMESPACES`).
 PLOT_GROUPS = {
-    "loss": ("loss", "eval/loss", "loss/policy", "loss/value"),
     "reward": ("reward/mean", "eval/reward"),
-    "accuracy": ("accuracy", "eval/accuracy", "rewards/accuracy", "eval/rewards/accuracy", "eval/answer_prob"),
+    "loss": ("loss", "eval/loss", "loss/policy", "loss/value"),
+    "accuracy": (
+        "policy/accuracy",
+        "eval/accuracy",
+        "policy/reward_accuracy",
+        "eval/reward_accuracy",
+        "eval/answer_prob",
+    ),
     "kl": ("kl", "eval/kl", "challenger/kl"),
     "entropy": ("entropy",),
-    "lr": ("lr",),
+    "margin": ("policy/margin", "eval/margin"),
+    "logps": ("policy/logp_chosen", "policy/logp_rejected"),
+    "implicit_rewards": ("policy/reward_chosen", "policy/reward_rejected", "policy/reward_margin"),
     "completion_len": ("completion_len/mean",),
-    "logps": ("logps/chosen", "logps/rejected"),
-    "implicit_rewards": ("rewards/chosen", "rewards/rejected", "rewards/margin"),
-    "margin": ("margin", "eval/margin"),
+    "lr": ("lr",),
     "gold": ("eval/gold_score", "eval/gold_score_greedy"),
-    "challenger": ("challenger/pass_rate", "challenger/malformed_frac", "challenger/distinct_frac",
-                   "challenger/distinct_3gram_frac"),
+    "challenger": (
+        "challenger/pass_rate",
+        "challenger/malformed_frac",
+        "challenger/distinct_frac",
+        "challenger/distinct_3gram_frac",
+    ),
     "challenger_difficulty": ("challenger/operands_mean", "challenger/max_digits_mean", "challenger/query_len"),
-    "self_reward": ("rewards/self_reward/mean", "rewards/self_reward/parse_fail_frac"),
+    "self_reward": ("reward/self_reward/mean", "reward/self_reward/parse_fail_frac"),
     "rejection": ("rs/reward_all", "rs/reward_selected", "rs/reward_max"),
     "label": ("label/chosen_score", "label/rejected_score"),
     "ties": ("label/tie_frac", "label/skipped_frac"),
     "swarm": ("swarm/accepted", "swarm/skipped"),
     "swarm_reward": ("swarm/cumulative_reward",),
-    "groups": ("groups/trained", "groups/local", "groups/external"),
-    "val": ("val/ce", "val/entropy", "train/ce"),
+    "groups": ("swarm/groups/trained", "swarm/groups/local", "swarm/groups/external"),
+    "val": ("eval/ce", "eval/entropy", "loss/ce"),
     "avatarl": ("avatarl/expected_reward", "avatarl/reward_mean"),
 }
+NAMESPACES = ("reward", "loss", "policy", "value", "update", "rollout", "optim", "time", "eval")
+"""The namespaces of docs/metrics.md in the order the report shows their remaining metrics (a method's own after)."""
 
 
 def _clean(value: Any) -> Any:
@@ -89,16 +104,25 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
         elif line.strip():  # not JSON, not a record, or a record without an integer step ({"step": null})
             bad += 1
     if bad:
-        console.print(f"[yellow]warning: dropped {bad} unreadable line(s) of {path} (not JSON records with an integer "
-                      "step: cut by a crash or a full disk, or edited).")
+        console.print(
+            f"[yellow]warning: dropped {bad} unreadable line(s) of {path} (not JSON records with an integer "
+            "step: cut by a crash or a full disk, or edited)."
+        )
     path.write_text("".join(line + "\n" for line in kept))
 
 
 class Tracker:
     """Writes metrics and samples of one run, shows progress, and plots at the end."""
 
-    def __init__(self, output_dir: str | Path, total_steps: int, config: dict | None = None,
-                 report_to: tuple[str, ...] | list[str] = (), description: str = "train", start_step: int = 0):
+    def __init__(
+        self,
+        output_dir: str | Path,
+        total_steps: int,
+        config: dict | None = None,
+        report_to: tuple[str, ...] | list[str] = (),
+        description: str = "train",
+        start_step: int = 0,
+    ):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
@@ -107,9 +131,14 @@ class Tracker:
         truncate_jsonl(self.samples_path, start_step)
         self.start_time = time.time()
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
-            console=console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[metrics]}"),
+            console=console,
+            transient=False,
         )
         self.task = self.progress.add_task(description, total=total_steps, completed=start_step, metrics="")
         self.progress.start()
@@ -117,7 +146,11 @@ class Tracker:
         self.on_close: list = []  # called once by `close`, e.g. the run directory's lock release
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}, "time_s": round(time.time() - self.start_time, 3)}
+        record = {
+            "step": step,
+            **{k: _clean(v) for k, v in metrics.items()},
+            "time_s": round(time.time() - self.start_time, 3),
+        }
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         shown = "  ".join(f"{k}={_fmt(record[k])}" for k in KEY_METRICS if k in record)
@@ -169,8 +202,9 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_metrics(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """One PNG per metric group present in ``metrics.jsonl`` (loss, reward, accuracy, kl, ...)."""
-    records = read_jsonl(metrics_path)
+    """One PNG per metric group present in ``metrics.jsonl`` (loss, reward, accuracy, kl, ...); a run resumed from
+    one written under the old metric names is plotted under the current ones."""
+    records = [upgrade(r) for r in read_jsonl(metrics_path)]
     if not records:
         return []
     import matplotlib
@@ -184,8 +218,11 @@ def plot_metrics(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
     for group, keys in PLOT_GROUPS.items():
         series = {}
         for key in keys:
-            points = [(r["step"], r[key]) for r in records
-                      if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))]
+            points = [
+                (r["step"], r[key])
+                for r in records
+                if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
+            ]
             if points:
                 series[key] = points
         if not series:
@@ -242,5 +279,7 @@ def _open_backend(name: str, run_dir: Path, config: dict | None):
             return _TensorBoard(run_dir)
         return _WandbLike(name, run_dir, config)
     except ImportError:
-        console.print(f"[yellow]report_to: '{name}' is not installed (pip install {name}); logging to metrics.jsonl only.")
+        console.print(
+            f"[yellow]report_to: '{name}' is not installed (pip install {name}); logging to metrics.jsonl only."
+        )
         return None

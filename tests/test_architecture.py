@@ -22,7 +22,7 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 LAYERS = [
     {"algorithms", "config_base", "tracking", "sandbox"},
     {"parallel"},
-    {"config"},
+    {"config", "config_sections"},
     {"data", "report"},
     {"models"},
     {"rollout"},

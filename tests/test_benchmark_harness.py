@@ -14,10 +14,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_lmrl_memory_model_sees_the_forward_backward_and_optimizer():
-    cmd = [sys.executable, "benchmarks/grpo_vs_trl.py", "--model", "builtin:tiny", "--prompts", "2", "--samples", "2",
-           "--max-new-tokens", "4", "--steps", "1", "--warmup", "0", "--frameworks", "lmrl", "--threads", "1"]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    cmd = [
+        sys.executable,
+        "benchmarks/grpo_vs_trl.py",
+        "--model",
+        "builtin:tiny",
+        "--prompts",
+        "2",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--frameworks",
+        "lmrl",
+        "--threads",
+        "1",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     phases = re.search(r"phase peaks: (.*)", out).group(1)

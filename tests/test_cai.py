@@ -56,11 +56,17 @@ def test_labels_follow_the_judge_and_each_pair_sees_its_principles():
 
 def test_the_pairwise_judge_fills_per_pair_context_in_both_orders():
     tok = build_char_tokenizer()
-    judge = PairwiseJudge(load_model("builtin:tiny", tok, model_args={"hidden_size": 16, "num_hidden_layers": 1,
-                                                                       "intermediate_size": 32,
-                                                                       "num_attention_heads": 2}), tok,
-                          cai.LABEL_PROMPT, swap=True)
-    judge.generate = lambda texts: (seen.extend(texts) or ["[[A]]"] * len(texts))
+    judge = PairwiseJudge(
+        load_model(
+            "builtin:tiny",
+            tok,
+            model_args={"hidden_size": 16, "num_hidden_layers": 1, "intermediate_size": 32, "num_attention_heads": 2},
+        ),
+        tok,
+        cai.LABEL_PROMPT,
+        swap=True,
+    )
+    judge.generate = lambda texts: seen.extend(texts) or ["[[A]]"] * len(texts)
     seen = []
     verdicts = judge.judge(["1+1="], ["2"], ["3"], context=[{"principles": "- be right"}])
     assert verdicts == ["tie"]  # A in both orders: the answers' positions disagree -> tie
@@ -70,8 +76,21 @@ def test_the_pairwise_judge_fills_per_pair_context_in_both_orders():
 @pytest.mark.parametrize("mode", ["revise", "label"])
 def test_cai_end_to_end_on_the_builtin_preference_task(tmp_path, mode, capsys):
     out = tmp_path / "cai.jsonl"
-    assert main(["cai", f"mode={mode}", "rows=4", "revisions=1", "max_new_tokens=6", "precision=fp32", TINY,
-                 f"output_file={out}"]) == 0
+    assert (
+        main(
+            [
+                "cai",
+                f"mode={mode}",
+                "rows=4",
+                "revisions=1",
+                "max_new_tokens=6",
+                "precision=fp32",
+                TINY,
+                f"output_file={out}",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     if mode == "revise":

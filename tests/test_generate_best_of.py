@@ -78,13 +78,16 @@ def test_empirical_kl_uses_the_pool_of_n_plus_kl_samples(tmp_path, scored):
         assert row["completion"] == texts[j]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["best_of=0"], "'best_of' \\(N\\) must be >= 1, got 0"),
-    (["best_of=4"], "best_of > 1 needs rewards"),
-    (["best_of=4", "rewards=[length]", "n=2"], "best_of returns one completion per prompt; got n=2"),
-    (["best_of=4", "rewards=[length]", "temperature=0"], "needs sampling"),
-    (["best_of=4", "rewards=[length]", "kl_samples=-1"], "'kl_samples' must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["best_of=0"], "'best_of' \\(N\\) must be >= 1, got 0"),
+        (["best_of=4"], "best_of > 1 needs rewards"),
+        (["best_of=4", "rewards=[length]", "n=2"], "best_of returns one completion per prompt; got n=2"),
+        (["best_of=4", "rewards=[length]", "temperature=0"], "needs sampling"),
+        (["best_of=4", "rewards=[length]", "kl_samples=-1"], "'kl_samples' must be >= 0"),
+    ],
+)
 def test_bad_best_of_input_is_a_clear_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
         cfg(*overrides)

@@ -14,9 +14,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CASES = 11
 
-ABSENT_ON_GPU_IMAGE = ("datasets", "math_verify", "latex2sympy2_extended", "antlr4", "plotly", "msgpack", "hivemind",
-                       "mcp", "reasoning_gym", "lm_eval", "playwright", "evaluate", "dill", "multiprocess", "pydantic",
-                       "nltk", "trl", "vllm", "ray", "bitsandbytes")
+ABSENT_ON_GPU_IMAGE = (
+    "datasets",
+    "math_verify",
+    "latex2sympy2_extended",
+    "antlr4",
+    "plotly",
+    "msgpack",
+    "hivemind",
+    "mcp",
+    "reasoning_gym",
+    "lm_eval",
+    "playwright",
+    "evaluate",
+    "dill",
+    "multiprocess",
+    "pydantic",
+    "nltk",
+    "trl",
+    "vllm",
+    "ray",
+    "bitsandbytes",
+)
 """Modules of lmrl's dependencies and extras that the GPU machines' image does not hold
 (/work/.library/device/KINDS.md lists what it holds), plus msgpack, which it holds but these cases do not need.
 None in sys.modules makes `import X` raise ImportError and `importlib.util.find_spec(X)` return None."""
@@ -34,12 +53,25 @@ runpy.run_path("benchmarks/gpu_check.py", run_name="__main__")
 def test_gpu_check_passes_on_the_cpu_without_the_packages_a_cuda_image_lacks():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RUN], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     elapsed = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines and lines[-1] == f"gpu-check: {CASES}/{CASES} pass", (
-        f"exit {proc.returncode} after {elapsed:.0f} s\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    table = lines[lines.index(next(t for t in lines if t.startswith("case "))):]
-    assert [t.split()[0] for t in table[2:-1]] == ["sft", "grpo", "lora_grpo", "dpo", "grad_ckpt", "chunked_head",
-                                                   "ppo", "online_dpo", "rejection", "reward", "avatarl"]
+        f"exit {proc.returncode} after {elapsed:.0f} s\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
+    table = lines[lines.index(next(t for t in lines if t.startswith("case "))) :]
+    assert [t.split()[0] for t in table[2:-1]] == [
+        "sft",
+        "grpo",
+        "lora_grpo",
+        "dpo",
+        "grad_ckpt",
+        "chunked_head",
+        "ppo",
+        "online_dpo",
+        "rejection",
+        "reward",
+        "avatarl",
+    ]

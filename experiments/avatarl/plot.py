@@ -1,6 +1,6 @@
 """Summarise the avatarl experiment's run directories into results.json and avatarl_vs_ce.png.
 
-    python experiments/avatarl/plot.py [runs/avatarl-experiment] [--seeds 0 1 2]
+python experiments/avatarl/plot.py [runs/avatarl-experiment] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -14,17 +14,30 @@ from pathlib import Path
 
 import torch
 
+from lmrl.report.metric_names import upgrade
 from lmrl.tracking import read_jsonl
 
 OBJECTIVES = ("ce", "avatarl")
 COLORS = {"ce": "tab:blue", "avatarl": "tab:red"}
-REWARD_KEYS = ("avatarl/expected_reward", "avatarl/gold_reward", "avatarl/reward_mean", "avatarl/rewarded_per_position", "avatarl/active_size",
-               "avatarl/entropy", "train/ce")
+REWARD_KEYS = (
+    "avatarl/expected_reward",
+    "avatarl/gold_reward",
+    "avatarl/reward_mean",
+    "avatarl/rewarded_per_position",
+    "avatarl/active_size",
+    "avatarl/entropy",
+    "loss/ce",
+)
+
+
+def metrics(path: Path) -> list[dict]:
+    """A run's metrics.jsonl under the current metric names (also a run written before them)."""
+    return [upgrade(r) for r in read_jsonl(path)]
 
 
 def curve(records: list[dict], key: str) -> list[tuple[int, float]]:
     """(tokens, value) of every record holding ``key``; the step-0 evaluation has 0 tokens."""
-    return [(r.get("tokens", 0), r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    return [(r.get("time/tokens", 0), r[key]) for r in records if isinstance(r.get(key), (int, float))]
 
 
 def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
@@ -57,20 +70,25 @@ def final_model_stats(run_dirs: list[Path]) -> dict[str, dict[str, float]]:
         if key not in windows:  # every run of the experiment shares one corpus and split: tokenize once
             windows[key] = load_windows(config, load_tokenizer(str(run / "final"))).val
         limit = None if config.eval_batches is None else config.eval_batches * config.batch_size
-        stats[run.name] = validation_stats(load_model(str(run / "final")), windows[key][:limit], config.batch_size, None)
+        stats[run.name] = validation_stats(
+            load_model(str(run / "final")), windows[key][:limit], config.batch_size, None
+        )
     return stats
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": values,
+    }
 
 
 def summarize(out: Path, seeds: list[int]) -> dict:
-    critic = read_jsonl(out / "critic" / "metrics.jsonl")
-    critic_ce = curve(critic, "val/ce")
-    runs = {o: {s: read_jsonl(out / f"{o}-s{s}" / "metrics.jsonl") for s in seeds} for o in OBJECTIVES}
-    val = {o: {s: curve(r, "val/ce") for s, r in runs[o].items()} for o in OBJECTIVES}
+    critic = metrics(out / "critic" / "metrics.jsonl")
+    critic_ce = curve(critic, "eval/ce")
+    runs = {o: {s: metrics(out / f"{o}-s{s}" / "metrics.jsonl") for s in seeds} for o in OBJECTIVES}
+    val = {o: {s: curve(r, "eval/ce") for s, r in runs[o].items()} for o in OBJECTIVES}
     means = {o: mean_curve(list(val[o].values())) for o in OBJECTIVES}
     final = {o: [val[o][s][-1][1] for s in seeds] for o in OBJECTIVES}
     paired = [a - c for a, c in zip(final["avatarl"], final["ce"])]
@@ -80,32 +98,47 @@ def summarize(out: Path, seeds: list[int]) -> dict:
     samples = {o: [row for row in read_jsonl(out / f"{o}-s{seeds[0]}" / "samples.jsonl")][-1] for o in OBJECTIVES}
     ablations = {}
     for name in sorted({p.parent.name.rsplit("-s", 1)[0] for p in out.glob("avatarl-*-s*/metrics.jsonl")}):
-        curves = {s: curve(read_jsonl(out / f"{name}-s{s}" / "metrics.jsonl"), "val/ce") for s in seeds}
+        curves = {s: curve(metrics(out / f"{name}-s{s}" / "metrics.jsonl"), "eval/ce") for s in seeds}
         done = [s for s in seeds if curves[s] and curves[s][-1][0] == means["ce"][-1][0]]  # finished runs only
         if not done:
             continue
         finals = [curves[s][-1][1] for s in done]
         ablations[name] = {
-            **_stats(finals), "seeds": done, "val_ce_curve_mean": mean_curve([curves[s] for s in done]),
+            **_stats(finals),
+            "seeds": done,
+            "val_ce_curve_mean": mean_curve([curves[s] for s in done]),
             "minus_ce_paired": _stats([f - val["ce"][s][-1][1] for f, s in zip(finals, done)]),
             "minus_avatarl_paired": _stats([f - val["avatarl"][s][-1][1] for f, s in zip(finals, done)]),
         }
-    recomputed = final_model_stats([out / "critic", *(out / f"{o}-s{s}" for o in OBJECTIVES for s in seeds),
-                                    *(out / f"{name}-s{s}" for name, a in ablations.items() for s in a["seeds"])])
+    recomputed = final_model_stats(
+        [
+            out / "critic",
+            *(out / f"{o}-s{s}" for o in OBJECTIVES for s in seeds),
+            *(out / f"{name}-s{s}" for name, a in ablations.items() for s in a["seeds"]),
+        ]
+    )
     for o in OBJECTIVES:
         for s in seeds:  # the logged final val/ce and the recomputed one must agree
-            if abs(recomputed[f"{o}-s{s}"]["val/ce"] - val[o][s][-1][1]) > 1e-4:
-                raise RuntimeError(f"{o}-s{s}: final/ model gives val/ce {recomputed[f'{o}-s{s}']['val/ce']:.5f}, "
-                                   f"metrics.jsonl says {val[o][s][-1][1]:.5f}; the run dir is inconsistent.")
+            if abs(recomputed[f"{o}-s{s}"]["eval/ce"] - val[o][s][-1][1]) > 1e-4:
+                raise RuntimeError(
+                    f"{o}-s{s}: final/ model gives val/ce {recomputed[f'{o}-s{s}']['eval/ce']:.5f}, "
+                    f"metrics.jsonl says {val[o][s][-1][1]:.5f}; the run dir is inconsistent."
+                )
     return {
         "final_models_val": recomputed,
-        "command": "python experiments/avatarl/run.py --seeds " + " ".join(map(str, seeds))
-                   + (" --ablations" if ablations else ""),
+        "command": "python experiments/avatarl/run.py --seeds "
+        + " ".join(map(str, seeds))
+        + (" --ablations" if ablations else ""),
         "ablations": ablations,
         "hardware": f"{platform.machine()}, {os.cpu_count()} shared CPU cores, 1 torch thread per run; load average "
-                    f"{os.getloadavg()[2]:.1f} (15 min) when summarised",
-        "critic": {"val_ce": critic_ce[-1][1], "val_entropy": recomputed["critic"]["val/entropy"], "tokens": critic_ce[-1][0], "val_ce_curve": critic_ce,
-                   "wall_s": critic[-1]["time_s"]},
+        f"{os.getloadavg()[2]:.1f} (15 min) when summarised",
+        "critic": {
+            "val_ce": critic_ce[-1][1],
+            "val_entropy": recomputed["critic"]["eval/entropy"],
+            "tokens": critic_ce[-1][0],
+            "val_ce_curve": critic_ce,
+            "wall_s": critic[-1]["time_s"],
+        },
         "seeds": seeds,
         "tokens_per_run": means["ce"][-1][0],
         "summary": {
@@ -114,15 +147,17 @@ def summarize(out: Path, seeds: list[int]) -> dict:
             "ce_tokens_to_reach_avatarl_final": tokens_to_reach(means["ce"], statistics.fmean(final["avatarl"])),
             "avatarl_tokens_to_reach_ce_final": tokens_to_reach(means["avatarl"], statistics.fmean(final["ce"])),
             # per seed (same init and data order): CE tokens to reach that seed's avatarl final val/ce
-            "ce_tokens_to_reach_avatarl_final_paired": [tokens_to_reach(val["ce"][s], val["avatarl"][s][-1][1])
-                                                        for s in seeds],
+            "ce_tokens_to_reach_avatarl_final_paired": [
+                tokens_to_reach(val["ce"][s], val["avatarl"][s][-1][1]) for s in seeds
+            ],
             "tokens_per_s": speed,
             "wall_s": wall,
         },
         "val_ce_curves": {o: {str(s): c for s, c in val[o].items()} for o in OBJECTIVES},
         "avatarl_train_curves_mean": {k: v for k, v in rewards.items()},
-        "final_samples_seed0": {o: {"prompt": samples[o]["prompt"], "continuation": samples[o]["continuation"]}
-                                for o in OBJECTIVES},
+        "final_samples_seed0": {
+            o: {"prompt": samples[o]["prompt"], "continuation": samples[o]["continuation"]} for o in OBJECTIVES
+        },
     }
 
 
@@ -144,14 +179,30 @@ def plot(results: dict, path: Path) -> None:
             mean = mean_curve(list(curves.values()))
             pts = [(x, y) for x, y in mean if not zoom or x >= half]
             s = results["summary"][o]
-            ax.plot([x / 1e6 for x, _ in pts], [y for _, y in pts], color=COLORS[o], lw=2,
-                    label=f"{o} student: {s['mean']:.3f} ± {s['std']:.3f}")
+            ax.plot(
+                [x / 1e6 for x, _ in pts],
+                [y for _, y in pts],
+                color=COLORS[o],
+                lw=2,
+                label=f"{o} student: {s['mean']:.3f} ± {s['std']:.3f}",
+            )
         for (name, ablation), style in zip(results["ablations"].items(), (":", "-.")):
             pts = [(x, y) for x, y in ablation["val_ce_curve_mean"] if not zoom or x >= half]
-            ax.plot([x / 1e6 for x, _ in pts], [y for _, y in pts], color="tab:purple", ls=style, lw=1.5,
-                    label=f"{name}: {ablation['mean']:.3f} ± {ablation['std']:.3f}")
-        ax.axhline(critic_ce, color="k", ls="--", lw=1,
-                   label=f"critic (CE, {critic_tokens / 1e6:.2f}M tokens): {critic_ce:.3f}")
+            ax.plot(
+                [x / 1e6 for x, _ in pts],
+                [y for _, y in pts],
+                color="tab:purple",
+                ls=style,
+                lw=1.5,
+                label=f"{name}: {ablation['mean']:.3f} ± {ablation['std']:.3f}",
+            )
+        ax.axhline(
+            critic_ce,
+            color="k",
+            ls="--",
+            lw=1,
+            label=f"critic (CE, {critic_tokens / 1e6:.2f}M tokens): {critic_ce:.3f}",
+        )
         ax.set_xlabel("training tokens (millions)")
         ax.set_ylabel("validation cross-entropy (nats/char)")
         ax.set_title("val/ce, second half" if zoom else f"val/ce (builtin:tiny, {len(results['seeds'])} seeds)")

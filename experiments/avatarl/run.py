@@ -62,12 +62,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="student seeds (init and data order)")
     parser.add_argument("--workers", type=int, default=2, help="parallel single-thread training processes")
     parser.add_argument("--out", default="runs/avatarl-experiment", help="directory of the run directories")
-    parser.add_argument("--ablations", action="store_true",
-                        help="also run avatarl with entropy_coef=0 and with threshold=mean (every seed)")
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help="also run avatarl with entropy_coef=0 and with threshold=mean (every seed)",
+    )
     parser.add_argument("--force", action="store_true", help="retrain stages whose final/ model already exists")
     parser.add_argument("--plot-only", action="store_true", help="skip training; summarise existing runs")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="overrides for every stage, e.g. a smoke test: --set max_steps=20 eval_every=10")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for every stage, e.g. a smoke test: --set max_steps=20 eval_every=10",
+    )
     args = parser.parse_args(argv)
     _one_thread()  # the final evaluation in plot.py runs in this process
     from plot import write_results
@@ -77,10 +85,20 @@ def main(argv: list[str] | None = None) -> None:
     students = [(f"ce-s{s}", STUDENTS["ce"], [f"seed={s}"]) for s in args.seeds]
     avatarl = [(f"avatarl-s{s}", STUDENTS["avatarl"], [f"seed={s}"]) for s in args.seeds]
     if args.ablations:
-        avatarl += [(f"{name}-s{s}", STUDENTS["avatarl"], [f"seed={s}", *extra])
-                    for s in args.seeds for name, extra in ABLATIONS.items()]
-    todo = [] if args.plot_only else [job for job in [("critic", CRITIC, []), *students, *avatarl]
-                                      if args.force or not (out / job[0] / "final").exists()]
+        avatarl += [
+            (f"{name}-s{s}", STUDENTS["avatarl"], [f"seed={s}", *extra])
+            for s in args.seeds
+            for name, extra in ABLATIONS.items()
+        ]
+    todo = (
+        []
+        if args.plot_only
+        else [
+            job
+            for job in [("critic", CRITIC, []), *students, *avatarl]
+            if args.force or not (out / job[0] / "final").exists()
+        ]
+    )
     started = time.time()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_one_thread) as pool:
@@ -91,8 +109,11 @@ def main(argv: list[str] | None = None) -> None:
         for future, job in zip(futures, first):
             if job[0] == "critic":
                 print(f"critic done in {future.result()[1]:.0f} s", flush=True)
-        futures += [submit(name, recipe, [*extra, f"critic={critic_dir}"]) for name, recipe, extra in todo
-                    if name.startswith("avatarl")]
+        futures += [
+            submit(name, recipe, [*extra, f"critic={critic_dir}"])
+            for name, recipe, extra in todo
+            if name.startswith("avatarl")
+        ]
         for future in futures:
             name, seconds = future.result()
             print(f"{name} done in {seconds:.0f} s", flush=True)

@@ -44,21 +44,51 @@ ROOT = HERE.parent.parent
 def build_policy(out: Path, steps: int) -> Path:
     """π_ref: SFT of builtin:tiny on all completions of builtin:prefs (the DPO quick start of docs/dpo.md)."""
     from lmrl.trainers.sft import trainer as sft
+
     data = out / "prefs_sft.jsonl"
     prefs.export_rows("builtin:prefs-sft", str(data), n=1000, seed=1)
-    sft.train(load_config(sft.SFTConfig, None, [
-        "model=builtin:tiny", f"dataset={data}", "train_rows=null", "max_length=64", "batch_size=32", "lr=3e-3",
-        "warmup_steps=5", f"max_steps={steps}", "precision=fp32", "eval_every=0", "save_every=0",
-        f"output_dir={out / 'sft'}", "overwrite=true"]))
+    sft.train(
+        load_config(
+            sft.SFTConfig,
+            None,
+            [
+                "model=builtin:tiny",
+                f"dataset={data}",
+                "train_rows=null",
+                "max_length=64",
+                "batch_size=32",
+                "lr=3e-3",
+                "warmup_steps=5",
+                f"max_steps={steps}",
+                "precision=fp32",
+                "eval_every=0",
+                "save_every=0",
+                f"output_dir={out / 'sft'}",
+                "overwrite=true",
+            ],
+        )
+    )
     return out / "sft" / "final"
 
 
 def build_proxy_rm(out: Path, rows: int, steps: int) -> tuple[Path, float]:
     """The proxy RM: `lmrl reward --config reward/tiny_prefs` on `rows` pairs for `steps` steps."""
     from lmrl.trainers.reward import trainer as reward
-    result = reward.train(load_config(reward.RewardConfig, "reward/tiny_prefs", [
-        f"train_rows={rows}", f"max_steps={steps}", "eval_every=0", "save_every=0",
-        f"output_dir={out / 'proxy_rm'}", "overwrite=true"]))
+
+    result = reward.train(
+        load_config(
+            reward.RewardConfig,
+            "reward/tiny_prefs",
+            [
+                f"train_rows={rows}",
+                f"max_steps={steps}",
+                "eval_every=0",
+                "save_every=0",
+                f"output_dir={out / 'proxy_rm'}",
+                "overwrite=true",
+            ],
+        )
+    )
     return out / "proxy_rm" / "final", result["eval/accuracy"]
 
 
@@ -73,16 +103,26 @@ def best_of_n_curve(policy: Path, rm: Path, pool_size: int, max_new_tokens: int,
     batch = engine.generate(ids, params, n=pool_size, generator=torch.Generator().manual_seed(seed))
     proxy_fn = reward_model_reward(str(rm), batch_size=256, precision="fp32")
     proxy = torch.tensor(proxy_fn(batch.prompts, batch.completions, truncated=batch.truncated.tolist()))
-    gold = torch.tensor([prefs.gold_score(rows[k // pool_size]["prompt"], c, rows[k // pool_size]["meta"])
-                         for k, c in enumerate(batch.completions)])
+    gold = torch.tensor(
+        [
+            prefs.gold_score(rows[k // pool_size]["prompt"], c, rows[k // pool_size]["meta"])
+            for k, c in enumerate(batch.completions)
+        ]
+    )
     proxy, gold = proxy.view(len(rows), pool_size), gold.view(len(rows), pool_size)  # (M, P)
     points = []
     n = 1
     while n <= pool_size:
-        points.append({
-            "n": n, "kl": bon_kl_bound(n), "kl_empirical": bon_kl_empirical(proxy, n).mean().item(),
-            "proxy": bon_expected(proxy, proxy, n).mean().item(), "gold": bon_expected(proxy, gold, n).mean().item(),
-            "gold_oracle": bon_expected(gold, gold, n).mean().item()})
+        points.append(
+            {
+                "n": n,
+                "kl": bon_kl_bound(n),
+                "kl_empirical": bon_kl_empirical(proxy, n).mean().item(),
+                "proxy": bon_expected(proxy, proxy, n).mean().item(),
+                "gold": bon_expected(proxy, gold, n).mean().item(),
+                "gold_oracle": bon_expected(gold, gold, n).mean().item(),
+            }
+        )
         n *= 2
     return {"prompts": len(rows), "pool": pool_size, "points": points}
 
@@ -90,12 +130,27 @@ def best_of_n_curve(policy: Path, rm: Path, pool_size: int, max_new_tokens: int,
 def rejection_curve(policy: Path, rm: Path, out: Path, rounds: int) -> list[dict]:
     """Rounds of rejection sampling against the proxy; per round: proxy, gold and KL to π_ref (held out)."""
     from lmrl.trainers.rejection import trainer as rejection
-    rejection.train(load_config(rejection.RejectionConfig, "rejection/tiny_prefs_rm", [
-        f"model={policy}", f"rewards=[model:{rm}]", f"rounds={rounds}", f"output_dir={out / 'rs'}",
-        "overwrite=true", "save_every=0", "eval_samples=32"]))
+
+    rejection.train(
+        load_config(
+            rejection.RejectionConfig,
+            "rejection/tiny_prefs_rm",
+            [
+                f"model={policy}",
+                f"rewards=[model:{rm}]",
+                f"rounds={rounds}",
+                f"output_dir={out / 'rs'}",
+                "overwrite=true",
+                "save_every=0",
+                "eval_samples=32",
+            ],
+        )
+    )
     evals = [r for r in read_jsonl(out / "rs" / "metrics.jsonl") if "eval/gold_score" in r]
-    return [{"round": r["step"], "kl": r.get("eval/kl", 0.0), "proxy": r["eval/reward"], "gold": r["eval/gold_score"]}
-            for r in evals]
+    return [
+        {"round": r["step"], "kl": r.get("eval/kl", 0.0), "proxy": r["eval/reward"], "gold": r["eval/gold_score"]}
+        for r in evals
+    ]
 
 
 def plot(results: dict, path: Path) -> None:
@@ -109,27 +164,44 @@ def plot(results: dict, path: Path) -> None:
     x = [p["kl"] ** 0.5 for p in bon]
     x_rs = [max(0.0, p["kl"]) ** 0.5 for p in rs]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
-    for ax, key, title in ((axes[0], "proxy", "proxy RM score (optimized)"),
-                           (axes[1], "gold", "gold score (hidden rule)"),
-                           (axes[2], "gold", "gold score, with best-of-N by gold")):
+    for ax, key, title in (
+        (axes[0], "proxy", "proxy RM score (optimized)"),
+        (axes[1], "gold", "gold score (hidden rule)"),
+        (axes[2], "gold", "gold score, with best-of-N by gold"),
+    ):
         ax.plot(x, [p[key] for p in bon], marker="o", label="best-of-N by proxy (analytic KL)")
-        ax.plot([p["kl_empirical"] ** 0.5 for p in bon], [p[key] for p in bon], ls=":", color="C0", alpha=0.7,
-                label="same at the plug-in KL estimate")
+        ax.plot(
+            [p["kl_empirical"] ** 0.5 for p in bon],
+            [p[key] for p in bon],
+            ls=":",
+            color="C0",
+            alpha=0.7,
+            label="same at the plug-in KL estimate",
+        )
         for p, xi in zip(bon, x):
-            ax.annotate(f"N={p['n']}" if p["n"] == 1 else str(p["n"]), (xi, p[key]), textcoords="offset points",
-                        xytext=(2, 5), fontsize=7)
+            ax.annotate(
+                f"N={p['n']}" if p["n"] == 1 else str(p["n"]),
+                (xi, p[key]),
+                textcoords="offset points",
+                xytext=(2, 5),
+                fontsize=7,
+            )
         ax.plot(x_rs, [p[key] for p in rs], marker="s", color="C3", label="rejection sampling rounds (sampled KL)")
         for p, xi in zip(rs, x_rs):
-            ax.annotate(f"r{p['round']}", (xi, p[key]), textcoords="offset points", xytext=(2, -11), fontsize=7,
-                        color="C3")
+            ax.annotate(
+                f"r{p['round']}", (xi, p[key]), textcoords="offset points", xytext=(2, -11), fontsize=7, color="C3"
+            )
         ax.set_xlabel("sqrt KL(π ‖ π_ref)  [sqrt nats]")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[2].plot(x, [p["gold_oracle"] for p in bon], ls="--", color="gray", label="best-of-N by gold (oracle)")
     axes[2].legend(fontsize=7)
-    fig.suptitle(f"Over-optimization on builtin:prefs: proxy RM (held-out pair accuracy "
-                 f"{results['proxy_rm_accuracy']:.2f}) vs the gold score, {results['best_of_n']['prompts']} "
-                 f"held-out prompts", fontsize=10)
+    fig.suptitle(
+        f"Over-optimization on builtin:prefs: proxy RM (held-out pair accuracy "
+        f"{results['proxy_rm_accuracy']:.2f}) vs the gold score, {results['best_of_n']['prompts']} "
+        f"held-out prompts",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -161,8 +233,12 @@ def main() -> None:
     rm, accuracy = (Path(args.rm), args.rm_accuracy) if args.rm else build_proxy_rm(out, args.rm_rows, args.rm_steps)
     bon = best_of_n_curve(policy, rm, args.pool, args.max_new_tokens, args.seed)
     bon["points"] = [p for p in bon["points"] if p["n"] <= args.pool // 2]  # keep P >= 2N for the estimator
-    results = {"args": vars(args), "proxy_rm_accuracy": accuracy, "best_of_n": bon,
-               "rejection_sampling": rejection_curve(policy, rm, out, args.rs_rounds)}
+    results = {
+        "args": vars(args),
+        "proxy_rm_accuracy": accuracy,
+        "best_of_n": bon,
+        "rejection_sampling": rejection_curve(policy, rm, out, args.rs_rounds),
+    }
     results["cpu_s"] = round(time.process_time() - t0, 1)
     (HERE / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, Path(args.plot))

@@ -90,16 +90,22 @@ def summarize(out: Path, coefs: list[float], seeds: list[int], pretrained: Path)
     for c in coefs:
         names = [run_name(c, s) for s in seeds]
         ends = {key: [runs[n][key][-1][1] for n in names] for key in ("eval/ptx_ce", "eval/accuracy")}
-        per_coef[f"{c:g}"] = {key: {"values": v, "mean": statistics.fmean(v),
-                                    "std": statistics.stdev(v) if len(v) > 1 else 0.0} for key, v in ends.items()}
+        per_coef[f"{c:g}"] = {
+            key: {"values": v, "mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}
+            for key, v in ends.items()
+        }
     start = runs[run_name(coefs[0], seeds[0])]
     return {
-        "command": "python experiments/ptx/run.py --coefs " + " ".join(f"{c:g}" for c in coefs)
-                   + " --seeds " + " ".join(map(str, seeds)),
+        "command": "python experiments/ptx/run.py --coefs "
+        + " ".join(f"{c:g}" for c in coefs)
+        + " --seeds "
+        + " ".join(map(str, seeds)),
         "ptx_ce_pretrained": pretraining_ce(pretrained),
         "ptx_ce_after_sft": start["eval/ptx_ce"][0][1],
         "accuracy_after_sft": start["eval/accuracy"][0][1],
-        "final": per_coef, "curves": runs, "seeds": seeds,
+        "final": per_coef,
+        "curves": runs,
+        "seeds": seeds,
     }
 
 
@@ -115,8 +121,12 @@ def plot(results: dict, path: Path) -> None:
         for name, run in results["curves"].items():
             if name.startswith(f"grpo-ptx{coef}-"):
                 for ax, key in zip(axes, ("eval/ptx_ce", "eval/accuracy")):
-                    ax.plot(*zip(*run[key]), color=colors[i], alpha=0.7,
-                            label=f"ptx_coef={coef}" if name.endswith(f"-s{results['seeds'][0]}") else None)
+                    ax.plot(
+                        *zip(*run[key]),
+                        color=colors[i],
+                        alpha=0.7,
+                        label=f"ptx_coef={coef}" if name.endswith(f"-s{results['seeds'][0]}") else None,
+                    )
     axes[0].axhline(results["ptx_ce_pretrained"], color="gray", ls="--", label="pretrained model (before SFT)")
     axes[0].set(title="forgetting: held-out pydoc CE (nats/char)", xlabel="GRPO step")
     axes[1].set(title="held-out greedy accuracy (2-digit addition)", xlabel="GRPO step")
@@ -134,8 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs/ptx-experiment", help="directory of the run directories")
     parser.add_argument("--pretrained", help="a CE model of builtin:pydoc to start from (default: train stage 1)")
     parser.add_argument("--summary-only", action="store_true", help="skip training; summarise existing runs")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="overrides for every stage, e.g. a smoke test: --set max_steps=4 eval_every=2")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for every stage, e.g. a smoke test: --set max_steps=4 eval_every=2",
+    )
     args = parser.parse_args(argv)
     _one_thread()
     out = Path(args.out)
@@ -144,27 +159,46 @@ def main(argv: list[str] | None = None) -> None:
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_one_thread) as pool:
         if not args.summary_only:
             if not pretrained.exists():
-                seconds = pool.submit(train_verb, "pretrain", "pretrain/ce_tiny_pydoc", args.set, pretrained.parent).result()
+                seconds = pool.submit(
+                    train_verb, "pretrain", "pretrain/ce_tiny_pydoc", args.set, pretrained.parent
+                ).result()
                 print(f"pretrain: {seconds:.0f} s", flush=True)
             if not (sft / "final").exists():
-                seconds = pool.submit(train_verb, "sft", "sft/demo_arithmetic",
-                                      [f"model={pretrained}", "precision=fp32", "seed=0", *args.set], sft).result()
+                seconds = pool.submit(
+                    train_verb,
+                    "sft",
+                    "sft/demo_arithmetic",
+                    [f"model={pretrained}", "precision=fp32", "seed=0", *args.set],
+                    sft,
+                ).result()
                 print(f"sft: {seconds:.0f} s", flush=True)
-            jobs = {run_name(c, s): pool.submit(train_verb, "rl", "rl/demo_arithmetic_grpo",
-                                                [f"model={sft / 'final'}", f"ptx_coef={c}", f"seed={s}", *PTX, *args.set],
-                                                out / run_name(c, s))
-                    for s in args.seeds for c in args.coefs if not (out / run_name(c, s) / "final").exists()}
+            jobs = {
+                run_name(c, s): pool.submit(
+                    train_verb,
+                    "rl",
+                    "rl/demo_arithmetic_grpo",
+                    [f"model={sft / 'final'}", f"ptx_coef={c}", f"seed={s}", *PTX, *args.set],
+                    out / run_name(c, s),
+                )
+                for s in args.seeds
+                for c in args.coefs
+                if not (out / run_name(c, s) / "final").exists()
+            }
             for name, job in jobs.items():
                 print(f"{name}: {job.result():.0f} s", flush=True)
     results = summarize(out, args.coefs, args.seeds, pretrained)
     (HERE / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, HERE / "ptx_forgetting.png")
-    print(f"pydoc CE: pretrained {results['ptx_ce_pretrained']:.3f}, after SFT {results['ptx_ce_after_sft']:.3f}; "
-          f"accuracy after SFT {results['accuracy_after_sft']:.3f}")
+    print(
+        f"pydoc CE: pretrained {results['ptx_ce_pretrained']:.3f}, after SFT {results['ptx_ce_after_sft']:.3f}; "
+        f"accuracy after SFT {results['accuracy_after_sft']:.3f}"
+    )
     for coef, final in results["final"].items():
         ce, acc = final["eval/ptx_ce"], final["eval/accuracy"]
-        print(f"ptx_coef={coef}: after GRPO pydoc CE {ce['mean']:.3f} +- {ce['std']:.3f}, "
-              f"accuracy {acc['mean']:.3f} +- {acc['std']:.3f}")
+        print(
+            f"ptx_coef={coef}: after GRPO pydoc CE {ce['mean']:.3f} +- {ce['std']:.3f}, "
+            f"accuracy {acc['mean']:.3f} +- {acc['std']:.3f}"
+        )
 
 
 if __name__ == "__main__":

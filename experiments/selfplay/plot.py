@@ -14,17 +14,31 @@ import json
 import statistics
 from pathlib import Path
 
+from lmrl.report.metric_names import upgrade
 from lmrl.tracking import read_jsonl
 
 EVAL_KEYS = ("eval/accuracy", "eval/answer_prob")
-WATCH_KEYS = ("challenger/pass_rate", "challenger/malformed_frac", "challenger/distinct_frac",
-              "challenger/distinct_3gram_frac", "challenger/operands_mean", "reward/mean", "kl", "challenger/kl")
-PANELS = (("held-out Solver (greedy accuracy, answer prob.)", EVAL_KEYS),
-          ("Challenger difficulty: Solver pass rate on its queries", ("challenger/pass_rate",)),
-          ("malformed queries (share)", ("challenger/malformed_frac",)),
-          ("query diversity (distinct / N, distinct 3-grams)", ("challenger/distinct_frac", "challenger/distinct_3gram_frac")),
-          ("query difficulty: mean operands of valid queries", ("challenger/operands_mean",)),
-          ("per-token KL to the reference (Solver, Challenger)", ("kl", "challenger/kl")))
+WATCH_KEYS = (
+    "challenger/pass_rate",
+    "challenger/malformed_frac",
+    "challenger/distinct_frac",
+    "challenger/distinct_3gram_frac",
+    "challenger/operands_mean",
+    "reward/mean",
+    "kl",
+    "challenger/kl",
+)
+PANELS = (
+    ("held-out Solver (greedy accuracy, answer prob.)", EVAL_KEYS),
+    ("Challenger difficulty: Solver pass rate on its queries", ("challenger/pass_rate",)),
+    ("malformed queries (share)", ("challenger/malformed_frac",)),
+    (
+        "query diversity (distinct / N, distinct 3-grams)",
+        ("challenger/distinct_frac", "challenger/distinct_3gram_frac"),
+    ),
+    ("query difficulty: mean operands of valid queries", ("challenger/operands_mean",)),
+    ("per-token KL to the reference (Solver, Challenger)", ("kl", "challenger/kl")),
+)
 
 
 def curve(records: list[dict], key: str) -> list[tuple[int, float]]:
@@ -39,7 +53,7 @@ def window_mean(points: list[tuple[int, float]], lo: float, hi: float) -> float 
 
 
 def summarise(run: Path) -> dict:
-    records = read_jsonl(run / "metrics.jsonl")
+    records = [upgrade(r) for r in read_jsonl(run / "metrics.jsonl")]  # a run written before the namespaces too
     last = max(r["step"] for r in records)
     out: dict = {"steps": last}
     for key in EVAL_KEYS:
@@ -49,7 +63,10 @@ def summarise(run: Path) -> dict:
     for key in WATCH_KEYS:
         points = curve(records, key)
         if points:
-            out[key] = {"first_fifth": window_mean(points, 0, fifth), "last_fifth": window_mean(points, last - fifth, last)}
+            out[key] = {
+                "first_fifth": window_mean(points, 0, fifth),
+                "last_fifth": window_mean(points, last - fifth, last),
+            }
     return out
 
 
@@ -82,17 +99,22 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
-    runs = {run.name: read_jsonl(run / "metrics.jsonl") for run in args.runs}
+    runs = {run.name: [upgrade(r) for r in read_jsonl(run / "metrics.jsonl")] for run in args.runs}
     results = {run.name: summarise(run) for run in args.runs}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, runs, args.out / "selfplay_tiny_arithmetic.png")
     for name, r in results.items():
         acc, prob = r["eval/accuracy"], r["eval/answer_prob"]
-        watch = "  ".join(f"{k} {r[k]['first_fifth']:.3f}->{r[k]['last_fifth']:.3f}"
-                          for k in WATCH_KEYS if k in r and r[k]["first_fifth"] is not None)
-        print(f"{name}: accuracy {acc['before']:.3f}->{acc['after']:.3f}  answer_prob {prob['before']:.4f}->"
-              f"{prob['after']:.4f}  {watch}")
+        watch = "  ".join(
+            f"{k} {r[k]['first_fifth']:.3f}->{r[k]['last_fifth']:.3f}"
+            for k in WATCH_KEYS
+            if k in r and r[k]["first_fifth"] is not None
+        )
+        print(
+            f"{name}: accuracy {acc['before']:.3f}->{acc['after']:.3f}  answer_prob {prob['before']:.4f}->"
+            f"{prob['after']:.4f}  {watch}"
+        )
 
 
 if __name__ == "__main__":

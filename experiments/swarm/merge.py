@@ -21,8 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import _mean, paired_t, plot  # noqa: E402
 
 PER_SEED = ("cumulative_reward", "gain_vs_8_0", "second_half_gain_vs_8_0")
-SEED_MEANS = ("mean_reward_first_quarter", "mean_reward_last_quarter", "groups_trained_per_round",
-              "groups_external_per_round", "updates_per_node")
+SEED_MEANS = (
+    "mean_reward_first_quarter",
+    "mean_reward_last_quarter",
+    "groups_trained_per_round",
+    "groups_external_per_round",
+    "updates_per_node",
+)
 
 
 def _weighted(a, b, na: int, nb: int):
@@ -79,8 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, args.out / "swarm_configs.png")
     for name, row in results["table"].items():
-        print(f"{name}: {row['cumulative_reward_mean']:.2f} ({100 * row['gain_vs_8_0_mean']:+.1f}% vs 8/0, beats 8/0 in "
-              f"{row['beats_8_0_in_seeds']}, paired t {row['paired_t_vs_8_0']})")
+        print(
+            f"{name}: {row['cumulative_reward_mean']:.2f} ({100 * row['gain_vs_8_0_mean']:+.1f}% vs 8/0, beats 8/0 in "
+            f"{row['beats_8_0_in_seeds']}, paired t {row['paired_t_vs_8_0']})"
+        )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ SEED = 1
 """Seed of the measured questions (the warm start's SFT data uses `warm_start_seed`, 0)."""
 
 
-def family_pass_rates(model: str, config, questions: int = 48, samples: int = 16,
-                      log: Path | None = None) -> dict[str, float]:
+def family_pass_rates(
+    model: str, config, questions: int = 48, samples: int = 16, log: Path | None = None
+) -> dict[str, float]:
     """{task: mean 0/1 score of `samples` sampled completions on each of `questions` questions} for `model`
     under the swarm config's sampling settings; `lmrl eval`'s console output goes to `log` (or is dropped)."""
     from lmrl.eval.cli import EvalConfig, run
@@ -29,12 +30,24 @@ def family_pass_rates(model: str, config, questions: int = 48, samples: int = 16
     with open(log or "/dev/null", "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         for name in dict.fromkeys(config.tasks):
             dataset = name if name.startswith("rg:") else f"task:{name}"
-            metrics = run(EvalConfig(
-                model=model, dataset=dataset, split="train", rows=questions,
-                task_args={**config.task_args.get(name, {}), "seed": SEED}, metrics=[f"avg@{samples}"],
-                samples=samples, temperature=config.temperature, top_p=config.top_p,
-                max_new_tokens=config.max_new_tokens, precision=config.precision, seed=SEED,
-                output_file="/dev/null", num_samples=0))
+            metrics = run(
+                EvalConfig(
+                    model=model,
+                    dataset=dataset,
+                    split="train",
+                    rows=questions,
+                    task_args={**config.task_args.get(name, {}), "seed": SEED},
+                    metrics=[f"avg@{samples}"],
+                    samples=samples,
+                    temperature=config.temperature,
+                    top_p=config.top_p,
+                    max_new_tokens=config.max_new_tokens,
+                    precision=config.precision,
+                    seed=SEED,
+                    output_file="/dev/null",
+                    num_samples=0,
+                )
+            )
             rates[name] = round(metrics[f"avg@{samples}"], 4)
     return rates
 

@@ -7,6 +7,8 @@ import os
 import platform
 from pathlib import Path
 
+from lmrl.report.metric_names import upgrade
+
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 """Cumulative reward over 8 agents x 2000 rounds in SAPO (arXiv 2509.08721, Table 1)."""
 
@@ -31,12 +33,17 @@ def node_group_stats(out: Path, name: str, by_seed: dict[int, dict]) -> dict[str
     trained, external, updates = [], [], []
     for s in by_seed:
         for node_dir in sorted((out / f"{name.replace('/', '-')}-s{s}" / "nodes").iterdir()):
-            records = [json.loads(line) for line in (node_dir / "metrics.jsonl").read_text().splitlines() if line]
-            trained += [r["groups/trained"] for r in records]
-            external += [r.get("groups/external", 0.0) for r in records]
-            updates.append(sum(r["groups/trained"] > 0 for r in records))
-    return {"groups_trained_per_round": round(_mean(trained), 3),
-            "groups_external_per_round": round(_mean(external), 3), "updates_per_node": round(_mean(updates), 1)}
+            records = [
+                upgrade(json.loads(line)) for line in (node_dir / "metrics.jsonl").read_text().splitlines() if line
+            ]
+            trained += [r["swarm/groups/trained"] for r in records]
+            external += [r.get("swarm/groups/external", 0.0) for r in records]
+            updates.append(sum(r["swarm/groups/trained"] > 0 for r in records))
+    return {
+        "groups_trained_per_round": round(_mean(trained), 3),
+        "groups_external_per_round": round(_mean(external), 3),
+        "updates_per_node": round(_mean(updates), 1),
+    }
 
 
 def paired_t(diffs: list[float]) -> float | None:
@@ -61,8 +68,15 @@ def family_rates(out: Path, name: str, seeds: list[int]) -> dict[str, float] | N
     return {task: round(_mean([m[task] for m in per_model]), 4) for task in per_model[0]}
 
 
-def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], here: Path, command: str,
-                  seconds: float | None, recipe: str = "swarm/tiny_sim") -> dict:
+def write_results(
+    out: Path,
+    seeds: list[int],
+    configs: list[tuple[int, int]],
+    here: Path,
+    command: str,
+    seconds: float | None,
+    recipe: str = "swarm/tiny_sim",
+) -> dict:
     summaries: dict[str, dict[int, dict]] = {}
     for i, j in configs:
         for s in seeds:
@@ -87,8 +101,9 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
             "gain_vs_8_0_mean": _mean(list(gains.values())) if gains else None,
             "paired_t_vs_8_0": None if name == "8/0" else paired_t([cum[s] - base[s] for s in cum if s in base]),
             "beats_8_0_in_seeds": f"{sum(g > 0 for g in gains.values())}/{len(gains)}",
-            "second_half_gain_vs_8_0": {s: _late(v) / base_late[s] - 1 for s, v in by_seed.items()
-                                        if base_late.get(s, 0) > 0},
+            "second_half_gain_vs_8_0": {
+                s: _late(v) / base_late[s] - 1 for s, v in by_seed.items() if base_late.get(s, 0) > 0
+            },
             "mean_reward_first_quarter": _mean([_mean(v["reward_per_round"][:last]) for v in by_seed.values()]),
             "mean_reward_last_quarter": _mean([_mean(v["reward_per_round"][-last:]) for v in by_seed.values()]),
             "paper_cumulative_reward": PAPER.get(name),
@@ -103,23 +118,35 @@ def write_results(out: Path, seeds: list[int], configs: list[tuple[int, int]], h
         "command": command,
         "seconds": None if seconds is None else round(seconds),
         "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), one torch thread per run",
-        "setup": {"recipe": recipe, "nodes": first["nodes"], "rounds": first["rounds"],
-                  "samples_per_prompt": first["samples_per_prompt"], "seeds": seeds,
-                  "metric": "cumulative reward = sum over nodes and rounds of each node's mean reward on its own "
-                            "rollouts (0/1 verifier)"},
-        "warm_start_pass_rates": (json.loads((out / "warm_start_pass_rates.json").read_text())["pass_rates"]
-                                  if (out / "warm_start_pass_rates.json").exists() else None),
+        "setup": {
+            "recipe": recipe,
+            "nodes": first["nodes"],
+            "rounds": first["rounds"],
+            "samples_per_prompt": first["samples_per_prompt"],
+            "seeds": seeds,
+            "metric": "cumulative reward = sum over nodes and rounds of each node's mean reward on its own "
+            "rollouts (0/1 verifier)",
+        },
+        "warm_start_pass_rates": (
+            json.loads((out / "warm_start_pass_rates.json").read_text())["pass_rates"]
+            if (out / "warm_start_pass_rates.json").exists()
+            else None
+        ),
         "table": table,
-        "reward_per_round_mean": {name: [_mean(list(x)) for x in zip(*[v["reward_per_round"] for v in by.values()])]
-                                  for name, by in summaries.items()},
+        "reward_per_round_mean": {
+            name: [_mean(list(x)) for x in zip(*[v["reward_per_round"] for v in by.values()])]
+            for name, by in summaries.items()
+        },
     }
     here.mkdir(parents=True, exist_ok=True)
     (here / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, here / "swarm_configs.png")
     for name, row in table.items():
         gain = "" if row["gain_vs_8_0_mean"] is None else f"  {100 * row['gain_vs_8_0_mean']:+.1f}% vs 8/0"
-        print(f"{name}: cumulative reward {row['cumulative_reward_mean']:.2f}{gain}  (beats 8/0 in "
-              f"{row['beats_8_0_in_seeds']} seeds; paper {row['paper_cumulative_reward']})")
+        print(
+            f"{name}: cumulative reward {row['cumulative_reward_mean']:.2f}{gain}  (beats 8/0 in "
+            f"{row['beats_8_0_in_seeds']} seeds; paper {row['paper_cumulative_reward']})"
+        )
     return results
 
 

@@ -58,8 +58,18 @@ def run_sim(recipe: str, name: str, overrides: list[str], out: str) -> tuple[str
 
     start = time.time()
     with open(Path(out) / f"{name}.log", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        run(load_config(SwarmConfig, recipe, [f"output_dir={Path(out) / name}", "overwrite=true",
-                                              f"warm_start_dir={Path(out) / 'warm_start'}", *overrides]))
+        run(
+            load_config(
+                SwarmConfig,
+                recipe,
+                [
+                    f"output_dir={Path(out) / name}",
+                    "overwrite=true",
+                    f"warm_start_dir={Path(out) / 'warm_start'}",
+                    *overrides,
+                ],
+            )
+        )
     return name, time.time() - start
 
 
@@ -88,8 +98,10 @@ def final_pass_rates(recipe: str, run_dir: Path, overrides: list[str]) -> dict[s
     path = run_dir / "pass_rates.json"
     if not path.exists() or path.stat().st_mtime < (run_dir / "swarm_summary.json").stat().st_mtime:
         config = load(recipe, overrides)
-        rates = {node.name: family_pass_rates(str(node / "final"), config, log=run_dir / "pass_rates.log")
-                 for node in sorted((run_dir / "nodes").iterdir())}
+        rates = {
+            node.name: family_pass_rates(str(node / "final"), config, log=run_dir / "pass_rates.log")
+            for node in sorted((run_dir / "nodes").iterdir())
+        }
         path.write_text(json.dumps(rates, indent=1))
     return json.loads(path.read_text())
 
@@ -103,8 +115,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs/swarm-experiment", help="directory of the run directories")
     parser.add_argument("--force", action="store_true", help="re-run simulations that already have a summary")
     parser.add_argument("--plot-only", action="store_true", help="skip training; summarise existing runs")
-    parser.add_argument("--configs", nargs="+", default=[f"{i}/{j}" for i, j in CONFIGS], metavar="I/J",
-                        help="local/external splits to run (default: all four)")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=[f"{i}/{j}" for i, j in CONFIGS],
+        metavar="I/J",
+        help="local/external splits to run (default: all four)",
+    )
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every simulation")
     args = parser.parse_args(argv)
     _one_thread()
@@ -113,24 +130,35 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     configs = [tuple(int(x) for x in c.split("/")) for c in args.configs]
-    runs = [(f"{i}-{j}-s{s}", [f"local={i}", f"external={j}", f"seed={s}", *args.set])
-            for s in args.seeds for i, j in configs]
+    runs = [
+        (f"{i}-{j}-s{s}", [f"local={i}", f"external={j}", f"seed={s}", *args.set])
+        for s in args.seeds
+        for i, j in configs
+    ]
     start = time.time()
     if not args.plot_only:
         rates = warm_start(args.recipe, out, args.set)  # shared by every simulation: done once, then cached
         print(f"warm start: {time.time() - start:.0f} s; pass rates {rates}", flush=True)
         todo = [(n, o) for n, o in runs if args.force or not (out / n / "swarm_summary.json").exists()]
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            for name, seconds in pool.map(run_sim, [args.recipe] * len(todo), [n for n, _ in todo],
-                                          [o for _, o in todo], [str(out)] * len(todo)):
+            for name, seconds in pool.map(
+                run_sim, [args.recipe] * len(todo), [n for n, _ in todo], [o for _, o in todo], [str(out)] * len(todo)
+            ):
                 print(f"{name}: {seconds:.0f} s", flush=True)
         for name, overrides in runs:
             if (out / name / "swarm_summary.json").exists():
                 final_pass_rates(args.recipe, out / name, overrides)
     elapsed = time.time() - start
     command = "python experiments/swarm/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_results(out, args.seeds, configs, Path(args.results), command.strip(),
-                  elapsed if not args.plot_only else None, args.recipe)
+    write_results(
+        out,
+        args.seeds,
+        configs,
+        Path(args.results),
+        command.strip(),
+        elapsed if not args.plot_only else None,
+        args.recipe,
+    )
 
 
 if __name__ == "__main__":

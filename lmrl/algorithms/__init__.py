@@ -32,7 +32,8 @@ __all__ = [
     "value_loss",
 ]
 
-from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_loss, avatarl_rewards
+from .avatarl import AvatarlOptions, AvatarlRewards, avatarl_rewards
+from .avatarl_reinforce import avatarl_loss
 from .best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
 from .controls import adaptive_entropy_coef, adaptive_kl_coef, high_entropy_tokens, overlong_filter
 from .mismatch import IS_LEVELS, IS_MODES, OFFPOLICY_ROWS, importance_weights, offpolicy_mask

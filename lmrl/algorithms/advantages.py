@@ -85,8 +85,10 @@ def _reinforce_pp(rewards: Tensor, group_size: int, *, eps: float = 1e-8) -> Ten
     token-level returns that include a k1 KL penalty (use ``kl_coef`` for a KL in the loss instead).
     """
     if rewards.numel() < 2:
-        raise ValueError("The 'reinforce_pp' advantage normalises by the std of the batch's rewards: it needs at "
-                         f"least 2 rewards, got {rewards.numel()}. Sample more prompts per step.")
+        raise ValueError(
+            "The 'reinforce_pp' advantage normalises by the std of the batch's rewards: it needs at "
+            f"least 2 rewards, got {rewards.numel()}. Sample more prompts per step."
+        )
     if not eps > 0:
         raise ValueError(f"reinforce_pp `eps` must be > 0 (it keeps the division finite), got {eps!r}.")
     return (rewards - rewards.mean()) / (rewards.std() + eps)
@@ -108,9 +110,7 @@ def _rloo(rewards: Tensor, group_size: int) -> Tensor:
 
 
 @ADVANTAGES.register("grpo")
-def _grpo(
-    rewards: Tensor, group_size: int, *, eps: float = 1e-4, scale: str = "group"
-) -> Tensor:
+def _grpo(rewards: Tensor, group_size: int, *, eps: float = 1e-4, scale: str = "group") -> Tensor:
     """A_i = (r_i - mean_group r) / (std + eps) (GRPO, Shao et al. 2024 DeepSeekMath; RLHF book §6.2).
 
     std is torch.std (unbiased). `scale`: "group" divides by the std of the
@@ -120,7 +120,7 @@ def _grpo(
     """
     if not eps >= 0:
         raise ValueError(f"grpo `eps` must be >= 0 (it keeps the division finite), got {eps!r}.")
-    centred = (rewards.view(-1, group_size) - rewards.view(-1, group_size).mean(1, keepdim=True))
+    centred = rewards.view(-1, group_size) - rewards.view(-1, group_size).mean(1, keepdim=True)
     centred = centred.reshape(-1)  # (N,)
     if scale == "none":
         return centred
@@ -158,9 +158,7 @@ def advantages(name: str, rewards: Tensor, group_size: int, **opts) -> Tensor:
 
 
 @torch.no_grad()
-def gae(
-    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95
-) -> tuple[Tensor, Tensor]:
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation per token (Schulman et al. 2015; RLHF book §6.3).
 
     delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}, returns = A + V.
@@ -196,7 +194,10 @@ def gae(
 
 
 def whiten(
-    x: Tensor, mask: Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8,
+    x: Tensor,
+    mask: Tensor | None = None,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
     all_sum: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """(x - mean) / (std + eps) over the masked entries (RLHF book §6.2 PPO code, with the

@@ -64,9 +64,7 @@ def _seq_sum_norm(x: Tensor, m: Tensor, max_len: int) -> Tensor:
     return x.sum(dim=1).mean() / max_len
 
 
-def aggregate(
-    per_token: Tensor, mask: Tensor, mode: str = "token_mean", max_len: int | None = None
-) -> Tensor:
+def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token_mean", max_len: int | None = None) -> Tensor:
     """Reduce a per-token loss (N, T) to a scalar with a named strategy (RLHF book §6.2).
 
     - ``token_mean``: sum(l*m) / sum(m) (DAPO).

@@ -17,7 +17,7 @@ teacher-forced position t
                 L = mean of L_t over non-ignored positions.
 
 S, C are student and critic logits and y the gold (next) token. Steps 1-6 are
-`avatarl_rewards` (no gradient), step 7 is `avatarl_loss`. Every point where the
+`avatarl_rewards` (no gradient, here), step 7 is `avatarl_loss` (`lmrl.algorithms.avatarl_reinforce`). Every point where the
 write-up and the public code disagree is a field of `AvatarlOptions`.
 
 Memory: both functions work on chunks of `chunk_size` positions, so at most a
@@ -36,7 +36,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["AvatarlOptions", "AvatarlRewards", "avatarl_rewards", "avatarl_loss"]
+__all__ = ["AvatarlOptions", "AvatarlRewards", "avatarl_rewards"]
 
 Threshold = Literal["sum_over_size", "mean"]
 EntropyMode = Literal["bonus", "temperature"]
@@ -101,22 +101,46 @@ class AvatarlOptions:
     are identical for every value; it only bounds memory (a few (chunk, V) tensors)."""
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.top_k, int) and self.top_k >= 1, "top_k", self.top_k,
-               "an integer >= 1 (the size of each top-k in the active set)")
-        _check(0.0 <= self.epsilon < 1.0, "epsilon", self.epsilon,
-               "in [0, 1): the gold token keeps 1-epsilon of the reality mass")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 1,
+            "top_k",
+            self.top_k,
+            "an integer >= 1 (the size of each top-k in the active set)",
+        )
+        _check(
+            0.0 <= self.epsilon < 1.0,
+            "epsilon",
+            self.epsilon,
+            "in [0, 1): the gold token keeps 1-epsilon of the reality mass",
+        )
         _check(self.reality_weight >= 0.0, "reality_weight", self.reality_weight, ">= 0")
         _check(self.mentor_weight >= 0.0, "mentor_weight", self.mentor_weight, ">= 0")
-        _check(self.threshold in ("sum_over_size", "mean"), "threshold", self.threshold,
-               "'sum_over_size' (as the avataRL code) or 'mean' (as the write-up)")
+        _check(
+            self.threshold in ("sum_over_size", "mean"),
+            "threshold",
+            self.threshold,
+            "'sum_over_size' (as the avataRL code) or 'mean' (as the write-up)",
+        )
         _check(self.reward_scale > 0.0, "reward_scale", self.reward_scale, "> 0")
-        _check(self.reward_clamp is None or self.reward_clamp > 0.0, "reward_clamp",
-               self.reward_clamp, "> 0, or None to disable the proportional rescale")
-        _check(self.entropy_mode in ("bonus", "temperature"), "entropy_mode",
-               self.entropy_mode, "'bonus' (-beta*H term) or 'temperature' (T = 1+beta)")
+        _check(
+            self.reward_clamp is None or self.reward_clamp > 0.0,
+            "reward_clamp",
+            self.reward_clamp,
+            "> 0, or None to disable the proportional rescale",
+        )
+        _check(
+            self.entropy_mode in ("bonus", "temperature"),
+            "entropy_mode",
+            self.entropy_mode,
+            "'bonus' (-beta*H term) or 'temperature' (T = 1+beta)",
+        )
         _check(self.entropy_coef >= 0.0, "entropy_coef", self.entropy_coef, ">= 0")
-        _check(self.chunk_size is None or (isinstance(self.chunk_size, int) and self.chunk_size >= 1),
-               "chunk_size", self.chunk_size, "a positive integer, or None for no chunking")
+        _check(
+            self.chunk_size is None or (isinstance(self.chunk_size, int) and self.chunk_size >= 1),
+            "chunk_size",
+            self.chunk_size,
+            "a positive integer, or None for no chunking",
+        )
 
     @property
     def num_slots(self) -> int:
@@ -126,8 +150,9 @@ class AvatarlOptions:
 
 def _check(ok: bool, name: str, value: object, requirement: str) -> None:
     if not ok:
-        raise ValueError(f"avatarl option {name}={value!r} is invalid: it must be {requirement}. "
-                         f"Fix the value passed for {name}.")
+        raise ValueError(
+            f"avatarl option {name}={value!r} is invalid: it must be {requirement}. Fix the value passed for {name}."
+        )
 
 
 def _resolve(options: AvatarlOptions | None, opts: dict) -> AvatarlOptions:
@@ -135,8 +160,9 @@ def _resolve(options: AvatarlOptions | None, opts: dict) -> AvatarlOptions:
     known = {f.name for f in dataclasses.fields(AvatarlOptions)}
     unknown = sorted(set(opts) - known)
     if unknown:
-        raise ValueError(f"unknown avatarl option(s) {unknown}. Valid names are "
-                         f"{sorted(known)}; check the spelling of the key.")
+        raise ValueError(
+            f"unknown avatarl option(s) {unknown}. Valid names are {sorted(known)}; check the spelling of the key."
+        )
     base = options if options is not None else AvatarlOptions()
     return dataclasses.replace(base, **opts) if opts else base
 
@@ -175,24 +201,31 @@ class AvatarlRewards:
 
 def _validate_logits(student_logits: Tensor, critic_logits: Tensor, targets: Tensor, top_k: int) -> None:
     if student_logits.dim() != 3:
-        raise ValueError(f"avatarl: student_logits must be (B, T, V), got shape {tuple(student_logits.shape)}. "
-                         "Pass the model's logits before flattening.")
+        raise ValueError(
+            f"avatarl: student_logits must be (B, T, V), got shape {tuple(student_logits.shape)}. "
+            "Pass the model's logits before flattening."
+        )
     vocab, critic_vocab = student_logits.shape[-1], critic_logits.shape[-1]
     if critic_logits.dim() != 3 or critic_vocab != vocab:
-        raise ValueError(f"avatarl: the critic's vocabulary ({critic_vocab} logits, shape "
-                         f"{tuple(critic_logits.shape)}) differs from the student's ({vocab} logits). "
-                         "The reward compares token ids, so student and critic must share one "
-                         "tokenizer and vocabulary size; pad or pick a matching critic.")
+        raise ValueError(
+            f"avatarl: the critic's vocabulary ({critic_vocab} logits, shape "
+            f"{tuple(critic_logits.shape)}) differs from the student's ({vocab} logits). "
+            "The reward compares token ids, so student and critic must share one "
+            "tokenizer and vocabulary size; pad or pick a matching critic."
+        )
     if critic_logits.shape[:2] != student_logits.shape[:2]:
-        raise ValueError(f"avatarl: critic_logits {tuple(critic_logits.shape)} and student_logits "
-                         f"{tuple(student_logits.shape)} must have the same (B, T). Run both models "
-                         "on the same input ids.")
+        raise ValueError(
+            f"avatarl: critic_logits {tuple(critic_logits.shape)} and student_logits "
+            f"{tuple(student_logits.shape)} must have the same (B, T). Run both models "
+            "on the same input ids."
+        )
     if targets.shape != student_logits.shape[:2] or targets.dtype.is_floating_point:
-        raise ValueError(f"avatarl: targets must be integer token ids of shape {tuple(student_logits.shape[:2])}, "
-                         f"got {targets.dtype} {tuple(targets.shape)}. Pass the next-token ids.")
+        raise ValueError(
+            f"avatarl: targets must be integer token ids of shape {tuple(student_logits.shape[:2])}, "
+            f"got {targets.dtype} {tuple(targets.shape)}. Pass the next-token ids."
+        )
     if top_k > vocab:
-        raise ValueError(f"avatarl: top_k={top_k} is larger than the vocabulary size {vocab}; "
-                         f"choose top_k <= {vocab}.")
+        raise ValueError(f"avatarl: top_k={top_k} is larger than the vocabulary size {vocab}; choose top_k <= {vocab}.")
 
 
 def _position_chunks(n: int, chunk_size: int | None) -> list[slice]:
@@ -201,8 +234,9 @@ def _position_chunks(n: int, chunk_size: int | None) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, max(n, 1), step)]
 
 
-def active_set(student_logits: Tensor, critic_logits: Tensor, gold: Tensor, valid: Tensor,
-               top_k: int, critic_topk: bool = True) -> tuple[Tensor, Tensor]:
+def active_set(
+    student_logits: Tensor, critic_logits: Tensor, gold: Tensor, valid: Tensor, top_k: int, critic_topk: bool = True
+) -> tuple[Tensor, Tensor]:
     """A = dedup([y] + topk(S, k) + topk(C, k)), keeping the first occurrence.
 
     Inputs are flat: logits (N, V), gold and valid (N,). Returns actions (N, A) and
@@ -213,8 +247,9 @@ def active_set(student_logits: Tensor, critic_logits: Tensor, gold: Tensor, vali
         parts.append(critic_logits.topk(top_k, dim=-1).indices)
     actions = torch.cat(parts, dim=-1)  # (N, A)
     same = actions.unsqueeze(-1) == actions.unsqueeze(-2)  # (N, A, A): slot j == slot i
-    earlier = torch.ones(actions.shape[-1], actions.shape[-1], dtype=torch.bool,
-                         device=actions.device).tril(-1)  # (A, A): i < j
+    earlier = torch.ones(actions.shape[-1], actions.shape[-1], dtype=torch.bool, device=actions.device).tril(
+        -1
+    )  # (A, A): i < j
     repeat = (same & earlier).any(-1)  # (N, A): slot j repeats an earlier slot
     return actions, ~repeat & valid.unsqueeze(-1)
 
@@ -254,8 +289,9 @@ def consensus_rewards(critic_logits: Tensor, actions: Tensor, mask: Tensor, opts
 
 
 @torch.no_grad()
-def avatarl_rewards(student_logits: Tensor, critic_logits: Tensor, targets: Tensor,
-                    options: AvatarlOptions | None = None, **opts) -> AvatarlRewards:
+def avatarl_rewards(
+    student_logits: Tensor, critic_logits: Tensor, targets: Tensor, options: AvatarlOptions | None = None, **opts
+) -> AvatarlRewards:
     """Active set and dense consensus reward of every position (no gradient).
 
     student_logits, critic_logits: (B, T, V); targets: (B, T) next-token ids, with
@@ -270,8 +306,10 @@ def avatarl_rewards(student_logits: Tensor, critic_logits: Tensor, targets: Tens
     valid = gold != o.ignore_index
     bad = valid & ((gold < 0) | (gold >= vocab))
     if bad.any():
-        raise ValueError(f"avatarl: targets hold ids outside [0, {vocab}) (e.g. {int(gold[bad][0])}) that are "
-                         f"not ignore_index={o.ignore_index}. Mark padding with ignore_index or fix the tokenizer.")
+        raise ValueError(
+            f"avatarl: targets hold ids outside [0, {vocab}) (e.g. {int(gold[bad][0])}) that are "
+            f"not ignore_index={o.ignore_index}. Mark padding with ignore_index or fix the tokenizer."
+        )
     gold = torch.where(valid, gold, 0)
     student = student_logits.detach().reshape(-1, vocab)  # (N, V), a view when contiguous
     critic = critic_logits.detach().reshape(-1, vocab)  # (N, V)
@@ -283,128 +321,3 @@ def avatarl_rewards(student_logits: Tensor, critic_logits: Tensor, targets: Tens
     width = o.num_slots
     actions, mask, rewards = (torch.cat(parts).reshape(batch, seq, width) for parts in zip(*outputs))
     return AvatarlRewards(actions=actions, mask=mask, rewards=rewards)
-
-
-def _position_terms(logits: Tensor, actions: Tensor, mask: Tensor, rewards: Tensor,
-                    temperature: float, entropy_grad: bool) -> tuple[Tensor, Tensor]:
-    """Per position: pg = -(Σ_A r·log π(a)) / |A| and H[softmax(S)]; flat (n, V) logits."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 kept
-    scaled = logits / temperature if temperature != 1.0 else logits  # (n, V)
-    log_pi = scaled.gather(-1, actions) - scaled.logsumexp(-1, keepdim=True)  # (n, A)
-    weighted = torch.where(mask & (rewards != 0), rewards * log_pi, 0.0)  # (n, A)
-    pg = -weighted.sum(-1) / mask.sum(-1).clamp_min(1)  # (n,)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        log_p = torch.log_softmax(logits, dim=-1)  # (n, V)
-        entropy = -(log_p.exp() * log_p).sum(-1)  # (n,)
-    return pg, entropy
-
-
-def _reduce(pg: Tensor, entropy: Tensor, valid: Tensor, n_valid: Tensor, entropy_coef: float, bonus: bool) -> Tensor:
-    """Mean over valid positions of pg - β·H ("bonus") or of pg ("temperature")."""
-    per_position = pg - entropy_coef * entropy if bonus else pg  # (n,)
-    return torch.where(valid, per_position, 0.0).sum() / n_valid
-
-
-class _ChunkedLoss(torch.autograd.Function):
-    """The loss over position chunks, with d loss/d logits computed chunk by chunk.
-
-    Forward runs autograd on one chunk at a time and writes its rows of the gradient
-    into a single (N, V) buffer, so the backward pass holds one (N, V) tensor (the
-    gradient it must return anyway) instead of one softmax per chunk. Every chunk's
-    gradient rows only depend on that chunk, so the result does not depend on
-    `chunk_size`. No double backward.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, actions: Tensor, mask: Tensor, rewards: Tensor, valid: Tensor,
-                n_valid: Tensor, temperature: float, entropy_coef: float, bonus: bool,
-                chunks: list[slice]) -> tuple[Tensor, Tensor, Tensor]:
-        grad = torch.empty_like(logits)  # (N, V), in the logits' dtype
-        pgs, entropies = [], []
-        for rows in chunks:
-            x = logits[rows].detach().requires_grad_(True)  # (n, V)
-            with torch.enable_grad():
-                pg, entropy = _position_terms(x, actions[rows], mask[rows], rewards[rows], temperature, bonus)
-                part = _reduce(pg, entropy, valid[rows], n_valid, entropy_coef, bonus)
-                (grad[rows],) = torch.autograd.grad(part, x)
-            pgs.append(pg.detach())
-            entropies.append(entropy.detach())
-        pg, entropy = torch.cat(pgs), torch.cat(entropies)  # (N,), (N,)
-        ctx.save_for_backward(grad)
-        ctx.mark_non_differentiable(pg, entropy)
-        return _reduce(pg, entropy, valid, n_valid, entropy_coef, bonus), pg, entropy
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, *unused: Tensor):
-        (grad,) = ctx.saved_tensors
-        if bool(grad_loss != 1):  # avoid a second (N, V) tensor in the common case
-            grad = grad * grad_loss.to(grad.dtype)
-        return (grad,) + (None,) * 9
-
-
-def avatarl_loss(student_logits: Tensor, actions: Tensor, mask: Tensor, rewards: Tensor,
-                 options: AvatarlOptions | None = None, **opts) -> tuple[Tensor, dict[str, float]]:
-    """REINFORCE over the active set, averaged as the avataRL code does.
-
-    L = mean over non-ignored t of [ -(Σ_{a∈A_t} r_t(a)·log π(a|s_t)) / |A_t| - β·H_t ]
-    ("bonus"; π = softmax(S_t), H_t its full-vocabulary entropy), or with
-    π = softmax(S_t/(1+β)) and no H term ("temperature"). Dividing by |A_t| and
-    then averaging positions is the reference normalisation (455cbdc and HEAD); the
-    reference averages over all B·T positions because it has no padding, we average
-    over positions with a non-empty active set. Rewards are treated as constants.
-    The gradient is built chunk by chunk (`chunk_size`); double backward is not supported.
-    Source: avataRL `compute_avatarl_loss`; Williams (1992) REINFORCE.
-    Returns (loss, stats) with float stats under `avatarl/...`; stats read the gold
-    reward from slot 0, the layout of `avatarl_rewards`.
-    """
-    o = _resolve(options, opts)
-    if student_logits.dim() != 3:
-        raise ValueError(f"avatarl_loss: student_logits must be (B, T, V), got {tuple(student_logits.shape)}. "
-                         "Pass the model's logits before flattening.")
-    batch, seq, vocab = student_logits.shape
-    for name, t in (("actions", actions), ("mask", mask), ("rewards", rewards)):
-        if t.dim() != 3 or t.shape[:2] != (batch, seq) or t.shape != actions.shape:
-            raise ValueError(f"avatarl_loss: {name} must be (B, T, A) = ({batch}, {seq}, A) like actions, got "
-                             f"{tuple(t.shape)}. Pass the fields of one avatarl_rewards(...) result.")
-    if actions.numel() and (int(actions.min()) < 0 or int(actions.max()) >= vocab):
-        raise ValueError(f"avatarl_loss: action ids must lie in [0, {vocab}) (the student's vocabulary); got "
-                         f"range [{int(actions.min())}, {int(actions.max())}]. Were the rewards computed "
-                         "for another model?")
-    bonus = o.entropy_mode == "bonus"
-    temperature = 1.0 if bonus else 1.0 + o.entropy_coef
-    logits = student_logits.reshape(-1, vocab)  # (N, V)
-    actions = actions.reshape(-1, actions.shape[-1])  # (N, A)
-    mask = mask.bool().reshape(-1, mask.shape[-1])  # (N, A)
-    rewards = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32)).reshape(-1, rewards.shape[-1])
-    valid = mask.any(-1)  # (N,) positions with a non-empty active set
-    n_valid = valid.sum().clamp_min(1)
-    chunks = _position_chunks(logits.shape[0], o.chunk_size)
-    if torch.is_grad_enabled() and logits.requires_grad:
-        loss, pg, entropy = _ChunkedLoss.apply(logits, actions, mask, rewards, valid, n_valid,
-                                               temperature, o.entropy_coef, bonus, chunks)
-    else:
-        terms = [_position_terms(logits[r], actions[r], mask[r], rewards[r], temperature, False) for r in chunks]
-        pg, entropy = (torch.cat(parts) for parts in zip(*terms))  # (N,), (N,)
-        loss = _reduce(pg, entropy, valid, n_valid, o.entropy_coef, bonus)
-    return loss, _stats(loss, pg, entropy, valid, mask, rewards)
-
-
-@torch.no_grad()
-def _stats(loss: Tensor, pg: Tensor, entropy: Tensor, valid: Tensor, mask: Tensor, rewards: Tensor) -> dict[str, float]:
-    """Float diagnostics; means over non-ignored positions (rewards: over valid actions)."""
-    n_pos = valid.sum().clamp_min(1)
-    n_act = mask.sum().clamp_min(1)
-
-    def pos_mean(x: Tensor) -> float:
-        return float(torch.where(valid, x.detach().float(), 0.0).sum() / n_pos)
-
-    return {
-        "avatarl/loss": float(loss.detach()),
-        "avatarl/pg_loss": pos_mean(pg),
-        "avatarl/entropy": pos_mean(entropy),
-        "avatarl/reward_mean": float(torch.where(mask, rewards, 0.0).sum() / n_act),
-        "avatarl/reward_max": float(rewards.max()) if rewards.numel() else 0.0,
-        "avatarl/gold_reward": pos_mean(rewards[:, 0]) if rewards.shape[-1] else 0.0,
-        "avatarl/active_size": pos_mean(mask.sum(-1)),
-        "avatarl/rewarded_per_position": pos_mean(((rewards > 0) & mask).sum(-1)),
-    }

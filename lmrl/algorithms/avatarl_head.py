@@ -16,14 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lmrl.algorithms.avatarl import (
-    AvatarlOptions,
-    _position_terms,
-    _reduce,
-    _stats,
-    active_set,
-    consensus_rewards,
-)
+from lmrl.algorithms.avatarl import AvatarlOptions, active_set, consensus_rewards
+from lmrl.algorithms.avatarl_reinforce import _position_terms, _reduce, _stats
 
 __all__ = ["avatarl_head_loss"]
 
@@ -55,8 +49,9 @@ class _AvatarlHead(torch.autograd.Function):
                     critic = _head(critic_hidden[at], critic_weight, dtype)  # (m, V)
                     student = _head(h, weight, dtype)  # (m, V)
                     # the reward in fp32, as `avatarl_rewards` computes it (a no-op for fp32 logits)
-                    actions, mask = active_set(student.float(), critic.float(), gold[at], valid[at], options.top_k,
-                                               options.critic_topk)
+                    actions, mask = active_set(
+                        student.float(), critic.float(), gold[at], valid[at], options.top_k, options.critic_topk
+                    )
                     rewards = consensus_rewards(critic.float(), actions, mask, options)  # (m, A)
                     del critic
                     log_p = student.log_softmax(-1)  # (m, V)
@@ -78,34 +73,58 @@ class _AvatarlHead(torch.autograd.Function):
         pg, entropy, mask, rewards, expected, ce = (torch.cat(parts[k]) for k in parts)
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         ctx.mark_non_differentiable(pg, entropy, mask, rewards, expected, ce)
-        return _reduce(pg, entropy, valid, n_valid, options.entropy_coef, bonus), pg, entropy, mask, rewards, \
-            expected, ce
+        return (
+            _reduce(pg, entropy, valid, n_valid, options.entropy_coef, bonus),
+            pg,
+            entropy,
+            mask,
+            rewards,
+            expected,
+            ce,
+        )
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None, \
-            None, None
+        return (
+            grad_h * grad_loss.to(grad_h.dtype),
+            grad_w * grad_loss.to(grad_w.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def avatarl_head_loss(hidden: Tensor, weight: Tensor, critic_hidden: Tensor, critic_weight: Tensor, targets: Tensor,
-                      options: AvatarlOptions, rows: int) -> tuple[Tensor, dict[str, float]]:
+def avatarl_head_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    critic_hidden: Tensor,
+    critic_weight: Tensor,
+    targets: Tensor,
+    options: AvatarlOptions,
+    rows: int,
+) -> tuple[Tensor, dict[str, float]]:
     """The avatarl loss (`avatarl_loss` of `avatarl_rewards`) from the student's last hidden states (B, T, H) and
     bias-free head weight (V, H) and the critic's (B, T, H_c), (V, H_c), in chunks of ``rows`` positions. Gradients
     reach ``hidden`` and ``weight``. Stats: `avatarl_loss`'s, plus ``avatarl/expected_reward`` (E_π[r], the return
-    REINFORCE ascends) and ``train/ce`` (mean -log π(y_t) over valid positions)."""
+    REINFORCE ascends) and ``loss/ce`` (mean -log π(y_t) over valid positions)."""
     if critic_weight.shape[0] != weight.shape[0]:
-        raise ValueError(f"avatarl: the critic's vocabulary ({critic_weight.shape[0]} rows of its LM head) differs "
-                         f"from the student's ({weight.shape[0]}). Train the critic with the student's tokenizer.")
+        raise ValueError(
+            f"avatarl: the critic's vocabulary ({critic_weight.shape[0]} rows of its LM head) differs "
+            f"from the student's ({weight.shape[0]}). Train the critic with the student's tokenizer."
+        )
     gold = targets.reshape(-1)
     valid = gold != options.ignore_index
     gold = torch.where(valid, gold, 0)
     flat_h, flat_c = hidden.reshape(-1, hidden.shape[-1]), critic_hidden.reshape(-1, critic_hidden.shape[-1])
-    loss, pg, entropy, mask, rewards, expected, ce = _AvatarlHead.apply(flat_h, weight, flat_c.detach(),
-                                                                        critic_weight.detach(), gold, valid, options,
-                                                                        max(1, rows))
+    loss, pg, entropy, mask, rewards, expected, ce = _AvatarlHead.apply(
+        flat_h, weight, flat_c.detach(), critic_weight.detach(), gold, valid, options, max(1, rows)
+    )
     stats = _stats(loss, pg, entropy, valid, mask, rewards)
     n = valid.sum().clamp_min(1)
     stats["avatarl/expected_reward"] = float(expected.sum() / max(1, gold.numel()))
-    stats["train/ce"] = float(torch.where(valid, ce, 0.0).sum() / n)
+    stats["loss/ce"] = float(torch.where(valid, ce, 0.0).sum() / n)
     return loss, stats

@@ -24,8 +24,10 @@ def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:
     baselines; a row with mask 0 adds 0 to the loss and to its normaliser. Same dtype as ``mask``."""
     check_mask(mask, mask)
     if not isinstance(truncated, Tensor) or truncated.shape != (mask.shape[0],):
-        raise ValueError(f"overlong_filter: `truncated` must be a bool tensor (N,) = ({mask.shape[0]},), one flag per "
-                         f"completion, got {getattr(truncated, 'shape', truncated)}.")
+        raise ValueError(
+            f"overlong_filter: `truncated` must be a bool tensor (N,) = ({mask.shape[0]},), one flag per "
+            f"completion, got {getattr(truncated, 'shape', truncated)}."
+        )
     return mask * (~truncated.bool()).to(mask.dtype)[:, None]
 
 
@@ -39,8 +41,9 @@ def high_entropy_tokens(entropy: Tensor, mask: Tensor, quantile: float) -> Tenso
     """
     m = check_mask(mask, entropy)
     if not 0.0 < quantile <= 1.0:
-        raise ValueError(f"high_entropy_tokens: `quantile` must be in (0, 1] (the share of tokens kept), got "
-                         f"{quantile!r}.")
+        raise ValueError(
+            f"high_entropy_tokens: `quantile` must be in (0, 1] (the share of tokens kept), got {quantile!r}."
+        )
     if quantile == 1.0 or not bool(m.any()):
         return m.clone()
     values = entropy.detach().float()[m]  # (K,)
@@ -56,8 +59,10 @@ def adaptive_entropy_coef(coef: float, entropy: float, target: float, step: floa
     is below the target. (Skywork also zeroes the bonus while H_k > target; here c only shrinks there.)
     """
     if not (coef >= 0 and step >= 0 and target > 0):
-        raise ValueError(f"adaptive_entropy_coef: need coef >= 0, step >= 0 and target > 0, got coef={coef!r}, "
-                         f"step={step!r}, target={target!r}.")
+        raise ValueError(
+            f"adaptive_entropy_coef: need coef >= 0, step >= 0 and target > 0, got coef={coef!r}, "
+            f"step={step!r}, target={target!r}."
+        )
     if entropy < target:
         return coef + step
     if entropy > target:
@@ -74,7 +79,9 @@ def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: int, n_step
     e^{+-0.2}. Above the target beta grows, below it shrinks.
     """
     if not (coef > 0 and target > 0 and horizon >= 1 and n_steps >= 0):
-        raise ValueError(f"adaptive_kl_coef: need coef > 0, target > 0, horizon >= 1 and n_steps >= 0, got "
-                         f"coef={coef!r}, target={target!r}, horizon={horizon!r}, n_steps={n_steps!r}.")
+        raise ValueError(
+            f"adaptive_kl_coef: need coef > 0, target > 0, horizon >= 1 and n_steps >= 0, got "
+            f"coef={coef!r}, target={target!r}, horizon={horizon!r}, n_steps={n_steps!r}."
+        )
     error = min(max(kl / target - 1.0, -KL_ERROR_CLIP), KL_ERROR_CLIP)
     return coef * (1.0 + error * n_steps / horizon)

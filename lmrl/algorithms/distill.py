@@ -30,13 +30,16 @@ DIRECTIONS = ("forward", "reverse")
 __all__ = ["DIRECTIONS", "Direction", "token_kl"]
 
 
-def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, direction: Direction,
-             temperature: float = 1.0) -> torch.Tensor:
+def token_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, direction: Direction, temperature: float = 1.0
+) -> torch.Tensor:
     """Per-position KL (N, T) between softmax(student / tau) and softmax(teacher / tau): ``forward`` is
     KL(teacher || student) * tau^2, ``reverse`` KL(student || teacher) * tau^2. Gradients reach the student only."""
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"token_kl: student logits {tuple(student_logits.shape)} and teacher logits "
-                         f"{tuple(teacher_logits.shape)} differ; both models must share the vocabulary.")
+        raise ValueError(
+            f"token_kl: student logits {tuple(student_logits.shape)} and teacher logits "
+            f"{tuple(teacher_logits.shape)} differ; both models must share the vocabulary."
+        )
     if direction not in DIRECTIONS:
         raise ValueError(f"token_kl: direction must be one of {DIRECTIONS}, got {direction!r}.")
     if not temperature > 0:

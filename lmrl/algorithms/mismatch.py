@@ -55,8 +55,10 @@ def check_is_options(level: str, mode: str, high: float, low: float | None) -> N
     if not high > 0:
         raise ValueError(f"the upper importance-weight bound (tis_cap) must be > 0 (e.g. 2.0), got {high!r}.")
     if low is not None and not (mode == "mask" and 0 <= low <= high):
-        raise ValueError(f"a lower importance-weight bound (is_low={low!r}) needs mode 'mask' and 0 <= low <= "
-                         f"high ({high}); truncation only caps from above.")
+        raise ValueError(
+            f"a lower importance-weight bound (is_low={low!r}) needs mode 'mask' and 0 <= low <= "
+            f"high ({high}); truncation only caps from above."
+        )
 
 
 def log_weights(log_ratio: Tensor, mask: Tensor, level: str = "token") -> Tensor:
@@ -75,8 +77,15 @@ def log_weights(log_ratio: Tensor, mask: Tensor, level: str = "token") -> Tensor
     return out.masked_fill(~mask, 0.0)
 
 
-def importance_weights(log_ratio: Tensor, mask: Tensor, *, level: str = "token", mode: str = "truncate",
-                       high: float = 2.0, low: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def importance_weights(
+    log_ratio: Tensor,
+    mask: Tensor,
+    *,
+    level: str = "token",
+    mode: str = "truncate",
+    high: float = 2.0,
+    low: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """The weights w' (N, T) to multiply the per-token surrogate by (detached; 0 off the mask) and their stats.
 
     Stats (shares and means over completion tokens; a row-level weight counts once per token of its row):
@@ -103,8 +112,9 @@ def importance_weights(log_ratio: Tensor, mask: Tensor, *, level: str = "token",
     return weight.masked_fill(~m, 0.0), stats
 
 
-def offpolicy_mask(log_ratio: Tensor, mask: Tensor, threshold: float, advantages: Tensor | None = None,
-                   rows: str = "all") -> Tensor:
+def offpolicy_mask(
+    log_ratio: Tensor, mask: Tensor, threshold: float, advantages: Tensor | None = None, rows: str = "all"
+) -> Tensor:
     """Bool (N, T): False on the tokens the off-policy sequence mask drops (and off the mask).
 
     m_i = mean over the row's tokens of log_ratio (log pi_old - log pi_sampler). ``rows="all"``: a row with
@@ -112,8 +122,9 @@ def offpolicy_mask(log_ratio: Tensor, mask: Tensor, threshold: float, advantages
     with m_i < -threshold are dropped; needs ``advantages`` (N,) or (N, T).
     """
     if not threshold > 0:
-        raise ValueError(f"the off-policy mask threshold is a mean log-ratio in nats and must be > 0 (e.g. 0.5), "
-                         f"got {threshold!r}.")
+        raise ValueError(
+            f"the off-policy mask threshold is a mean log-ratio in nats and must be > 0 (e.g. 0.5), got {threshold!r}."
+        )
     if rows not in OFFPOLICY_ROWS:
         raise ValueError(f"offpolicy mask rows must be one of {OFFPOLICY_ROWS}, got {rows!r}.")
     m = mask.bool()
@@ -122,7 +133,8 @@ def offpolicy_mask(log_ratio: Tensor, mask: Tensor, threshold: float, advantages
     if rows == "all":
         return m & (mean.abs() <= threshold)
     if advantages is None:
-        raise ValueError("the off-policy mask with rows='negative' drops tokens with a negative advantage: pass "
-                         "`advantages`.")
+        raise ValueError(
+            "the off-policy mask with rows='negative' drops tokens with a negative advantage: pass `advantages`."
+        )
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (N, 1) or (N, T)
     return m & ~((adv < 0) & (mean < -threshold))

@@ -24,9 +24,23 @@ POLICY_LOSSES = Registry("policy loss")
 
 LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| cap before exp: keeps ratios and their gradients finite
 
-SHARED_OPTIONS = ("agg", "max_len", "kl_coef", "ref_logp", "kl_estimator", "tis_cap", "is_level", "is_mode", "is_low",
-                  "offpolicy_mask_threshold", "offpolicy_mask_rows", "sampler_logp", "entropy", "entropy_coef",
-                  "train_tokens")
+SHARED_OPTIONS = (
+    "agg",
+    "max_len",
+    "kl_coef",
+    "ref_logp",
+    "kl_estimator",
+    "tis_cap",
+    "is_level",
+    "is_mode",
+    "is_low",
+    "offpolicy_mask_threshold",
+    "offpolicy_mask_rows",
+    "sampler_logp",
+    "entropy",
+    "entropy_coef",
+    "train_tokens",
+)
 
 
 def _check_clip(name: str, clip_low: float, clip_high: float) -> None:
@@ -49,7 +63,7 @@ def _pg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tup
     gradient step per batch"). No ratio to pi_old, no clipping.
     """
     per_token = -advantages * torch.exp(logp - logp.detach())  # (N, T)
-    return per_token, {"clip_frac": 0.0}
+    return per_token, {"policy/clip_frac": 0.0}
 
 
 @POLICY_LOSSES.register("ppo", scales_by_advantage=True)
@@ -84,19 +98,21 @@ def _ppo(
     if clip_ratio_c is not None and not clip_ratio_c > 1:
         raise ValueError(f"ppo: dual-clip `clip_ratio_c` must be > 1 (verl uses 3.0), got {clip_ratio_c!r}.")
     if clip_delta is not None and not clip_delta > 1 + clip_high:
-        raise ValueError(f"ppo: `clip_delta` must be > 1 + clip_high = {1 + clip_high} (INTELLECT-2 uses 4), got "
-                         f"{clip_delta!r}; a smaller bound would also cut tokens with positive advantages.")
+        raise ValueError(
+            f"ppo: `clip_delta` must be > 1 + clip_high = {1 + clip_high} (INTELLECT-2 uses 4), got "
+            f"{clip_delta!r}; a smaller bound would also cut tokens with positive advantages."
+        )
     ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (N, T)
     bounded = ratio.clamp(max=clip_delta) if clip_delta is not None else ratio
     unclipped = -advantages * bounded
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    stats = {"clip_frac": float(masked_mean((clipped > unclipped).float(), mask))}
+    stats = {"policy/clip_frac": float(masked_mean((clipped > unclipped).float(), mask))}
     per_token = torch.maximum(unclipped, clipped)
     if clip_ratio_c is not None:
         bound = -advantages * clip_ratio_c  # (N, T)
         lower = (advantages < 0) & (per_token > bound)
         per_token = torch.where(advantages < 0, torch.minimum(per_token, bound), per_token)
-        stats["clip_frac_lower"] = float(masked_mean(lower.float(), mask))
+        stats["policy/clip_frac_lower"] = float(masked_mean(lower.float(), mask))
     return per_token, stats
 
 
@@ -139,9 +155,9 @@ def _gspo(
     has_tok = mask.any(dim=1)
     seq_ratio = torch.exp(seq_log_ratio)
     stats = {
-        "clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
-        "seq_ratio/mean": float(seq_ratio[has_tok].mean()) if bool(has_tok.any()) else 0.0,
-        "seq_ratio/max": float(seq_ratio[has_tok].max()) if bool(has_tok.any()) else 0.0,
+        "policy/clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
+        "policy/seq_ratio_mean": float(seq_ratio[has_tok].mean()) if bool(has_tok.any()) else 0.0,
+        "policy/seq_ratio_max": float(seq_ratio[has_tok].max()) if bool(has_tok.any()) else 0.0,
     }
     return torch.maximum(unclipped, clipped), stats
 
@@ -168,7 +184,7 @@ def _cispo(
     ratio = torch.exp((logp.detach() - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T), detached
     clip_frac = masked_mean((weight != ratio).float(), mask)
-    return -weight * advantages * logp, {"clip_frac": float(clip_frac)}
+    return -weight * advantages * logp, {"policy/clip_frac": float(clip_frac)}
 
 
 def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
@@ -237,12 +253,12 @@ def policy_loss(
     max_len)`: tokens outside `train_tokens` add 0 to the surrogate but still count in the normaliser
     (TRL ``top_entropy_quantile``), and the bonus is aggregated like the policy loss.
     Entry options (e.g. clip_low, clip_high) go in `opts`; unknown options raise.
-    Stats (floats, masked token means): clip_frac, approx_kl = mean 0.5 (logp - old_logp)^2,
-    ratio/mean and ratio/max of the per-token ratio (gspo adds seq_ratio/*), and when
-    given: kl (the `kl_estimator` value, logged whenever ref_logp is passed),
-    tis/weight_mean, tis/weight_max, tis/clip_frac, tis/masked_frac, offpolicy/masked_frac,
-    sampler_logp_gap = mean |old_logp - sampler_logp|, loss/entropy =
-    -entropy_coef * aggregate(H) (part of the loss) and entropy/trained_frac = share of tokens in train_tokens.
+    Stats (floats, masked token means; named as logged, docs/metrics.md): policy/clip_frac, policy/approx_kl =
+    mean 0.5 (logp - old_logp)^2, policy/ratio_mean and policy/ratio_max of the per-token ratio (gspo adds
+    policy/seq_ratio_*), and when given: kl (the `kl_estimator` value, logged whenever ref_logp is passed),
+    policy/tis_weight_mean, _weight_max, _clip_frac, _masked_frac, policy/offpolicy_masked_frac,
+    policy/sampler_logp_gap = mean |old_logp - sampler_logp|, loss/entropy = -entropy_coef * aggregate(H) (part of
+    the loss) and policy/entropy_trained_frac = share of tokens in train_tokens.
     """
     fn = POLICY_LOSSES.get(name)
     check_options(f"policy loss '{name}'", opts, SHARED_OPTIONS + keyword_options(fn))
@@ -262,8 +278,10 @@ def policy_loss(
     if tis_cap is not None:
         check_is_options(is_level, is_mode, tis_cap, is_low)
     if not entropy_coef >= 0 or (entropy_coef > 0 and entropy is None):
-        raise ValueError(f"`entropy_coef` must be >= 0 and, when > 0, comes with `entropy` (N, T) (the policy's "
-                         f"per-token entropy, with gradient), got entropy_coef={entropy_coef!r}.")
+        raise ValueError(
+            f"`entropy_coef` must be >= 0 and, when > 0, comes with `entropy` (N, T) (the policy's "
+            f"per-token entropy, with gradient), got entropy_coef={entropy_coef!r}."
+        )
 
     logp = logp.masked_fill(~m, 0.0)  # (N, T); padding logp may be -inf: keep grads finite
     if not bool(torch.isfinite(logp.detach()).all()):
@@ -279,25 +297,25 @@ def policy_loss(
     if train_tokens is not None:
         keep = check_mask(train_tokens, logp, "train_tokens") & m  # (N, T)
         per_token = per_token * keep
-        stats["entropy/trained_frac"] = float(masked_mean(keep.float(), m))
+        stats["policy/entropy_trained_frac"] = float(masked_mean(keep.float(), m))
 
     log_ratio = logp.detach() - old_logp  # (N, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    stats["approx_kl"] = float(masked_mean(0.5 * log_ratio**2, m))
-    stats["ratio/mean"] = float(masked_mean(ratio, m))
-    stats["ratio/max"] = _masked_max(ratio, m)
+    stats["policy/approx_kl"] = float(masked_mean(0.5 * log_ratio**2, m))
+    stats["policy/ratio_mean"] = float(masked_mean(ratio, m))
+    stats["policy/ratio_max"] = _masked_max(ratio, m)
 
     if sampler_logp is not None:
         gap = old_logp - sampler_logp  # (N, T)
-        stats["sampler_logp_gap"] = float(masked_mean(gap.abs(), m))
+        stats["policy/sampler_logp_gap"] = float(masked_mean(gap.abs(), m))
         if tis_cap is not None:
             weight, is_stats = importance_weights(gap, m, level=is_level, mode=is_mode, high=tis_cap, low=is_low)
             per_token = per_token * weight  # (N, T), detached
-            stats.update({f"tis/{key}": value for key, value in is_stats.items()})
+            stats.update({f"policy/tis_{key}": value for key, value in is_stats.items()})
         if offpolicy_mask_threshold is not None:
             keep = offpolicy_mask(gap, m, offpolicy_mask_threshold, adv, offpolicy_mask_rows)  # (N, T)
             per_token = per_token * keep
-            stats["offpolicy/masked_frac"] = float(masked_mean((~keep).float(), m))
+            stats["policy/offpolicy_masked_frac"] = float(masked_mean((~keep).float(), m))
 
     if ref_logp is not None:
         kl_tok = kl(logp, ref_logp, kl_estimator)  # (N, T)

@@ -117,8 +117,7 @@ def _non_negative(loss: str, **values: float) -> None:
     for key, value in values.items():
         if not value >= 0:
             raise ValueError(
-                f"preference loss {loss!r}: option {key!r} must be >= 0, got {value}; "
-                f"it weights a loss term."
+                f"preference loss {loss!r}: option {key!r} must be >= 0, got {value}; it weights a loss term."
             )
 
 
@@ -147,13 +146,11 @@ def implicit_rewards(batch: Mapping[str, Tensor], beta: float) -> tuple[Tensor, 
     )
 
 
-def preference_stats(
-    batch: Mapping[str, Tensor], beta: float, reference_free: bool = False
-) -> dict[str, float]:
+def preference_stats(batch: Mapping[str, Tensor], beta: float, reference_free: bool = False) -> dict[str, float]:
     """Batch means for logging: implicit rewards [B eq. 80], margin, accuracy, log-probs.
 
-    `rewards/accuracy` is the fraction of pairs with r̂(yc) > r̂(yr). Log
-    `logps/*` separately: both usually fall during DPO (preference
+    `policy/reward_accuracy` is the fraction of pairs with r̂(yc) > r̂(yr). Log
+    `policy/logp_*` separately: both usually fall during DPO (preference
     displacement, book ch. 8). With `reference_free=True` (SimPO, ORPO) the
     reference is taken as 0, so r̂(y) = β·logπθ(y), and `ref_*` are not needed.
     """
@@ -163,12 +160,12 @@ def preference_stats(
         batch = {"chosen": chosen, "rejected": rejected, "ref_chosen": zero, "ref_rejected": zero}
     chosen_rewards, rejected_rewards = implicit_rewards(batch, beta)
     return {
-        "rewards/chosen": chosen_rewards.mean().item(),
-        "rewards/rejected": rejected_rewards.mean().item(),
-        "rewards/margin": (chosen_rewards - rejected_rewards).mean().item(),
-        "rewards/accuracy": (chosen_rewards > rejected_rewards).to(chosen_rewards).mean().item(),
-        "logps/chosen": batch["chosen"].detach().mean().item(),
-        "logps/rejected": batch["rejected"].detach().mean().item(),
+        "policy/reward_chosen": chosen_rewards.mean().item(),
+        "policy/reward_rejected": rejected_rewards.mean().item(),
+        "policy/reward_margin": (chosen_rewards - rejected_rewards).mean().item(),
+        "policy/reward_accuracy": (chosen_rewards > rejected_rewards).to(chosen_rewards).mean().item(),
+        "policy/logp_chosen": batch["chosen"].detach().mean().item(),
+        "policy/logp_rejected": batch["rejected"].detach().mean().item(),
     }
 
 
@@ -234,9 +231,7 @@ def cdpo(batch: Mapping[str, Tensor], *, beta: float = 0.1, label_smoothing: flo
 
 
 @PREFERENCE_LOSSES.register("robust")
-def robust(
-    batch: Mapping[str, Tensor], *, beta: float = 0.1, label_smoothing: float = 0.0
-) -> Tensor:
+def robust(batch: Mapping[str, Tensor], *, beta: float = 0.1, label_smoothing: float = 0.0) -> Tensor:
     """Robust DPO: L = [−(1−ε)·log σ(βh) + ε·log σ(−βh)] / (1 − 2ε).
 
     An unbiased estimate of the clean-label DPO loss when a fraction ε of the

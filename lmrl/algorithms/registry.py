@@ -42,9 +42,7 @@ class Registry:
         """Decorator adding a documented function under `name` (returned unchanged). ``traits``: facts about the
         entry that callers read instead of testing its name (e.g. ``scales_by_advantage=True``)."""
         if not isinstance(name, str) or not name:
-            raise ValueError(
-                f"A {self.kind} must be registered under a non-empty string name, got {name!r}."
-            )
+            raise ValueError(f"A {self.kind} must be registered under a non-empty string name, got {name!r}.")
 
         def decorator(fn: F) -> F:
             if not callable(fn):

@@ -94,8 +94,7 @@ def _labelled(labels: Tensor, loss: str, allowed: str, valid: Tensor) -> Tensor:
     if not bool((valid | ~mask).all()):
         bad = sorted(set(labels[mask & ~valid].tolist()))
         raise ValueError(
-            f"reward-model loss {loss!r}: labels must be {allowed} or {IGNORE_INDEX} (ignored), "
-            f"got {bad}."
+            f"reward-model loss {loss!r}: labels must be {allowed} or {IGNORE_INDEX} (ignored), got {bad}."
         )
     if not bool(mask.any()):
         raise ValueError(

@@ -81,8 +81,15 @@ def query_values(rewards: Tensor, group_size: int) -> Tensor:
     return rewards.view(-1, group_size).mean(dim=1)
 
 
-def solver_advantages(rewards: Tensor, group_size: int, self_rewards: Tensor | None = None, *,
-                      baseline: str = "total", scale: str = "none", eps: float = 1e-4) -> Tensor:
+def solver_advantages(
+    rewards: Tensor,
+    group_size: int,
+    self_rewards: Tensor | None = None,
+    *,
+    baseline: str = "total",
+    scale: str = "none",
+    eps: float = 1e-4,
+) -> Tensor:
     """A_Sol_ij = s_ij - b_i with s_ij = r_ij + rq_ij (LSP §2, Algorithm 1). (M*G,) -> (M*G,).
 
     b_i = mean_j s_ij (``baseline="total"``: the self-reward is in the baseline) or V(q_i) =
@@ -95,7 +102,9 @@ def solver_advantages(rewards: Tensor, group_size: int, self_rewards: Tensor | N
     rewards = _check(rewards, group_size)
     total = rewards + _self_rewards(self_rewards, rewards, group_size)  # (M*G,)
     groups = total.view(-1, group_size)  # (M, G)
-    base = groups.mean(dim=1, keepdim=True) if baseline == "total" else rewards.view(-1, group_size).mean(1, keepdim=True)
+    base = (
+        groups.mean(dim=1, keepdim=True) if baseline == "total" else rewards.view(-1, group_size).mean(1, keepdim=True)
+    )
     adv = groups - base  # (M, G)
     if scale == "std":
         if group_size < 2:
@@ -121,7 +130,9 @@ def challenger_advantages(rewards: Tensor, *, scale: str = "none", eps: float = 
         raise ValueError("challenger_advantages needs a non-empty 1-D tensor (N,) of Challenger rewards c_i.")
     rewards = rewards if rewards.is_floating_point() else rewards.float()
     if not bool(torch.isfinite(rewards).all()):
-        raise ValueError("Challenger rewards contain NaN or inf; map failures (e.g. malformed_reward) to a finite value.")
+        raise ValueError(
+            "Challenger rewards contain NaN or inf; map failures (e.g. malformed_reward) to a finite value."
+        )
     adv = rewards - rewards.mean()
     if scale == "std":
         if rewards.numel() < 2:
@@ -130,9 +141,17 @@ def challenger_advantages(rewards: Tensor, *, scale: str = "none", eps: float = 
     return adv
 
 
-def selfplay_advantages(rewards: Tensor, group_size: int, self_rewards: Tensor | None = None,
-                        valid: Tensor | None = None, *, malformed_reward: float = -1.0,
-                        baseline: str = "total", scale: str = "none", eps: float = 1e-4) -> SelfPlayAdvantages:
+def selfplay_advantages(
+    rewards: Tensor,
+    group_size: int,
+    self_rewards: Tensor | None = None,
+    valid: Tensor | None = None,
+    *,
+    malformed_reward: float = -1.0,
+    baseline: str = "total",
+    scale: str = "none",
+    eps: float = 1e-4,
+) -> SelfPlayAdvantages:
     """Both roles' advantages for N written queries of which the ``valid`` ones (bool (N,)) were answered.
 
     ``rewards`` / ``self_rewards`` are (M*G,) over the M = valid.sum() answered queries, in the order
@@ -153,5 +172,6 @@ def selfplay_advantages(rewards: Tensor, group_size: int, self_rewards: Tensor |
     solver = solver_advantages(rewards, group_size, self_rewards, baseline=baseline, scale=scale, eps=eps)  # (M*G,)
     c = torch.full((valid.numel(),), float(malformed_reward), dtype=rewards.dtype)  # (N,)
     c[valid] = challenger_rewards(rewards, group_size, self_rewards)  # (M,) into the answered slots
-    return SelfPlayAdvantages(solver, challenger_advantages(c, scale=scale, eps=eps), c,
-                              query_values(rewards, group_size))
+    return SelfPlayAdvantages(
+        solver, challenger_advantages(c, scale=scale, eps=eps), c, query_values(rewards, group_size)
+    )

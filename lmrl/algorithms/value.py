@@ -23,7 +23,7 @@ def value_loss(
     agg="seq_mean"). clip=None gives the plain 0.5 (v - G)^2. Shapes (N, T); only
     `values` carries gradient. v itself is clamped into the band (TRL, verl), so inside
     the band v_clip == v exactly (v_old + clamp(v - v_old, ...) can round one step off
-    v and count an unclipped token as clipped). Stats: vf_clip_frac (share of tokens
+    v and count an unclipped token as clipped). Stats: value/clip_frac (share of tokens
     where the clipped term is the larger one), value/mean, value/returns_mean.
     """
     m = check_mask(mask, values)
@@ -47,7 +47,7 @@ def value_loss(
         per_token = 0.5 * torch.maximum(err, err_clip)
         clip_frac = float(masked_mean((err_clip > err).float(), m))
     stats = {
-        "vf_clip_frac": clip_frac,
+        "value/clip_frac": clip_frac,
         "value/mean": float(masked_mean(v.detach(), m)),
         "value/returns_mean": float(masked_mean(target, m)),
     }

@@ -92,9 +92,7 @@ def validate_messages(messages: Any, where: str, require_assistant_last: bool = 
             )
     roles = [m["role"] for m in messages]
     offset = 1 if roles[0] == "system" else 0
-    expected = ["system"] * offset + [
-        "user" if (j % 2 == 0) else "assistant" for j in range(len(roles) - offset)
-    ]
+    expected = ["system"] * offset + ["user" if (j % 2 == 0) else "assistant" for j in range(len(roles) - offset)]
     ok = roles == expected and len(roles) > offset
     if ok and require_assistant_last and roles[-1] != "assistant":
         ok = False
@@ -109,9 +107,7 @@ def validate_messages(messages: Any, where: str, require_assistant_last: bool = 
 
 
 def _render(tokenizer: Any, messages: Sequence[dict], add_generation_prompt: bool) -> str:
-    text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
     if not isinstance(text, str):  # some versions return a list for batched input
         raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
     return text
@@ -186,15 +182,13 @@ def _prefix_check(full: str, part: str, upto: int, gen: bool) -> None:
             "the tokenizer's chat template does not have the prefix property: rendering "
             f"messages[:{upto}] (add_generation_prompt={gen}) is not a prefix of rendering the "
             f"whole conversation, so assistant tokens cannot be located.\n  prefix: {part[-80:]!r}\n"
-            f"  full:   {full[:len(part)][-80:]!r}\nUse a template without history-dependent "
+            f"  full:   {full[: len(part)][-80:]!r}\nUse a template without history-dependent "
             "rendering (e.g. one that strips reasoning from earlier turns), or set "
             "`chat_template` to lmrl.data.chat.CHATML_TEMPLATE."
         )
 
 
-def tokenize_messages(
-    tokenizer: Any, messages: Sequence[dict], learn: Sequence[int]
-) -> tuple[list[int], list[int]]:
+def tokenize_messages(tokenizer: Any, messages: Sequence[dict], learn: Sequence[int]) -> tuple[list[int], list[int]]:
     """Input ids and labels of a rendered conversation, learning the assistant turns `learn`.
 
     `learn` holds message indices (each an assistant message). Returns labels equal
@@ -279,9 +273,7 @@ def tokenize_prompt_completion(
             completion_msgs = list(completion)
         messages = prompt_msgs + completion_msgs
         validate_messages(messages, where)
-        learn = [
-            i for i, m in enumerate(messages) if i >= len(prompt_msgs) and m["role"] == "assistant"
-        ]
+        learn = [i for i, m in enumerate(messages) if i >= len(prompt_msgs) and m["role"] == "assistant"]
         return tokenize_messages(tokenizer, messages, learn)
     if not isinstance(prompt, str) or not isinstance(completion, str):
         raise ValueError(

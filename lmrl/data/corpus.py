@@ -15,9 +15,19 @@ import unicodedata
 import torch
 
 _REPLACE = {
-    "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2026": "...",
-    "\u2014": "--", "\u2013": "-", "\u00df": "ss", "\u00b0": " degrees", "\u00a0": " ",
-    "\t": "    ", "\r\n": "\n", "\r": "\n",
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u2026": "...",
+    "\u2014": "--",
+    "\u2013": "-",
+    "\u00df": "ss",
+    "\u00b0": " degrees",
+    "\u00a0": " ",
+    "\t": "    ",
+    "\r\n": "\n",
+    "\r": "\n",
 }
 
 
@@ -59,9 +69,7 @@ def corpus_splits(val_fraction: float = 0.05, text: str | None = None) -> tuple[
         cut = text.rfind("\n", 0, cut) + 1  # the last line: back to its start
     train, val = text[:cut], text[cut:]
     if not train or not val:
-        raise ValueError(
-            f"corpus of {len(text)} characters is too short to split with val_fraction={val_fraction}."
-        )
+        raise ValueError(f"corpus of {len(text)} characters is too short to split with val_fraction={val_fraction}.")
     return train, val
 
 
@@ -105,15 +113,18 @@ def read_text_file(path: str, source: str) -> str:
     else:
         byte = 0
     if nul >= 0:
-        raise ValueError(f"text file {source!r} is not UTF-8 text (byte 0x{byte:02x} at offset {nul}): pretraining "
-                         "reads text. Give a text file (UTF-8), or convert it.")
+        raise ValueError(
+            f"text file {source!r} is not UTF-8 text (byte 0x{byte:02x} at offset {nul}): pretraining "
+            "reads text. Give a text file (UTF-8), or convert it."
+        )
     return text
 
 
 def _nonempty(source: str, text: str) -> str:
     if not text.strip():
-        raise ValueError(f"the corpus {source!r} is empty (no text to train on). Give a file with text, or "
-                         "builtin:pydoc.")
+        raise ValueError(
+            f"the corpus {source!r} is empty (no text to train on). Give a file with text, or builtin:pydoc."
+        )
     return text
 
 

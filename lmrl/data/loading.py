@@ -45,13 +45,11 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}.")
     if source.startswith("task:"):
-        return _task_rows(source[len("task:"):], split, limit, task_args)
+        return _task_rows(source[len("task:") :], split, limit, task_args)
     if source.startswith("rg:"):
         return _task_rows(source, split, limit, task_args)
     if task_args:
-        raise ValueError(
-            f"{source}: extra arguments {sorted(task_args)} only apply to built-in tasks (task:<name>)."
-        )
+        raise ValueError(f"{source}: extra arguments {sorted(task_args)} only apply to built-in tasks (task:<name>).")
     problem = local_source_problem(source)
     if problem:
         raise ValueError(problem)
@@ -61,8 +59,10 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
         try:
             rows = _read_file(path, ext, limit)
         except UnicodeDecodeError as e:
-            raise ValueError(f"data file {source!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                             f"{e.start}). Save it as UTF-8.") from None
+            raise ValueError(
+                f"data file {source!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                f"{e.start}). Save it as UTF-8."
+            ) from None
     elif os.path.isdir(path):
         rows = _read_hf(path, split, limit, local=True)
     else:
@@ -72,8 +72,15 @@ def load_rows(source: str, split: str = "train", limit: int | None = None, **tas
     return rows[:limit] if limit is not None else rows
 
 
-SOURCE_KEYS = ("dataset", "eval_dataset", "train_dataset", "ptx_dataset", "eval_metrics_dataset", "warm_start_dataset",
-               "data")
+SOURCE_KEYS = (
+    "dataset",
+    "eval_dataset",
+    "train_dataset",
+    "ptx_dataset",
+    "eval_metrics_dataset",
+    "warm_start_dataset",
+    "data",
+)
 """Config keys that name a data source (`load_rows`): `check_sources` checks their local paths at start-up."""
 
 
@@ -85,13 +92,17 @@ def local_source_problem(source: str) -> str | None:
     path = os.path.expanduser(source)
     exists, is_dir = os.path.exists(path), os.path.isdir(path)
     if exists and not is_dir and not os.path.isfile(path):
-        return (f"data file {source!r} is not a regular file (a FIFO or a device, which a read would wait on or "
-                "never finish); give a regular file, a dataset directory, a hub id, or task:<name>.")
+        return (
+            f"data file {source!r} is not a regular file (a FIFO or a device, which a read would wait on or "
+            "never finish); give a regular file, a dataset directory, a hub id, or task:<name>."
+        )
     if os.path.splitext(path)[1].lower() in FILE_FORMATS and not os.path.isfile(path):
         if is_dir:
             return f"data file {source!r} is a directory; give the .jsonl/.json/.parquet/.csv file inside it."
-        return (f"data file {source!r} not found (working directory {os.getcwd()}); give an existing "
-                ".jsonl/.json/.parquet/.csv file, a dataset directory, a hub id, or task:<name>.")
+        return (
+            f"data file {source!r} not found (working directory {os.getcwd()}); give an existing "
+            ".jsonl/.json/.parquet/.csv file, a dataset directory, a hub id, or task:<name>."
+        )
     if not exists and source.startswith(("/", "./", "../", "~")):
         return f"dataset path {source!r} not found; give an existing file or directory, a hub id, or task:<name>."
     return None
@@ -173,8 +184,10 @@ def _read_file(path: str, ext: str, limit: int | None) -> list[dict]:
                 if limit is not None and len(rows) >= limit:
                     break
         except csv.Error as e:
-            raise ValueError(f"{name}: not valid CSV at line {reader.line_num} ({e}); check for an unclosed "
-                             f"quote (a \" inside a field is written \"\").") from None
+            raise ValueError(
+                f"{name}: not valid CSV at line {reader.line_num} ({e}); check for an unclosed "
+                f'quote (a " inside a field is written "").'
+            ) from None
         return rows
 
 
@@ -206,9 +219,7 @@ def _read_jsonl(path: str, limit: int | None) -> list[dict]:
 def _read_hf(source: str, split: str, limit: int | None, local: bool) -> list[dict]:
     import datasets
 
-    saved = local and any(
-        os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")
-    )
+    saved = local and any(os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json"))
     try:
         ds = datasets.load_from_disk(source) if saved else datasets.load_dataset(source, split=split)
     except Exception as e:  # network, missing repo, bad split: many exception types
@@ -228,7 +239,7 @@ def _read_hf(source: str, split: str, limit: int | None, local: bool) -> list[di
 
 
 def detect_format(columns: Sequence[str], where: str) -> Format:
-    """"messages" if a `messages` column exists, else "prompt_completion" if `prompt` and `completion` do."""
+    """ "messages" if a `messages` column exists, else "prompt_completion" if `prompt` and `completion` do."""
     cols = set(columns)
     if "messages" in cols:
         return "messages"
@@ -279,13 +290,9 @@ def check_completion(completion: Any, where: str) -> None:
             check_completion(c, where)
         return
     if not isinstance(completion, str):
-        raise ValueError(
-            f"{where}: completion must be a string, got {type(completion).__name__}. Fix or drop the row."
-        )
+        raise ValueError(f"{where}: completion must be a string, got {type(completion).__name__}. Fix or drop the row.")
     if not completion.strip():
-        raise ValueError(
-            f"{where}: empty completion; every example needs a non-empty target to learn. Drop the row."
-        )
+        raise ValueError(f"{where}: empty completion; every example needs a non-empty target to learn. Drop the row.")
 
 
 def check_prompt(prompt: Any, where: str) -> None:
@@ -296,8 +303,7 @@ def check_prompt(prompt: Any, where: str) -> None:
         validate_messages(prompt, where, require_assistant_last=False)
         return
     raise ValueError(
-        f"{where}: prompt must be a string or a list of messages, got {type(prompt).__name__}. "
-        "Fix or drop the row."
+        f"{where}: prompt must be a string or a list of messages, got {type(prompt).__name__}. Fix or drop the row."
     )
 
 
@@ -308,7 +314,6 @@ def check_messages(messages: Any, where: str) -> list[dict]:
     for j, m in enumerate(messages):
         if m["role"] == "assistant" and not m["content"].strip():
             raise ValueError(
-                f"{where}: assistant message {j} is empty; every assistant turn needs text. "
-                "Drop the row or the turn."
+                f"{where}: assistant message {j} is empty; every assistant turn needs text. Drop the row or the turn."
             )
     return list(messages)

@@ -26,9 +26,11 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
         raise ValueError(f"max_tokens_per_microbatch must be >= 1, got {capacity}.")
     too_long = [n for n in lengths if n > capacity]
     if too_long:
-        raise ValueError(f"A row of {max(too_long)} tokens does not fit max_tokens_per_microbatch={capacity}: "
-                         f"raise it to at least {max(too_long)} (the longest row: max_length, or prompt + "
-                         f"max_new_tokens).")
+        raise ValueError(
+            f"A row of {max(too_long)} tokens does not fit max_tokens_per_microbatch={capacity}: "
+            f"raise it to at least {max(too_long)} (the longest row: max_length, or prompt + "
+            f"max_new_tokens)."
+        )
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -87,10 +89,16 @@ def packed_forward_agrees(model, vocab_size: int, lengths: Sequence[int] = (5, 3
     model.eval()
     try:
         batch = pack(rows, rows)
-        packed = model(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device),
-                       use_cache=False).logits[0].float()
-        alone = torch.cat([model(input_ids=torch.tensor([r], device=device), use_cache=False).logits[0].float()
-                           for r in rows])
+        packed = (
+            model(
+                input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device), use_cache=False
+            )
+            .logits[0]
+            .float()
+        )
+        alone = torch.cat(
+            [model(input_ids=torch.tensor([r], device=device), use_cache=False).logits[0].float() for r in rows]
+        )
     finally:
         model.train(was_training)
     return bool(torch.allclose(packed, alone, atol=atol, rtol=1e-3))
@@ -99,6 +107,8 @@ def packed_forward_agrees(model, vocab_size: int, lengths: Sequence[int] = (5, 3
 def check_packable(model, vocab_size: int) -> None:
     """Start-up check for ``max_tokens_per_microbatch``: a clear error when ``model`` attends across packed rows."""
     if not packed_forward_agrees(model, vocab_size):
-        raise ValueError(f"max_tokens_per_microbatch: {type(model).__name__} attends across packed rows (its attention "
-                         f"ignores position ids that restart per row, e.g. OPT, whose positions come from the attention "
-                         f"mask). Fix: max_tokens_per_microbatch=null.")
+        raise ValueError(
+            f"max_tokens_per_microbatch: {type(model).__name__} attends across packed rows (its attention "
+            f"ignores position ids that restart per row, e.g. OPT, whose positions come from the attention "
+            f"mask). Fix: max_tokens_per_microbatch=null."
+        )

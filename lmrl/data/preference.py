@@ -79,8 +79,9 @@ def load_preference_rows(source: str, split: str = "train", limit: int | None = 
     return load_rows(source, split=split, limit=limit, **data_args)
 
 
-def export_rows(source: str, path: str, n: int = DEFAULT_BUILTIN_ROWS, split: str = "train", seed: int = 0,
-                **data_args: Any) -> int:
+def export_rows(
+    source: str, path: str, n: int = DEFAULT_BUILTIN_ROWS, split: str = "train", seed: int = 0, **data_args: Any
+) -> int:
     """Write `n` rows of a built-in source as JSONL; `source` "builtin:prefs-sft" writes `completion_rows` of
     builtin:prefs (SFT data for a reference policy). Returns the number of rows written."""
     import json
@@ -98,8 +99,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`python -m lmrl.data.preference builtin:prefs-sft runs/prefs_sft.jsonl --n 1000 [--split test] [--seed 1]`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m lmrl.data.preference",
-                                     description="Export a built-in preference source to JSONL.")
+    parser = argparse.ArgumentParser(
+        prog="python -m lmrl.data.preference", description="Export a built-in preference source to JSONL."
+    )
     parser.add_argument("source", choices=[*BUILTIN_SOURCES, "builtin:prefs-sft"])
     parser.add_argument("out", help="output .jsonl path")
     parser.add_argument("--n", type=int, default=DEFAULT_BUILTIN_ROWS, help="rows (prompts) to generate")

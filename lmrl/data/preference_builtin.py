@@ -86,9 +86,16 @@ def _prompts(n: int, split: str, seed: int, **arithmetic: Any) -> list[dict]:
     return [rows[i % len(rows)] for i in range(n)]
 
 
-def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions: int = 2,
-                    kinds: Sequence[str] = CANDIDATE_KINDS, digits: int = 1, always_correct: bool = False,
-                    **arithmetic: Any) -> list[dict]:
+def preference_rows(
+    n: int,
+    split: str = "train",
+    seed: int = 0,
+    num_completions: int = 2,
+    kinds: Sequence[str] = CANDIDATE_KINDS,
+    digits: int = 1,
+    always_correct: bool = False,
+    **arithmetic: Any,
+) -> list[dict]:
     """Rows of the built-in preference task: K = `num_completions` completions per arithmetic prompt,
     distinct in gold score, ranked by `gold_score`.
 
@@ -128,8 +135,9 @@ def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions
         row = {"prompt": base["prompt"], "answer": base["answer"], "meta": meta, "task": "arithmetic"}
         ranked = sorted(texts, key=texts.get, reverse=True)
         if num_completions == 2:
-            row.update(chosen=ranked[0], rejected=ranked[1], chosen_score=texts[ranked[0]],
-                       rejected_score=texts[ranked[1]])
+            row.update(
+                chosen=ranked[0], rejected=ranked[1], chosen_score=texts[ranked[0]], rejected_score=texts[ranked[1]]
+            )
         else:
             order = list(texts)
             rng.shuffle(order)
@@ -138,8 +146,14 @@ def preference_rows(n: int, split: str = "train", seed: int = 0, num_completions
     return out
 
 
-def orm_rows(n: int, split: str = "train", seed: int = 0, wrong_kinds: Sequence[str] = ("near", "far"),
-             digits: int = 1, **arithmetic: Any) -> list[dict]:
+def orm_rows(
+    n: int,
+    split: str = "train",
+    seed: int = 0,
+    wrong_kinds: Sequence[str] = ("near", "far"),
+    digits: int = 1,
+    **arithmetic: Any,
+) -> list[dict]:
     """Outcome-labelled rows (prompt, completion, label), half correct answers (label 1), half wrong ones (label
     0) drawn from `wrong_kinds` of the preference task's candidates; so the majority-class accuracy is 0.5."""
     for kind in wrong_kinds:
@@ -157,8 +171,9 @@ def orm_rows(n: int, split: str = "train", seed: int = 0, wrong_kinds: Sequence[
     return out
 
 
-def prm_rows(n: int, split: str = "train", seed: int = 0, n_operands: int = 3, digits: int = 1,
-             error_rate: float = 0.5) -> list[dict]:
+def prm_rows(
+    n: int, split: str = "train", seed: int = 0, n_operands: int = 3, digits: int = 1, error_rate: float = 0.5
+) -> list[dict]:
     """Stepwise-labelled solutions (prompt, completions = steps, labels) of `a+b-c=` problems.
 
     Step i computes running total r_i = r_{i-1} op x_i as the line "r_{i-1}op x_i=r_i". With

@@ -166,14 +166,21 @@ def parse_preference_row(row: Any, where: str) -> PreferenceGroup:
         check_completion(chosen, f"{where} (chosen)")
         check_completion(rejected, f"{where} (rejected)")
     if chosen == rejected:
-        raise ValueError(f"{where}: chosen and rejected are identical ({str(chosen)[:60]!r}); a pair needs two "
-                         "different completions. Drop the row.")
+        raise ValueError(
+            f"{where}: chosen and rejected are identical ({str(chosen)[:60]!r}); a pair needs two "
+            "different completions. Drop the row."
+        )
     scores = None
     if "chosen_score" in row and "rejected_score" in row:
-        scores = (_number(row["chosen_score"], "chosen_score", where),
-                  _number(row["rejected_score"], "rejected_score", where))
-    margin = _number(row["margin"], "margin", where) if row.get("margin") is not None else (
-        scores[0] - scores[1] if scores else None)
+        scores = (
+            _number(row["chosen_score"], "chosen_score", where),
+            _number(row["rejected_score"], "rejected_score", where),
+        )
+    margin = (
+        _number(row["margin"], "margin", where)
+        if row.get("margin") is not None
+        else (scores[0] - scores[1] if scores else None)
+    )
     return PreferenceGroup(prompt, (chosen, rejected), scores, margin, row, where)
 
 
@@ -230,13 +237,17 @@ def parse_step_rows(rows: Sequence[Any], where: str = "dataset") -> list[Labelle
         check_prompt(row["prompt"], name)
         steps, labels = row["completions"], row["labels"]
         if not isinstance(steps, list) or not steps or not isinstance(labels, list) or len(labels) != len(steps):
-            raise ValueError(f"{name}: `completions` must be a non-empty list of steps with one label each in "
-                             f"`labels`, got {len(steps) if isinstance(steps, list) else steps!r} steps and "
-                             f"{len(labels) if isinstance(labels, list) else labels!r} labels.")
+            raise ValueError(
+                f"{name}: `completions` must be a non-empty list of steps with one label each in "
+                f"`labels`, got {len(steps) if isinstance(steps, list) else steps!r} steps and "
+                f"{len(labels) if isinstance(labels, list) else labels!r} labels."
+            )
         for j, s in enumerate(steps):
             if not isinstance(s, str) or not s.strip() or STEP_SEPARATOR in s.strip():
-                raise ValueError(f"{name}: step {j} must be non-empty text without {STEP_SEPARATOR!r} "
-                                 f"(steps are joined with it), got {s!r}.")
+                raise ValueError(
+                    f"{name}: step {j} must be non-empty text without {STEP_SEPARATOR!r} "
+                    f"(steps are joined with it), got {s!r}."
+                )
         steps = tuple(s.strip() for s in steps)
         values = tuple(_label(v, (-1, 0, 1), f"label of step {j}", name) for j, v in enumerate(labels))
         out.append(LabelledExample(row["prompt"], STEP_SEPARATOR.join(steps), values, name, steps))

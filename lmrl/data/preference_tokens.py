@@ -92,5 +92,9 @@ def collate_completions(items: Sequence[Tokenized], pad_id: int) -> dict[str, to
         input_ids[b, p_width : p_width + t] = torch.tensor(x.completion_ids)
         attention_mask[b, p_width - p : p_width + t] = 1
         completion_mask[b, :t] = torch.tensor(x.learn, dtype=torch.float)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask,
-            "completion_start": torch.tensor(p_width)}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "completion_start": torch.tensor(p_width),
+    }

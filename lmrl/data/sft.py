@@ -33,7 +33,12 @@ def _has_target(labels: Sequence[int]) -> bool:
 
 
 def tokenize_row(
-    row: dict, tokenizer: Any, fmt: str, train_on: str = "all", chat: bool = True, where: str = "row",
+    row: dict,
+    tokenizer: Any,
+    fmt: str,
+    train_on: str = "all",
+    chat: bool = True,
+    where: str = "row",
     tool_context: ToolContext | None = None,
 ) -> SFTExample:
     """Validate and tokenize one row of format `fmt` ("messages" or "prompt_completion").
@@ -42,11 +47,19 @@ def tokenize_row(
     template, the call format, and whether call tokens are learned; tool outputs are never learned."""
     if fmt == "messages" and has_tool_turns(row):
         if tool_context is None:
-            raise ValueError(f"{where}: the row has tool turns; set tools=[...] (and tool_parser) so that the chat "
-                             "template can render them.")
+            raise ValueError(
+                f"{where}: the row has tool turns; set tools=[...] (and tool_parser) so that the chat "
+                "template can render them."
+            )
         messages = tool_row_messages(row, tool_context.parser)
-        ids, labels = tokenize_tool_conversation(tokenizer, messages, row.get("tools") or tool_context.tools,
-                                                 tool_context.parser, tool_context.train_calls, where)
+        ids, labels = tokenize_tool_conversation(
+            tokenizer,
+            messages,
+            row.get("tools") or tool_context.tools,
+            tool_context.parser,
+            tool_context.train_calls,
+            where,
+        )
         return SFTExample(ids, labels)
     if fmt == "messages":
         messages = check_messages(row["messages"], where)
@@ -136,9 +149,7 @@ def collate_sft(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.
     labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
     for b, ex in enumerate(examples):
         if len(ex.input_ids) != len(ex.labels):
-            raise ValueError(
-                f"collate_sft: example {b} has {len(ex.input_ids)} input ids but {len(ex.labels)} labels."
-            )
+            raise ValueError(f"collate_sft: example {b} has {len(ex.input_ids)} input ids but {len(ex.labels)} labels.")
         n = len(ex.input_ids)
         input_ids[b, :n] = torch.tensor(ex.input_ids, dtype=torch.long)
         attention_mask[b, :n] = 1

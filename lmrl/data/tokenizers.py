@@ -112,14 +112,11 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         return BUILTIN_TOKENIZERS[name_or_path]()
     if name_or_path.startswith("builtin:"):
         raise ValueError(
-            f"unknown built-in tokenizer {name_or_path!r}; the built-in ones are "
-            f"{sorted(BUILTIN_TOKENIZERS)}."
+            f"unknown built-in tokenizer {name_or_path!r}; the built-in ones are {sorted(BUILTIN_TOKENIZERS)}."
         )
     path = os.path.expanduser(name_or_path)
     if not os.path.exists(path) and not _HUB_ID.match(name_or_path):
-        raise ValueError(
-            f"model path {name_or_path!r} not found; give a local path, a hub id, or builtin:char."
-        )
+        raise ValueError(f"model path {name_or_path!r} not found; give a local path, a hub id, or builtin:char.")
     from lmrl.models.gguf import gguf_file, load_gguf_tokenizer  # here: lmrl.models imports this module
 
     gguf = gguf_file(path) if os.path.exists(path) else None
@@ -127,8 +124,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(
-                f"tokenizer {name_or_path!r} has neither a pad nor an eos token; set one "
-                "in its tokenizer_config.json."
+                f"tokenizer {name_or_path!r} has neither a pad nor an eos token; set one in its tokenizer_config.json."
             )
         tokenizer.pad_token = tokenizer.eos_token
     return ensure_chat_template(tokenizer)
@@ -151,8 +147,11 @@ def _from_pretrained(name_or_path: str, path: str) -> PreTrainedTokenizerBase:
     built-in ones, or any tokenizer.json without a model-specific class): that loads as saved. AutoTokenizer would
     take the class of the folder's model type instead (transformers 5 turns a built-in tokenizer saved beside a
     qwen2 config.json into a Qwen2Tokenizer, which splits text differently)."""
-    if os.path.isdir(path) and _saved_class(path) in GENERIC_TOKENIZER_CLASSES \
-            and os.path.exists(os.path.join(path, "tokenizer.json")):
+    if (
+        os.path.isdir(path)
+        and _saved_class(path) in GENERIC_TOKENIZER_CLASSES
+        and os.path.exists(os.path.join(path, "tokenizer.json"))
+    ):
         return PreTrainedTokenizerFast.from_pretrained(path)
     try:
         return AutoTokenizer.from_pretrained(path if os.path.exists(path) else name_or_path)

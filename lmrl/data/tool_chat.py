@@ -61,26 +61,33 @@ def ensure_tool_template(tokenizer: Any) -> Any:
     Raises a ValueError naming the fix when the tokenizer's own template refuses `tool` messages."""
     if getattr(tokenizer, "chat_template", None) in (None, CHATML_TEMPLATE):
         tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
-    probe = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "call"},
-             {"role": "tool", "content": "2"}]
+    probe = [
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": "2"},
+    ]
     try:
         text = render(tokenizer, probe, [], add_generation_prompt=True)
     except Exception as exc:  # noqa: BLE001 - any template error means the same fix
-        raise ValueError(f"the tokenizer's chat template cannot render tool messages ({type(exc).__name__}: "
-                         f"{str(exc)[:120]}). Use a model whose template supports tools, or set "
-                         "chat_template to lmrl.data.tool_chat.CHATML_TOOLS_TEMPLATE.") from None
+        raise ValueError(
+            f"the tokenizer's chat template cannot render tool messages ({type(exc).__name__}: "
+            f"{str(exc)[:120]}). Use a model whose template supports tools, or set "
+            "chat_template to lmrl.data.tool_chat.CHATML_TOOLS_TEMPLATE."
+        ) from None
     if "2" not in text.split("call", 1)[-1]:
-        raise ValueError("the tokenizer's chat template drops tool messages; use a template that renders the "
-                         "`tool` role (e.g. lmrl.data.tool_chat.CHATML_TOOLS_TEMPLATE).")
+        raise ValueError(
+            "the tokenizer's chat template drops tool messages; use a template that renders the "
+            "`tool` role (e.g. lmrl.data.tool_chat.CHATML_TOOLS_TEMPLATE)."
+        )
     return tokenizer
 
 
-def render(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None,
-           add_generation_prompt: bool) -> str:
+def render(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
     """The chat template applied to `messages`, with `tools=` when there are tools."""
     extra = {"tools": list(tools)} if tools else {}
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt, **extra)
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
     if not isinstance(text, str):
         raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
     return text
@@ -91,8 +98,9 @@ def prompt_ids(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] |
     return _encode(tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True))
 
 
-def between_turns_ids(tokenizer: Any, history: Sequence[dict], assistant: dict, observations: Sequence[dict],
-                      tools: Sequence[dict] | None) -> list[int]:
+def between_turns_ids(
+    tokenizer: Any, history: Sequence[dict], assistant: dict, observations: Sequence[dict], tools: Sequence[dict] | None
+) -> list[int]:
     """Tokens after the sampled `assistant` turn's end-of-turn marker, through the next generation prompt:
     the rest of the assistant turn as rendered (ChatML: "\\n"), the `observations` and the next
     `<|im_start|>assistant\\n`. `history` ends where the assistant turn started."""
@@ -101,7 +109,7 @@ def between_turns_ids(tokenizer: Any, history: Sequence[dict], assistant: dict, 
     after = render(tokenizer, [*history, assistant, *observations], tools, add_generation_prompt=True)
     _prefix_check(with_turn, before, len(history), True)
     _prefix_check(after, with_turn, len(history) + 1, False)
-    end = len(before) + _turn_end(tokenizer, with_turn[len(before):])
+    end = len(before) + _turn_end(tokenizer, with_turn[len(before) :])
     return _encode(tokenizer, after[end:])
 
 
@@ -120,13 +128,17 @@ def span_token_mask(tokenizer: Any, ids: Sequence[int], spans: Sequence[tuple[in
         return [False] * len(ids)
     ends = token_char_ends(tokenizer, ids)
     starts = [0, *ends[:-1]]
-    return [any(s < e_span and e > s_span for s_span, e_span in spans) and e > s
-            for s, e in zip(starts, ends)]
+    return [any(s < e_span and e > s_span for s_span, e_span in spans) and e > s for s, e in zip(starts, ends)]
 
 
-def tokenize_tool_conversation(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None,
-                               parser: Any = None, train_calls: bool = True,
-                               where: str = "conversation") -> tuple[list[int], list[int]]:
+def tokenize_tool_conversation(
+    tokenizer: Any,
+    messages: Sequence[dict],
+    tools: Sequence[dict] | None,
+    parser: Any = None,
+    train_calls: bool = True,
+    where: str = "conversation",
+) -> tuple[list[int], list[int]]:
     """Input ids and labels of a tool-use conversation for SFT: every assistant turn learned (content and its
     end-of-turn marker), user, system and tool messages never; with train_calls=False, the tokens of the
     calls `parser` finds in an assistant turn are not learned either."""
@@ -142,7 +154,7 @@ def tokenize_tool_conversation(tokenizer: Any, messages: Sequence[dict], tools: 
         after = render(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
         _prefix_check(full, before, i, True)
         _prefix_check(full, after, i + 1, False)
-        start, end = len(before), len(before) + _turn_end(tokenizer, after[len(before):])
+        start, end = len(before), len(before) + _turn_end(tokenizer, after[len(before) :])
         ids = _encode(tokenizer, full[pos:start])
         input_ids += ids
         labels += [IGNORE_INDEX] * len(ids)
@@ -166,17 +178,20 @@ def validate_tool_messages(messages: Any, where: str) -> None:
         raise ValueError(f"{where}: `messages` must be a non-empty list of {{'role', 'content'}} dicts.")
     for j, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: message {j} must be a dict with a 'role' and string 'content', got "
-                             f"{str(m)[:80]!r}.")
+            raise ValueError(
+                f"{where}: message {j} must be a dict with a 'role' and string 'content', got {str(m)[:80]!r}."
+            )
     roles = [m["role"] for m in messages]
     body = roles[1:] if roles[0] == "system" else roles
     bad = [r for r in body if r not in ("user", "assistant", "tool")]
     ok = bool(body) and body[0] == "user" and not bad and body[-1] == "assistant"
     ok = ok and all(body[k - 1] in ("assistant", "tool") for k in range(1, len(body)) if body[k] == "tool")
     if not ok:
-        raise ValueError(f"{where}: bad role order {roles}. A tool conversation is an optional system message, a "
-                         "user message, then assistant turns, each optionally followed by tool messages, ending "
-                         "with an assistant turn.")
+        raise ValueError(
+            f"{where}: bad role order {roles}. A tool conversation is an optional system message, a "
+            "user message, then assistant turns, each optionally followed by tool messages, ending "
+            "with an assistant turn."
+        )
 
 
 def tool_row_messages(row: dict, parser: Any) -> list[dict]:
@@ -190,8 +205,15 @@ def tool_row_messages(row: dict, parser: Any) -> list[dict]:
         m = dict(m)
         calls = m.pop("tool_calls", None)
         if calls and parser is not None:
-            parsed = [SimpleNamespace(name=c["function"]["name"], arguments=c["function"]["arguments"] if isinstance(
-                c["function"]["arguments"], dict) else json.loads(c["function"]["arguments"])) for c in calls]
+            parsed = [
+                SimpleNamespace(
+                    name=c["function"]["name"],
+                    arguments=c["function"]["arguments"]
+                    if isinstance(c["function"]["arguments"], dict)
+                    else json.loads(c["function"]["arguments"]),
+                )
+                for c in calls
+            ]
             m["content"] = ((m.get("content") or "") + parser.format(parsed)).strip()
         m["content"] = m.get("content") or ""
         out.append(m)
@@ -208,6 +230,18 @@ def has_tool_turns(row: dict) -> bool:
     return any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages or [])
 
 
-__all__ = ["CHATML_TOOLS_TEMPLATE", "ToolContext", "END_OF_TURN", "between_turns_ids", "ensure_tool_template", "has_tool_turns",
-           "prompt_ids", "render", "span_token_mask", "token_char_ends", "tokenize_tool_conversation",
-           "tool_row_messages", "validate_tool_messages"]
+__all__ = [
+    "CHATML_TOOLS_TEMPLATE",
+    "ToolContext",
+    "END_OF_TURN",
+    "between_turns_ids",
+    "ensure_tool_template",
+    "has_tool_turns",
+    "prompt_ids",
+    "render",
+    "span_token_mask",
+    "token_char_ends",
+    "tokenize_tool_conversation",
+    "tool_row_messages",
+    "validate_tool_messages",
+]

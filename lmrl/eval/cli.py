@@ -41,7 +41,9 @@ class EvalDataSection(Section):
     """The rows to evaluate and how to sample and score completions: shared by `lmrl eval` and `lmrl filter`."""
 
     title = "data and sampling"
-    dataset: str = field("task:arithmetic", "task:<name> (built-in), rg:<name>, a .jsonl/.json/.parquet/.csv file, or an HF dataset id")
+    dataset: str = field(
+        "task:arithmetic", "task:<name> (built-in), rg:<name>, a .jsonl/.json/.parquet/.csv file, or an HF dataset id"
+    )
     split: str = field("test", "dataset split")
     rows: int | None = field(200, "rows to evaluate (null: all)")
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
@@ -77,13 +79,15 @@ class EvalConfig(EvalDataSection, ToolSection, EngineSection, ModelSection):
     baseline: str | None = field(None, "metric win_rate: the model the evaluated one is compared with")
     judge_max_new_tokens: int = field(256, "tokens of each judgement")
     train_dataset: str | None = field(None, "training data to check for 8-gram overlap with the eval rows (warning)")
-    harness_tasks: list[str] = field([], "also run these lm-evaluation-harness tasks on the model (a local HF model "
-                                         "dir; needs the eval extra)")
+    harness_tasks: list[str] = field(
+        [], "also run these lm-evaluation-harness tasks on the model (a local HF model dir; needs the eval extra)"
+    )
     harness_include: str | None = field(None, "directory of local harness task YAMLs")
     harness_limit: int | None = field(None, "first N documents per harness task (null: all)")
     num_samples: int = field(4, "sample rows shown and saved")
-    output_file: str | None = field(None, "JSON results; default <run>/evals/<dataset>.json for a run's model, "
-                                          "else evals/<dataset>.json")
+    output_file: str | None = field(
+        None, "JSON results; default <run>/evals/<dataset>.json for a run's model, else evals/<dataset>.json"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -97,11 +101,15 @@ class EvalConfig(EvalDataSection, ToolSection, EngineSection, ModelSection):
         if self.samples < 0:
             raise ConfigError(f"'samples' must be >= 0 (0: the largest K of the metrics), got {self.samples}.")
         if self.multi_turn and "win_rate" in [str(m).strip().lower() for m in self.metrics]:
-            raise ConfigError("metrics: win_rate compares single-turn answers with a baseline's; it does not run with "
-                              "tools, mcp_servers or env (evaluate accuracy, pass@K, pass^K, maj@K, avg@K instead).")
+            raise ConfigError(
+                "metrics: win_rate compares single-turn answers with a baseline's; it does not run with "
+                "tools, mcp_servers or env (evaluate accuracy, pass@K, pass^K, maj@K, avg@K instead)."
+            )
         if self.multi_turn and not self.chat:
-            raise ConfigError("chat=false: tool episodes are rendered with the chat template (its tools and tool "
-                              "messages); drop chat=false or the tools/mcp_servers/env keys.")
+            raise ConfigError(
+                "chat=false: tool episodes are rendered with the chat template (its tools and tool "
+                "messages); drop chat=false or the tools/mcp_servers/env keys."
+            )
 
 
 def default_output(config: EvalConfig) -> Path:
@@ -114,24 +122,33 @@ def default_output(config: EvalConfig) -> Path:
     return (run_dir / "evals" if run_dir and run_dir.is_dir() else Path("evals")) / f"{slug}{suffix}.json"
 
 
-def warn_contamination(train_source: str, eval_rows: list[dict], eval_source: str, n: int = 8,
-                       **task_args: Any) -> dict | None:
+def warn_contamination(
+    train_source: str, eval_rows: list[dict], eval_source: str, n: int = 8, **task_args: Any
+) -> dict | None:
     """Print a warning when eval rows share n-grams with the training data; returns the report's dict."""
     train_rows = load_rows(train_source, split="train", **(task_args if is_generated(train_source) else {}))
     report = overlap(train_rows, eval_rows, n=n)
     if report.contaminated:
-        console.print(f"[bold yellow]warning:[/] {len(report.contaminated)} of {report.eval_rows} eval rows of "
-                      f"{eval_source} share >= {report.threshold:.0%} of their {n}-grams with {train_source} "
-                      f"(rows {report.contaminated[:10]}{' ...' if len(report.contaminated) > 10 else ''}): "
-                      "scores on them may measure memorisation. `lmrl decontaminate` lists them.")
+        console.print(
+            f"[bold yellow]warning:[/] {len(report.contaminated)} of {report.eval_rows} eval rows of "
+            f"{eval_source} share >= {report.threshold:.0%} of their {n}-grams with {train_source} "
+            f"(rows {report.contaminated[:10]}{' ...' if len(report.contaminated) > 10 else ''}): "
+            "scores on them may measure memorisation. `lmrl decontaminate` lists them."
+        )
     return report.to_dict()
 
 
 @contextlib.contextmanager
 def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
     """A ``progress(stage, done, total)`` callback drawing one bar per stage on the terminal (transient)."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bars:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bars:
         tasks: dict[str, Any] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -153,8 +170,9 @@ def run(config: EvalConfig) -> dict[str, float]:
         check_model_dir(config.model)
     rows = load_rows(config.dataset, split=config.split, limit=config.rows, **config.task_args)
     turns = config.turn_options() if config.multi_turn else None  # tools/env: every completion is an episode
-    evaluator = Evaluator(config.metrics, rows, config.options(), config.dataset, turns=turns) \
-        if config.metrics else None
+    evaluator = (
+        Evaluator(config.metrics, rows, config.options(), config.dataset, turns=turns) if config.metrics else None
+    )
     contamination = None
     if config.train_dataset:
         contamination = warn_contamination(config.train_dataset, rows, config.dataset, **config.task_args)
@@ -165,20 +183,35 @@ def run(config: EvalConfig) -> dict[str, float]:
     start = time.perf_counter()
     engine = eval_engine(config, evaluator, model, tokenizer, setup.dtype)
     with progress_bars() as progress:
-        metrics, samples = evaluator(model, tokenizer, setup.dtype, progress, engine, env_factory) if evaluator \
+        metrics, samples = (
+            evaluator(model, tokenizer, setup.dtype, progress, engine, env_factory)
+            if evaluator
             else ({"rows": 0.0}, [])
+        )
     if config.harness_tasks:
         from lmrl.eval.harness import flat_metrics, run_harness
 
-        metrics.update(flat_metrics(run_harness(config.model, config.harness_tasks, config.harness_include,
-                                                config.harness_limit)))
+        metrics.update(
+            flat_metrics(run_harness(config.model, config.harness_tasks, config.harness_include, config.harness_limit))
+        )
     metrics["time_s"] = round(time.perf_counter() - start, 3)
     show(config, metrics, samples)
     path = Path(config.output_file) if config.output_file else default_output(config)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"model": config.model, "dataset": config.dataset, "split": config.split,
-                                "metrics": _json_safe(metrics), "samples": _json_safe(samples),
-                                "contamination": contamination, "config": dataclasses.asdict(config)}, indent=1))
+    path.write_text(
+        json.dumps(
+            {
+                "model": config.model,
+                "dataset": config.dataset,
+                "split": config.split,
+                "metrics": _json_safe(metrics),
+                "samples": _json_safe(samples),
+                "contamination": contamination,
+                "config": dataclasses.asdict(config),
+            },
+            indent=1,
+        )
+    )
     console.print(f"wrote {path}")
     return metrics
 
@@ -256,12 +289,15 @@ def decontaminate(config: DecontamConfig) -> dict[str, Any]:
     for i in report.contaminated[:20]:
         table.add_row(str(i), f"{report.shares[i]:.0%}", plain(str(evals[i].get("prompt", evals[i]))[:200]))
     console.print(table)
-    console.print(f"{len(report.contaminated)} of {report.eval_rows} eval rows ({report.fraction:.1%}) share >= "
-                  f"{config.threshold:.0%} of their {config.n}-grams with {len(train)} training rows.")
+    console.print(
+        f"{len(report.contaminated)} of {report.eval_rows} eval rows ({report.fraction:.1%}) share >= "
+        f"{config.threshold:.0%} of their {config.n}-grams with {len(train)} training rows."
+    )
     out = report.to_dict()
     if config.output_file:
         Path(config.output_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.output_file).write_text(json.dumps({**out, "rows": [evals[i] for i in report.contaminated]},
-                                                       indent=1, default=str))
+        Path(config.output_file).write_text(
+            json.dumps({**out, "rows": [evals[i] for i in report.contaminated]}, indent=1, default=str)
+        )
         console.print(f"wrote {config.output_file}")
     return out

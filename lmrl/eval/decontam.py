@@ -86,9 +86,14 @@ class OverlapReport:
         return len(self.contaminated) / self.eval_rows if self.eval_rows else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "threshold": self.threshold, "eval_rows": self.eval_rows,
-                "contaminated_rows": len(self.contaminated), "contaminated_frac": self.fraction,
-                "contaminated_indices": self.contaminated}
+        return {
+            "n": self.n,
+            "threshold": self.threshold,
+            "eval_rows": self.eval_rows,
+            "contaminated_rows": len(self.contaminated),
+            "contaminated_frac": self.fraction,
+            "contaminated_indices": self.contaminated,
+        }
 
 
 def overlap(train: Iterable[Any], evals: Sequence[Any], n: int = 8, threshold: float = 0.5) -> OverlapReport:

@@ -40,8 +40,9 @@ class FilterConfig(EvalDataSection, ModelSection):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.min_pass <= self.max_pass <= 1:
-            raise ConfigError(f"need 0 <= min_pass <= max_pass <= 1, got min_pass={self.min_pass}, "
-                              f"max_pass={self.max_pass}.")
+            raise ConfigError(
+                f"need 0 <= min_pass <= max_pass <= 1, got min_pass={self.min_pass}, max_pass={self.max_pass}."
+            )
         if self.samples < 1:
             raise ConfigError(f"'samples' must be >= 1, got {self.samples}.")
 
@@ -66,12 +67,18 @@ def spread(rates: list[float], lo: float, hi: float) -> dict[str, int]:
 def empty_message(rates: list[float], lo: float, hi: float, rated: Path) -> str:
     """Why no row was kept: which side of [lo, hi] the pass rates fell on, and what to change."""
     below, above, n = sum(r < lo for r in rates), sum(r > hi for r in rates), len(rates)
-    side = (f"min_pass={lo:g} emptied it (all {n} rows are below)" if not above else
-            f"max_pass={hi:g} emptied it (all {n} rows are above)" if not below else
-            f"the range [{lo:g}, {hi:g}] falls between the rates ({below} rows below min_pass, {above} above max_pass)")
+    side = (
+        f"min_pass={lo:g} emptied it (all {n} rows are below)"
+        if not above
+        else f"max_pass={hi:g} emptied it (all {n} rows are above)"
+        if not below
+        else f"the range [{lo:g}, {hi:g}] falls between the rates ({below} rows below min_pass, {above} above max_pass)"
+    )
     spread_text = ", ".join(f"{name}: {count}" for name, count in spread(rates, lo, hi).items())
-    return (f"No row has a pass rate in [min_pass={lo:g}, max_pass={hi:g}]: {side}. Pass rates: {spread_text}. "
-            f"Widen min_pass/max_pass, or use a stronger or weaker model. Every row's measured rate is in {rated}.")
+    return (
+        f"No row has a pass rate in [min_pass={lo:g}, max_pass={hi:g}]: {side}. Pass rates: {spread_text}. "
+        f"Widen min_pass/max_pass, or use a stronger or weaker model. Every row's measured rate is in {rated}."
+    )
 
 
 def run(config: FilterConfig) -> dict[str, float]:
@@ -88,22 +95,28 @@ def run(config: FilterConfig) -> dict[str, float]:
     start = time.perf_counter()
     with progress_bars() as progress:
         rates, tokens = evaluator.pass_rates(model, tokenizer, setup.dtype, progress)
-    kept = [{**row, "pass_rate": rate} for row, rate in zip(rows, rates)
-            if config.min_pass <= rate <= config.max_pass]
+    kept = [{**row, "pass_rate": rate} for row, rate in zip(rows, rates) if config.min_pass <= rate <= config.max_pass]
     if not kept:  # keep the measured rates (the costly part) and say which bounds emptied the result
         rated = path.with_name(path.stem + ".all_rates.jsonl")
         rated.write_text("".join(json.dumps({**row, "pass_rate": rate}) + "\n" for row, rate in zip(rows, rates)))
         raise ValueError(empty_message(rates, config.min_pass, config.max_pass, rated))
     path.write_text("".join(json.dumps(row) + "\n" for row in kept))
     counts = spread(rates, config.min_pass, config.max_pass)
-    table = Table(title=f"pass rates of {config.model} on {len(rows)} rows of {config.dataset} "
-                        f"({config.samples} samples each)")
+    table = Table(
+        title=f"pass rates of {config.model} on {len(rows)} rows of {config.dataset} ({config.samples} samples each)"
+    )
     table.add_column("pass rate")
     table.add_column("prompts", justify="right")
     for name, count in counts.items():
         table.add_row(name, f"{count} ({count / len(rows):.0%})")
     console.print(table)
-    console.print(f"kept {len(kept)} of {len(rows)} rows -> {path} ({time.perf_counter() - start:.0f} s, "
-                  f"{tokens['tokens/generated']:.0f} tokens generated)")
-    return {"rows": float(len(rows)), "kept": float(len(kept)), "mean_pass_rate": sum(rates) / len(rates),
-            **{f"count/{name}": float(n) for name, n in counts.items()}}
+    console.print(
+        f"kept {len(kept)} of {len(rows)} rows -> {path} ({time.perf_counter() - start:.0f} s, "
+        f"{tokens['tokens/generated']:.0f} tokens generated)"
+    )
+    return {
+        "rows": float(len(rows)),
+        "kept": float(len(kept)),
+        "mean_pass_rate": sum(rates) / len(rates),
+        **{f"count/{name}": float(n) for name, n in counts.items()},
+    }

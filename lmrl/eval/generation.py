@@ -11,9 +11,15 @@ from lmrl.data.tasks import get_task
 from lmrl.rollout.hf import HFEngine, SamplingParams
 
 
-def task_accuracy(model, tokenizer, rows: list[dict[str, Any]], max_new_tokens: int = 32,
-                  autocast_dtype: torch.dtype | None = None, batch_size: int = 64,
-                  num_samples: int = 4) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def task_accuracy(
+    model,
+    tokenizer,
+    rows: list[dict[str, Any]],
+    max_new_tokens: int = 32,
+    autocast_dtype: torch.dtype | None = None,
+    batch_size: int = 64,
+    num_samples: int = 4,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy pass@1 of ``model`` on built-in task rows (columns prompt, answer, task, meta).
 
     Returns ``{"accuracy": mean score}`` and the first ``num_samples`` rows as sample records.
@@ -24,12 +30,16 @@ def task_accuracy(model, tokenizer, rows: list[dict[str, Any]], max_new_tokens: 
     samples: list[dict[str, Any]] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        prompt_ids = [tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in chunk]
+        prompt_ids = [
+            tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in chunk
+        ]
         batch = engine.generate(prompt_ids, params, n=1)
         for row, completion in zip(chunk, batch.completions):
             score = get_task(row["task"]).score(completion, row["answer"], row["meta"])
             scores.append(score)
             if len(samples) < num_samples:
-                samples.append({"prompt": row["prompt"], "completion": completion, "answer": row["answer"], "score": score})
+                samples.append(
+                    {"prompt": row["prompt"], "completion": completion, "answer": row["answer"], "score": score}
+                )
     accuracy = sum(scores) / max(1, len(scores))
     return {"accuracy": accuracy}, samples

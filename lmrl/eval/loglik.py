@@ -24,9 +24,15 @@ def check_choice_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
     """Start-up check: a non-empty `choices` list and an `answer` naming one of them in every row."""
     for i, row in enumerate(rows):
         choices = row.get("choices")
-        if not isinstance(choices, (list, tuple)) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
-            raise ValueError(f"{source}: row {i} needs a 'choices' column with two or more non-empty strings for "
-                             f"metric loglik (columns: {sorted(row)}).")
+        if (
+            not isinstance(choices, (list, tuple))
+            or len(choices) < 2
+            or not all(isinstance(c, str) and c for c in choices)
+        ):
+            raise ValueError(
+                f"{source}: row {i} needs a 'choices' column with two or more non-empty strings for "
+                f"metric loglik (columns: {sorted(row)})."
+            )
         gold_index(row, source, i)
 
 
@@ -37,22 +43,26 @@ def gold_index(row: dict[str, Any], source: str = "row", i: int = 0) -> int:
         return answer
     if isinstance(answer, str) and answer in choices:
         return choices.index(answer)
-    raise ValueError(f"{source}: row {i} has answer {answer!r}, which is neither an index into its "
-                     f"{len(choices)} choices nor one of their texts. Give the index (0-based) or the right choice's "
-                     "text as 'answer'.")
+    raise ValueError(
+        f"{source}: row {i} has answer {answer!r}, which is neither an index into its "
+        f"{len(choices)} choices nor one of their texts. Give the index (0-based) or the right choice's "
+        "text as 'answer'."
+    )
 
 
 @torch.no_grad()
-def choice_logprobs(model, tokenizer, context: list[int], choices: Sequence[str],
-                    dtype: torch.dtype | None = None) -> tuple[list[float], list[int]]:
+def choice_logprobs(
+    model, tokenizer, context: list[int], choices: Sequence[str], dtype: torch.dtype | None = None
+) -> tuple[list[float], list[int]]:
     """Summed log p(choice tokens | context) and the token count of each choice, in one batched forward."""
     sums, counts = batch_logprobs(model, tokenizer, [(context, list(choices))], dtype)
     return sums[0], counts[0]
 
 
 @torch.no_grad()
-def batch_logprobs(model, tokenizer, items: Sequence[tuple[list[int], list[str]]],
-                   dtype: torch.dtype | None = None) -> tuple[list[list[float]], list[list[int]]]:
+def batch_logprobs(
+    model, tokenizer, items: Sequence[tuple[list[int], list[str]]], dtype: torch.dtype | None = None
+) -> tuple[list[list[float]], list[list[int]]]:
     """For each (context ids, choice texts): the summed log-prob and token count of every choice, all choices of
     all items in one forward (contexts left-padded to a common length, choices right-padded)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -82,9 +92,15 @@ def batch_logprobs(model, tokenizer, items: Sequence[tuple[list[int], list[str]]
     return sums, counts
 
 
-def evaluate_choices(model, tokenizer, rows: Sequence[dict[str, Any]], chat: bool = True,
-                     dtype: torch.dtype | None = None, progress=None,
-                     batch_size: int = 64) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def evaluate_choices(
+    model,
+    tokenizer,
+    rows: Sequence[dict[str, Any]],
+    chat: bool = True,
+    dtype: torch.dtype | None = None,
+    progress=None,
+    batch_size: int = 64,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``loglik/acc`` (summed log-prob picks the gold choice), ``loglik/acc_norm`` (per-token mean picks it) and
     ``tokens/loglik`` (tokens run through the model: context once per choice, plus the choices), with per-row
     records (the two picks and the sums)."""
@@ -95,17 +111,27 @@ def evaluate_choices(model, tokenizer, rows: Sequence[dict[str, Any]], chat: boo
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             contexts = [encode_prompt(tokenizer, row["prompt"], chat) for row in chunk]
-            all_sums, all_counts = batch_logprobs(model, tokenizer, [(c, list(r["choices"])) for c, r in
-                                                                      zip(contexts, chunk)], dtype)
+            all_sums, all_counts = batch_logprobs(
+                model, tokenizer, [(c, list(r["choices"])) for c, r in zip(contexts, chunk)], dtype
+            )
             for row, context, sums, counts in zip(chunk, contexts, all_sums, all_counts):
-                records.append({"gold": gold_index(row), "pick": choose(sums, counts, False),
-                                "pick_norm": choose(sums, counts, True), "logps": sums, "tokens": counts,
-                                "forward_tokens": len(context) * len(counts) + sum(counts)})
+                records.append(
+                    {
+                        "gold": gold_index(row),
+                        "pick": choose(sums, counts, False),
+                        "pick_norm": choose(sums, counts, True),
+                        "logps": sums,
+                        "tokens": counts,
+                        "forward_tokens": len(context) * len(counts) + sum(counts),
+                    }
+                )
             if progress:
                 progress(start + len(chunk))
     finally:
         model.train(was_training)
     n = max(1, len(records))
-    return {"loglik/acc": sum(r["pick"] == r["gold"] for r in records) / n,
-            "loglik/acc_norm": sum(r["pick_norm"] == r["gold"] for r in records) / n,
-            "tokens/loglik": float(sum(r["forward_tokens"] for r in records))}, records
+    return {
+        "loglik/acc": sum(r["pick"] == r["gold"] for r in records) / n,
+        "loglik/acc_norm": sum(r["pick_norm"] == r["gold"] for r in records) / n,
+        "tokens/loglik": float(sum(r["forward_tokens"] for r in records)),
+    }, records

@@ -63,8 +63,10 @@ def maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int
     answers: parsed answers of the samples (None: unparsable, never votes); correct: whether each is correct.
     """
     if not 1 <= k <= len(answers) or len(answers) != len(correct):
-        raise ValueError(f"maj@{k} needs k <= n samples with one correctness flag each, got {len(answers)} answers "
-                         f"and {len(correct)} flags.")
+        raise ValueError(
+            f"maj@{k} needs k <= n samples with one correctness flag each, got {len(answers)} answers "
+            f"and {len(correct)} flags."
+        )
     winner = majority_answer(answers[:k])
     if winner is None:
         return 0.0
@@ -94,14 +96,22 @@ def win_rate(verdicts: Sequence[str | None]) -> tuple[float | None, int]:
     return (sum(outcomes) / len(outcomes) if outcomes else None), len(outcomes)
 
 
-def lc_win_rate(verdicts: Sequence[str | None], model_lengths: Sequence[float], baseline_lengths: Sequence[float],
-                l2: float = 1e-4, iters: int = 100) -> float | None:
+def lc_win_rate(
+    verdicts: Sequence[str | None],
+    model_lengths: Sequence[float],
+    baseline_lengths: Sequence[float],
+    l2: float = 1e-4,
+    iters: int = 100,
+) -> float | None:
     """Length-controlled win rate: σ(a) of the logistic fit logit P(win_i) = a + b·x_i, x_i = tanh(Δ_i / sd(Δ)),
     Δ_i = model length − baseline length, to outcomes y_i ∈ {1, ½, 0} (ties as ½) by Newton's method with a small
     L2 penalty ``l2`` (keeps a separable fit finite). With all Δ_i equal to 0 it is the plain win rate.
     Judge failures (None) are left out; None when nothing was judged."""
-    rows = [(VERDICT_SCORE[v], m - b) for v, m, b in zip(verdicts, model_lengths, baseline_lengths, strict=True)
-            if v is not None]
+    rows = [
+        (VERDICT_SCORE[v], m - b)
+        for v, m, b in zip(verdicts, model_lengths, baseline_lengths, strict=True)
+        if v is not None
+    ]
     if not rows:
         return None
     ys = [y for y, _ in rows]

@@ -55,8 +55,15 @@ class EvalOptions:
 
 
 class Evaluator:
-    def __init__(self, names: Sequence[str], rows: list[dict[str, Any]], options: EvalOptions | None = None,
-                 source: str = "dataset", key: str = "metrics", turns: MultiTurnOptions | None = None):
+    def __init__(
+        self,
+        names: Sequence[str],
+        rows: list[dict[str, Any]],
+        options: EvalOptions | None = None,
+        source: str = "dataset",
+        key: str = "metrics",
+        turns: MultiTurnOptions | None = None,
+    ):
         """``turns``: the options of tool episodes (run when the call gets an ``env_factory``)."""
         self.options = opts = options or EvalOptions()
         self.spec = parse_metrics(list(names), key)
@@ -68,8 +75,10 @@ class Evaluator:
             raise ValueError(f"{source}: row {bad} has no 'prompt' column (columns: {sorted(rows[bad])}).")
         self.n = max(opts.samples, self.spec.max_k)
         if self.spec.sampled and not (opts.temperature > 0 and 0 < opts.top_p <= 1):
-            raise ValueError(f"sampled metrics need temperature > 0 and top_p in (0, 1]; got temperature="
-                             f"{opts.temperature}, top_p={opts.top_p}.")
+            raise ValueError(
+                f"sampled metrics need temperature > 0 and top_p in (0, 1]; got temperature="
+                f"{opts.temperature}, top_p={opts.top_p}."
+            )
         if opts.samples and opts.samples < self.spec.max_k:
             raise ValueError(f"samples={opts.samples} is fewer than the largest k ({self.spec.max_k}) of {key}.")
         if self.spec.needs_answers:
@@ -80,8 +89,10 @@ class Evaluator:
         self.reward_fn = self.judge = self.baseline = None
         if self.spec.reward:
             if not opts.reward_model:
-                raise ValueError(f"'{key}' has 'reward': give the reward model with reward_model=PATH (a run's final/ "
-                                 "of `lmrl reward`).")
+                raise ValueError(
+                    f"'{key}' has 'reward': give the reward model with reward_model=PATH (a run's final/ "
+                    "of `lmrl reward`)."
+                )
             from lmrl.rewards.reward_model import reward_model_reward
 
             self.reward_fn = reward_model_reward(opts.reward_model)
@@ -91,19 +102,33 @@ class Evaluator:
     def _load_judge(self, key: str) -> None:
         opts = self.options
         if not opts.judge or not opts.baseline:
-            raise ValueError(f"'{key}' has 'win_rate': give judge=PATH (the judge model) and baseline=PATH (the model "
-                             "whose answers are compared with the evaluated model's).")
+            raise ValueError(
+                f"'{key}' has 'win_rate': give judge=PATH (the judge model) and baseline=PATH (the model "
+                "whose answers are compared with the evaluated model's)."
+            )
         from lmrl.models.setup import ModelSetup
         from lmrl.rewards.judge import PairwiseJudge
 
         setup = ModelSetup(seed=opts.seed)
         judge_model, self.judge_tokenizer = setup.judge(opts.judge)
-        self.judge = PairwiseJudge(judge_model, self.judge_tokenizer, swap=True,
-                                   max_new_tokens=opts.judge_max_new_tokens, autocast_dtype=setup.dtype)
+        self.judge = PairwiseJudge(
+            judge_model,
+            self.judge_tokenizer,
+            swap=True,
+            max_new_tokens=opts.judge_max_new_tokens,
+            autocast_dtype=setup.dtype,
+        )
         self.baseline = setup.judge(opts.baseline)
 
-    def __call__(self, model, tokenizer, dtype: torch.dtype | None = None, progress: Progress | None = None,
-                 engine=None, env_factory=None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def __call__(
+        self,
+        model,
+        tokenizer,
+        dtype: torch.dtype | None = None,
+        progress: Progress | None = None,
+        engine=None,
+        env_factory=None,
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """The metrics (plain names: ``accuracy``, ``pass@8``, ``avg@8/std``, ``win_rate``, ``tokens/...``) and
         sample records of the first ``num_samples`` rows. ``engine``: the rollout engine that generates (default:
         an `HFEngine` on ``model``; `lmrl eval engine=vllm` passes a vLLM one). ``env_factory``: row ->
@@ -142,13 +167,25 @@ class Evaluator:
         out["tokens/per_prompt"] = out["tokens/generated"] / len(rows)
         return out, samples
 
-    def _generate(self, engine: HFEngine, ids: list, n: int, greedy: bool, progress: Progress | None,
-                  stage: str, episodes: tuple | None = None) -> tuple[list[str], int, int, list[dict]]:
+    def _generate(
+        self,
+        engine: HFEngine,
+        ids: list,
+        n: int,
+        greedy: bool,
+        progress: Progress | None,
+        stage: str,
+        episodes: tuple | None = None,
+    ) -> tuple[list[str], int, int, list[dict]]:
         """Completions (prompt-major, n per prompt), the prompt tokens run (n per prompt), the tokens generated
         and, for tool episodes (``ids`` are then the rows), each episode's `run_episodes` info."""
         opts = self.options
-        params = SamplingParams(max_new_tokens=opts.max_new_tokens, greedy=greedy,
-                                temperature=1.0 if greedy else opts.temperature, top_p=1.0 if greedy else opts.top_p)
+        params = SamplingParams(
+            max_new_tokens=opts.max_new_tokens,
+            greedy=greedy,
+            temperature=1.0 if greedy else opts.temperature,
+            top_p=1.0 if greedy else opts.top_p,
+        )
         generator = torch.Generator(device=engine.device).manual_seed(opts.seed)
         texts: list[str] = []
         infos: list[dict] = []
@@ -159,8 +196,7 @@ class Evaluator:
             if episodes:  # n episodes per row; tokens: the first prompt and the sampled turns of each
                 tokenizer, env_factory, turns = episodes
                 rep = [row for row in chunk for _ in range(n)]
-                batch = run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params, turns,
-                                     generator, n)
+                batch = run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params, turns, generator, n)
                 infos += batch.info
                 prompt_tokens += int(batch.prompt_mask.sum())
                 generated += sum(end - begin for info in batch.info for begin, end in info["turns"])
@@ -180,12 +216,12 @@ class Evaluator:
         out["tokens/generated"] += generated
         if infos and (greedy or not any(k.startswith("tools/") for k in out)):
             keys = sorted({k for info in infos for k in info["stats"]})
-            out.update({f"tools/{k}_per_episode": sum(i["stats"].get(k, 0) for i in infos) / len(infos)
-                        for k in keys})
+            out.update({f"tools/{k}_per_episode": sum(i["stats"].get(k, 0) for i in infos) / len(infos) for k in keys})
         return texts, infos
 
-    def _sample_scores(self, engine: HFEngine, ids: list, out: dict, progress: Progress | None,
-                       episodes: tuple | None = None) -> tuple[list[list[float]], list[list[Any]]]:
+    def _sample_scores(
+        self, engine: HFEngine, ids: list, out: dict, progress: Progress | None, episodes: tuple | None = None
+    ) -> tuple[list[list[float]], list[list[Any]]]:
         """Scores and parsed answers of n samples per prompt: (rows, n) each."""
         n, rows = self.n, self.rows
         texts, _ = self._policy(engine, ids, n, False, out, progress, f"{n} samples per prompt", episodes)
@@ -196,8 +232,9 @@ class Evaluator:
             scores.append([s for _, s in results])
         return scores, parsed
 
-    def pass_rates(self, model, tokenizer, dtype: torch.dtype | None = None,
-                   progress: Progress | None = None) -> tuple[list[float], dict[str, float]]:
+    def pass_rates(
+        self, model, tokenizer, dtype: torch.dtype | None = None, progress: Progress | None = None
+    ) -> tuple[list[float], dict[str, float]]:
         """Each row's mean score over n sampled completions (its pass rate with a 0/1 verifier), and the tokens
         spent; the difficulty filter's measure."""
         out = {"tokens/prompt": 0.0, "tokens/generated": 0.0}
@@ -205,8 +242,9 @@ class Evaluator:
         scores, _ = self._sample_scores(HFEngine(model, tokenizer, autocast_dtype=dtype), ids, out, progress)
         return [sum(row) / len(row) for row in scores], out
 
-    def _sampled(self, engine: HFEngine, ids: list, out: dict, progress: Progress | None,
-                 episodes: tuple | None = None) -> None:
+    def _sampled(
+        self, engine: HFEngine, ids: list, out: dict, progress: Progress | None, episodes: tuple | None = None
+    ) -> None:
         """pass@k, pass^k, maj@k and avg@k (± std) from n samples per prompt."""
         scores, parsed = self._sample_scores(engine, ids, out, progress, episodes)
         n = self.n
@@ -244,13 +282,20 @@ class Evaluator:
                 progress("judge", min(start + chunk, len(rows)), len(rows))
         rate, judged = M.win_rate(verdicts)
         lc = M.lc_win_rate(verdicts, [len(t) for t in greedy], [len(t) for t in baseline])
-        out.update({"win_rate": _nan(rate), "lc_win_rate": _nan(lc), "judge/judged": float(judged),
-                    "judge/failures": float(len(verdicts) - judged),
-                    "judge/ties": float(sum(v == "tie" for v in verdicts)),
-                    "len/model_chars": _mean(len(t) for t in greedy),
-                    "len/baseline_chars": _mean(len(t) for t in baseline),
-                    "tokens/judge": float(sum(len(self.judge_tokenizer(t, add_special_tokens=False)["input_ids"])
-                                              for t in judgements))})
+        out.update(
+            {
+                "win_rate": _nan(rate),
+                "lc_win_rate": _nan(lc),
+                "judge/judged": float(judged),
+                "judge/failures": float(len(verdicts) - judged),
+                "judge/ties": float(sum(v == "tie" for v in verdicts)),
+                "len/model_chars": _mean(len(t) for t in greedy),
+                "len/baseline_chars": _mean(len(t) for t in baseline),
+                "tokens/judge": float(
+                    sum(len(self.judge_tokenizer(t, add_special_tokens=False)["input_ids"]) for t in judgements)
+                ),
+            }
+        )
         for rec, base, verdict in zip(samples, baseline, verdicts):
             rec.update(baseline=base, verdict=verdict)
 

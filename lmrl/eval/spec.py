@@ -1,14 +1,14 @@
 """Metric names of `lmrl eval` and of a trainer's `eval_metrics`, parsed into what to run.
 
-    accuracy        greedy decoding, scored by the row's verifier (pass@1 of the greedy answer)
-    pass@K          unbiased pass@k from n >= K samples per prompt (Chen et al. 2021)
-    pass^K          all K trials succeed (τ-bench), from the same samples
-    maj@K           majority vote of the first K samples
-    avg@K           mean score over K samples per prompt, with the std over the K sample indices
-    reward          mean reward-model score of the greedy answers (needs reward_model=PATH)
-    win_rate        pairwise judge vs a baseline model's greedy answers, plain and length-controlled
-                    (needs judge=PATH and baseline=PATH)
-    loglik          multiple choice by log-likelihood, summed and length-normalised (needs a `choices` column)
+accuracy        greedy decoding, scored by the row's verifier (pass@1 of the greedy answer)
+pass@K          unbiased pass@k from n >= K samples per prompt (Chen et al. 2021)
+pass^K          all K trials succeed (τ-bench), from the same samples
+maj@K           majority vote of the first K samples
+avg@K           mean score over K samples per prompt, with the std over the K sample indices
+reward          mean reward-model score of the greedy answers (needs reward_model=PATH)
+win_rate        pairwise judge vs a baseline model's greedy answers, plain and length-controlled
+                (needs judge=PATH and baseline=PATH)
+loglik          multiple choice by log-likelihood, summed and length-normalised (needs a `choices` column)
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def parse_metrics(names: list[str], key: str = "metrics") -> MetricSpec:
             known = list(PLAIN) + ["pass@K", "pass^K", "maj@K", "avg@K"]
             close = difflib.get_close_matches(raw, known, n=1, cutoff=0.5)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise ValueError(f"'{key}': unknown metric {name!r}.{hint} Known: {', '.join(known)} (K a number, "
-                             "e.g. pass@8).")
+            raise ValueError(
+                f"'{key}': unknown metric {name!r}.{hint} Known: {', '.join(known)} (K a number, e.g. pass@8)."
+            )
     if not names:
         raise ValueError(f"'{key}' is empty; name at least one metric, e.g. {key}=[accuracy,pass@4].")
     return spec

@@ -1,6 +1,6 @@
 """`lmrl eval`'s metrics inside any trainer (``eval_metrics=[...]``) and the start-up contamination warning.
 
-The shared loop (`lmrl.trainers.loop`) adds ``evals/<name>`` for every metric to each evaluation it logs, so they
+The shared loop (`lmrl.trainers.loop`) adds ``eval/metrics/<name>`` for every metric to each evaluation it logs, so they
 land in metrics.jsonl next to the method's own. The rows come from ``eval_metrics_dataset``, else the test split
 of a built-in task dataset (``dataset=task:...``), else ``eval_dataset``.
 """
@@ -38,8 +38,10 @@ def build_evaluator(config: Any) -> Evaluator | None:
         return None
     source, split, task_args = eval_source(config)
     if source is None:
-        raise ConfigError("eval_metrics needs evaluation rows: set eval_metrics_dataset=task:<name> or a file with "
-                          "prompt and answer columns.")
+        raise ConfigError(
+            "eval_metrics needs evaluation rows: set eval_metrics_dataset=task:<name> or a file with "
+            "prompt and answer columns."
+        )
     names = {f.name for f in dataclasses.fields(EvalOptions)}
     unknown = sorted(set(config.eval_metrics_args) - names)
     if unknown:
@@ -51,12 +53,12 @@ def build_evaluator(config: Any) -> Evaluator | None:
 
 
 def evals_metrics(evaluator: Evaluator | None, model, tokenizer, dtype=None, env_factory=None) -> dict[str, float]:
-    """``evals/<name>`` of ``evaluator`` on ``model`` (empty without an evaluator); with the run's ``env_factory``
+    """``eval/metrics/<name>`` of ``evaluator`` on ``model`` (empty without an evaluator); with the run's ``env_factory``
     (tools or an env) every completion is a tool episode, as in `lmrl eval tools=[...]`."""
     if evaluator is None:
         return {}
     metrics, _ = evaluator(model, tokenizer, dtype, env_factory=env_factory)
-    return {f"evals/{k}": v for k, v in metrics.items() if k != "rows"}
+    return {f"eval/metrics/{k}": v for k, v in metrics.items() if k != "rows"}
 
 
 def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[tuple[str, OverlapReport]]:
@@ -70,12 +72,19 @@ def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[
     evals: dict[str, list[dict]] = {}
     eval_dataset = getattr(config, "eval_dataset", None)
     try:
-        train = load_rows(dataset, split=getattr(config, "split", "train"), limit=getattr(config, "train_rows", None),
-                          **(task_args if is_generated(dataset) else {}))
+        train = load_rows(
+            dataset,
+            split=getattr(config, "split", "train"),
+            limit=getattr(config, "train_rows", None),
+            **(task_args if is_generated(dataset) else {}),
+        )
         if _local_rows(eval_dataset):
-            evals[eval_dataset] = load_rows(eval_dataset, split=getattr(config, "eval_split", "test"),
-                                            limit=getattr(config, "eval_rows", None),
-                                            **(task_args if is_generated(eval_dataset) else {}))
+            evals[eval_dataset] = load_rows(
+                eval_dataset,
+                split=getattr(config, "eval_split", "test"),
+                limit=getattr(config, "eval_rows", None),
+                **(task_args if is_generated(eval_dataset) else {}),
+            )
     except (ValueError, FileNotFoundError, TypeError):
         return []  # not row data: the trainer's own loading reports real problems
     if evaluator is not None:
@@ -95,7 +104,9 @@ def _local_rows(source: Any) -> bool:
 
 def warning_text(train_source: str, source: str, report: OverlapReport) -> str:
     shown = report.contaminated[:10]
-    return (f"warning: {len(report.contaminated)} of {report.eval_rows} eval rows of {source} share >= "
-            f"{report.threshold:.0%} of their {report.n}-grams with the training data {train_source} (rows {shown}"
-            f"{' ...' if len(report.contaminated) > 10 else ''}): their scores may measure memorisation. "
-            f"`lmrl decontaminate train={train_source} eval={source}` lists them; check_contamination=false hides this.")
+    return (
+        f"warning: {len(report.contaminated)} of {report.eval_rows} eval rows of {source} share >= "
+        f"{report.threshold:.0%} of their {report.n}-grams with the training data {train_source} (rows {shown}"
+        f"{' ...' if len(report.contaminated) > 10 else ''}): their scores may measure memorisation. "
+        f"`lmrl decontaminate train={train_source} eval={source}` lists them; check_contamination=false hides this."
+    )

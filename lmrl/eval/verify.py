@@ -28,13 +28,17 @@ def check_rows(rows: Sequence[dict[str, Any]], verifier: str, answer_column: str
         if verifier in ("auto", "task") and "task" in row and "answer" in row:
             continue
         if verifier == "task":
-            raise ValueError(f"{source}: row {i} has no 'task' column, which verifier=task needs; use "
-                             "verifier=exact or verifier=math with an answer column.")
+            raise ValueError(
+                f"{source}: row {i} has no 'task' column, which verifier=task needs; use "
+                "verifier=exact or verifier=math with an answer column."
+            )
         if row.get(answer_column) is None:
-            raise ValueError(f"{source}: row {i} has no '{answer_column}' column (columns: {sorted(row)}), which "
-                             f"accuracy metrics need. Add the gold answers as '{answer_column}', or name the "
-                             f"column with answer_column=..., or evaluate with metrics that need none "
-                             "(reward, win_rate).")
+            raise ValueError(
+                f"{source}: row {i} has no '{answer_column}' column (columns: {sorted(row)}), which "
+                f"accuracy metrics need. Add the gold answers as '{answer_column}', or name the "
+                f"column with answer_column=..., or evaluate with metrics that need none "
+                "(reward, win_rate)."
+            )
 
 
 def scorer(verifier: str, answer_column: str = "answer") -> Scorer:

@@ -41,8 +41,9 @@ def sdpa_fp32_on_cpu(module, query, key, value, attention_mask, **kwargs):
     with kernel_gqa() if query.shape[2] > 1 and KERNEL_GQA else contextlib.nullcontext():
         if torch.is_autocast_enabled("cpu"):
             with torch.autocast("cpu", enabled=False):
-                return sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
+                return sdpa_attention_forward(
+                    module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+                )
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

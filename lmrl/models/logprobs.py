@@ -21,8 +21,15 @@ from lmrl.models.hf_compat import (
 from lmrl.models.memory import is_checkpointing
 from lmrl.models.replay import replaying
 
-__all__ = ["accepts_kwarg", "completion_logprobs", "entropy_from_logits", "labelled_logprobs", "prompt_groups",
-           "selective_log_softmax", "shared_prompt_outputs"]
+__all__ = [
+    "accepts_kwarg",
+    "completion_logprobs",
+    "entropy_from_logits",
+    "labelled_logprobs",
+    "prompt_groups",
+    "selective_log_softmax",
+    "shared_prompt_outputs",
+]
 
 
 def _row_chunks(n_rows: int, vocab: int, chunk_size: int | None) -> int:
@@ -86,8 +93,9 @@ def entropy_from_logits(
     return torch.cat(out).view(logits.shape[:-1])
 
 
-def labelled_logprobs(model, batch: dict[str, torch.Tensor], autocast_dtype: torch.dtype | None = None,
-                      chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, torch.Tensor]:
+def labelled_logprobs(
+    model, batch: dict[str, torch.Tensor], autocast_dtype: torch.dtype | None = None, chunk_mb: float = DEFAULT_CHUNK_MB
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(labels[:, t+1] | tokens <= t) (B, L-1), 0 where the label is -100, and that mask (B, L-1) bool.
 
     ``batch``: ``input_ids`` and ``labels`` (B, L) with either an ``attention_mask`` (right-padded rows) or
@@ -97,11 +105,20 @@ def labelled_logprobs(model, batch: dict[str, torch.Tensor], autocast_dtype: tor
     targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
     labelled = targets != -100
     parts = chunked_head(model, targets.numel(), chunk_mb, sharded=True)
-    ctx = torch.autocast(targets.device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    ctx = (
+        torch.autocast(targets.device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
     with ctx:
         if parts is not None:
-            logp = parts.run(lambda: parts.logprobs(parts.decoder(**inputs, use_cache=False).last_hidden_state[:, :-1],
-                                                    targets.clamp(min=0), chunk_mb=chunk_mb))
+            logp = parts.run(
+                lambda: parts.logprobs(
+                    parts.decoder(**inputs, use_cache=False).last_hidden_state[:, :-1],
+                    targets.clamp(min=0),
+                    chunk_mb=chunk_mb,
+                )
+            )
         else:
             extra = {"use_cache": False} if accepts_kwarg(model, "use_cache") else {}
             logits = model(**inputs, **extra).logits[:, :-1]
@@ -181,20 +198,27 @@ def completion_logprobs(
     groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
     targets = input_ids[:, completion_start:]  # (N, T)
     valid = attention_mask[:, completion_start:] != 0  # (N, T)
-    parts = chunked_head(model, targets.numel(), chunk_mb, sharded=True) if not (return_entropy and entropy_grad) else None
-    replay = (replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None
-              else contextlib.nullcontext({}))
+    parts = (
+        chunked_head(model, targets.numel(), chunk_mb, sharded=True) if not (return_entropy and entropy_grad) else None
+    )
+    replay = (
+        replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None else contextlib.nullcontext({})
+    )
     with ctx, replay as replayed:
         if parts is not None:
+
             def split():
                 if packed:
-                    hidden = packed_outputs(parts.decoder, input_ids, attention_mask, completion_start,
-                                            "last_hidden_state")
+                    hidden = packed_outputs(
+                        parts.decoder, input_ids, attention_mask, completion_start, "last_hidden_state"
+                    )
                 else:
-                    hidden = completion_hidden(parts.decoder, input_ids, attention_mask, position_ids,
-                                               completion_start, groups)
-                return parts.logprobs(hidden, targets, temperature=temperature, chunk_mb=chunk_mb,
-                                      return_entropy=return_entropy)
+                    hidden = completion_hidden(
+                        parts.decoder, input_ids, attention_mask, position_ids, completion_start, groups
+                    )
+                return parts.logprobs(
+                    hidden, targets, temperature=temperature, chunk_mb=chunk_mb, return_entropy=return_entropy
+                )
 
             with adapters_off(model):
                 out = parts.run(split)
@@ -206,8 +230,9 @@ def completion_logprobs(
             extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
             if accepts_kwarg(model, "use_cache"):  # else GPT-2 & co. build a KV cache nobody reads
                 extra["use_cache"] = False
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           **extra).logits
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra
+            ).logits
             logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
     if usage is not None:
         count_usage(usage, shared=groups is not None, chunked=parts is not None, replayed=replayed, packed=packed)
@@ -224,8 +249,9 @@ def completion_logprobs(
     return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
 
 
-def count_usage(usage: dict[str, int], shared: bool, chunked: bool, replayed: dict[str, int],
-                packed: bool = False) -> None:
+def count_usage(
+    usage: dict[str, int], shared: bool, chunked: bool, replayed: dict[str, int], packed: bool = False
+) -> None:
     """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows, and how many
     linear-layer calls returned the sampler's recorded outputs ("replayed") or computed them ("computed")."""
     usage["forwards"] = usage.get("forwards", 0) + 1
@@ -239,11 +265,16 @@ def count_usage(usage: dict[str, int], shared: bool, chunked: bool, replayed: di
 def adapters_off(model) -> contextlib.AbstractContextManager:
     """The LoRA reference view's `disable_adapter()` (its decoder is the policy's), else nothing."""
     policy = getattr(model, "policy", None)
-    return policy.disable_adapter() if policy is not None and hasattr(policy, "disable_adapter") else contextlib.nullcontext()
+    return (
+        policy.disable_adapter()
+        if policy is not None and hasattr(policy, "disable_adapter")
+        else contextlib.nullcontext()
+    )
 
 
-def packed_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The real tokens of left/right-padded rows (N, P+T) as one packed row: ``input_ids`` and ``position_ids``
     (1, L), restarting at 0 per row, and ``index`` (N, T): the packed position whose output predicts completion
     token j of row b (the position of column P+j-1; padding positions point anywhere and are masked by the caller)."""
@@ -259,8 +290,9 @@ def packed_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completio
     return input_ids[mask][None], positions[None], index
 
 
-def packed_outputs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int,
-                   key: str) -> torch.Tensor:
+def packed_outputs(
+    module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int, key: str
+) -> torch.Tensor:
     """``module``'s output ``key`` (logits or last_hidden_state) at the positions that predict the completion
     tokens, (N, T, D), from one forward over the rows packed (`packed_rows`; no mask, no KV cache: HF keeps attention
     within a row only then)."""
@@ -270,14 +302,21 @@ def packed_outputs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return out[index]  # (N, T, D)
 
 
-def completion_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                      completion_start: int, groups: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+def completion_hidden(
+    decoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    completion_start: int,
+    groups: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
     """The decoder's last hidden states (N, T, H) at positions P-1 .. P+T-2 (they predict the completion tokens);
     with ``groups`` each distinct prompt runs once (`shared_prompt_outputs`)."""
     width = input_ids.shape[1] - completion_start
     if groups is not None:
-        return shared_prompt_outputs(decoder, input_ids, attention_mask, position_ids, completion_start, *groups,
-                                     key="last_hidden_state")
+        return shared_prompt_outputs(
+            decoder, input_ids, attention_mask, position_ids, completion_start, *groups, key="last_hidden_state"
+        )
     extra = {"use_cache": False} if accepts_kwarg(decoder, "use_cache") else {}
     out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra)
     return out.last_hidden_state[:, -(width + 1) : -1]
@@ -305,8 +344,14 @@ def prompt_groups(
 
 
 def shared_prompt_outputs(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-    completion_start: int, first: torch.Tensor, inverse: torch.Tensor, key: str = "logits",
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    completion_start: int,
+    first: torch.Tensor,
+    inverse: torch.Tensor,
+    key: str = "logits",
 ) -> torch.Tensor:
     """Logits (N, T, V) at positions P-1 .. P+T-2, running each distinct prompt once (``key="last_hidden_state"``
     with a decoder: its hidden states (N, T, H) at those positions).
@@ -318,16 +363,26 @@ def shared_prompt_outputs(
     p = completion_start
     name = cache_kwarg(model)
     extra = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
-    out = model(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
-                position_ids=position_ids[first, :p], use_cache=True, **{name: new_dynamic_cache(model.config)},
-                **extra)
+    out = model(
+        input_ids=input_ids[first, :p],
+        attention_mask=attention_mask[first, :p],
+        position_ids=position_ids[first, :p],
+        use_cache=True,
+        **{name: new_dynamic_cache(model.config)},
+        **extra,
+    )
     cache = output_cache(out)
     _expand_cache(cache, inverse)  # (U, ...) -> (N, ...) per layer
     last_prompt = getattr(out, key)[inverse, -1:]  # (N, 1, V): predicts completion token 0
     if input_ids.shape[1] == p + 1:  # T = 1: the prompt's output is all there is
         return last_prompt
-    completion = model(input_ids=input_ids[:, p:-1], attention_mask=attention_mask[:, :-1],
-                       position_ids=position_ids[:, p:-1], use_cache=True, **{name: cache})
+    completion = model(
+        input_ids=input_ids[:, p:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, p:-1],
+        use_cache=True,
+        **{name: cache},
+    )
     return torch.cat([last_prompt, getattr(completion, key)], 1)  # (N, T, V)
 
 

@@ -70,13 +70,16 @@ def expert_parameters(model: torch.nn.Module) -> list[str]:
         from packaging.version import Version
 
         if Version(peft.__version__) < Version("0.17"):
-            raise ValueError(f"LoRA on this MoE model needs peft >= 0.17 to train its experts {list(names)} "
-                             f"(peft {peft.__version__} would leave them frozen). Fix: pip install -U peft.")
+            raise ValueError(
+                f"LoRA on this MoE model needs peft >= 0.17 to train its experts {list(names)} "
+                f"(peft {peft.__version__} would leave them frozen). Fix: pip install -U peft."
+            )
     return list(names)
 
 
-def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, targets: list[str],
-               base: dict[str, Any]) -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module, r: int, alpha: float, dropout: float, targets: list[str], base: dict[str, Any]
+) -> torch.nn.Module:
     """``model`` wrapped with LoRA adapters on ``targets`` (peft `get_peft_model`); only the adapters train. The
     adapters are initialised from ``base["seed"]`` (the global RNG is left as it was) and every module keeps its
     train/eval mode. ``base`` ({model, seed, model_args}) is kept with the adapter so it can be loaded again."""
@@ -88,8 +91,15 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, tar
     extra = {"target_parameters": expert_parameters(model)} if targets == ["all-linear"] else {}
     if extra and not extra["target_parameters"]:
         extra = {}
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target, task_type="CAUSAL_LM",
-                        base_model_name_or_path=str(base["model"]), **extra)
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target,
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=str(base["model"]),
+        **extra,
+    )
     modes = {name: module.training for name, module in model.named_modules()}
     with torch.random.fork_rng():  # A's random init from the run's seed: the same adapters every run
         torch.manual_seed(int(base.get("seed", 0)))
@@ -160,8 +170,10 @@ def load_trainable(model: torch.nn.Module, directory: Path) -> None:
     expected = set(trainable_state_dict(model))
     if set(weights) != expected:
         missing, unexpected = sorted(expected - set(weights))[:5], sorted(set(weights) - expected)[:5]
-        raise RuntimeError(f"Checkpoint {directory} does not match the model's trainable parameters (LoRA settings "
-                           f"changed?): missing {missing}, unexpected {unexpected}.")
+        raise RuntimeError(
+            f"Checkpoint {directory} does not match the model's trainable parameters (LoRA settings "
+            f"changed?): missing {missing}, unexpected {unexpected}."
+        )
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in weights.items():
@@ -198,8 +210,10 @@ def adapter_base(path: str | Path) -> tuple[str, int, dict | None]:
     base = json.loads((path / BASE_FILE).read_text()) if (path / BASE_FILE).exists() else {}
     name = base.get("model") or json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not name:
-        raise FileNotFoundError(f"Adapter '{path}' does not name its base model (adapter_config.json: "
-                                "base_model_name_or_path). Fix: load the base with model=... and merge the adapter.")
+        raise FileNotFoundError(
+            f"Adapter '{path}' does not name its base model (adapter_config.json: "
+            "base_model_name_or_path). Fix: load the base with model=... and merge the adapter."
+        )
     return name, base.get("seed", 0), base.get("model_args") or None
 
 

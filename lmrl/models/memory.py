@@ -54,8 +54,10 @@ def enable_gradient_checkpointing(model) -> None:
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
-        raise ValueError(f"gradient_checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
-                         "checkpointable (GradientCheckpointingLayer). Fix: gradient_checkpointing=false.")
+        raise ValueError(
+            f"gradient_checkpointing: {type(model).__name__} has no decoder layers transformers marks as "
+            "checkpointable (GradientCheckpointingLayer). Fix: gradient_checkpointing=false."
+        )
     for layer in layers:
         if not getattr(layer, "lmrl_checkpointed", False):
             layer.forward = functools.partial(_checkpointed_forward, layer.forward)

@@ -28,8 +28,10 @@ def resolve_device(name: str) -> torch.device:
                 "Fix: device=cpu (or auto), or install a CUDA build of torch on a machine with a GPU."
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device={name} but only {torch.cuda.device_count()} CUDA device(s) exist: "
-                             f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
+            raise ValueError(
+                f"device={name} but only {torch.cuda.device_count()} CUDA device(s) exist: "
+                f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}."
+            )
     return device
 
 

@@ -30,7 +30,7 @@ def recorded_precision(run_dir: str | Path) -> str | None:
 
 
 def precision_of(dtype) -> str:
-    """"bf16" for bf16 autocast, "fp32" for none: the name `recorded_precision` reads back."""
+    """ "bf16" for bf16 autocast, "fp32" for none: the name `recorded_precision` reads back."""
     return "bf16" if dtype == torch.bfloat16 else "fp32"
 
 

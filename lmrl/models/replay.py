@@ -184,8 +184,13 @@ class LinearRecorder:
         self.close()
         if not self.valid or not self.prefill_out:
             return None
-        return LinearOutputs(self.prefill_out, {k: v[: steps - 1].transpose(0, 1) for k, v in self.decode_out.items()},
-                             self.versions, group_size, torch.arange(self.n_rows))
+        return LinearOutputs(
+            self.prefill_out,
+            {k: v[: steps - 1].transpose(0, 1) for k, v in self.decode_out.items()},
+            self.versions,
+            group_size,
+            torch.arange(self.n_rows),
+        )
 
     def close(self) -> None:
         for handle in self._handles:
@@ -291,8 +296,10 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
                 return F.linear(x, linear_weight(module), module.bias)
             counts["replayed"] += 1
             if name not in casts:  # what autocast does to F.linear's arguments (differentiable casts)
-                casts[name] = (linear_weight(module).to(out.dtype),
-                               None if module.bias is None else module.bias.to(out.dtype))
+                casts[name] = (
+                    linear_weight(module).to(out.dtype),
+                    None if module.bias is None else module.bias.to(out.dtype),
+                )
             weight, bias = casts[name]
             y = _ReplayedLinear.apply(x, weight, bias, out, input_cast(x, out.dtype))
             release(name, call)

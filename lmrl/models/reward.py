@@ -70,8 +70,9 @@ class RewardModel(nn.Module):
     def causal_lm(self) -> nn.Module:
         return self._lm[0]
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Head outputs at every position, fp32: (N, L, C). Padded rows take an ``attention_mask``; packed rows
         (`lmrl.data.packing`) take ``position_ids`` restarting per row and no mask."""
         if position_ids is None:
@@ -79,8 +80,9 @@ class RewardModel(nn.Module):
         backbone = backbone_of(self.causal_lm)
         # no KV cache: it is never read here, and HF reads restarting position ids as packed rows only without one
         extra = {"use_cache": False} if accepts_kwarg(backbone, "use_cache") else {}
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          **extra).last_hidden_state  # (N, L, H)
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra
+        ).last_hidden_state  # (N, L, H)
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             return self.score(hidden.float())  # (N, L, C)
 

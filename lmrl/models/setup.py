@@ -63,14 +63,28 @@ class ModelSetup:
         """From any config with the model section's keys (`lmrl.config.ModelSection`)."""
         lora = None
         if getattr(config, "lora_r", 0) > 0:
-            lora = LoraSettings(config.lora_r, config.lora_alpha, config.lora_dropout, list(config.lora_target_modules),
-                                config.merge_lora)
+            lora = LoraSettings(
+                config.lora_r,
+                config.lora_alpha,
+                config.lora_dropout,
+                list(config.lora_target_modules),
+                config.merge_lora,
+            )
         precision = config.precision
         if precision == "auto" and getattr(config, "resume", False):  # resume computes in the run's dtype
             precision = recorded_precision(config.output_dir) or precision
-        return cls(config.model, config.tokenizer, dict(config.model_args), config.seed, precision,
-                   getattr(config, "device", "cpu"), getattr(config, "gradient_checkpointing", False), lora,
-                   getattr(config, "load_in_4bit", False), getattr(config, "parallel", "fsdp"))
+        return cls(
+            config.model,
+            config.tokenizer,
+            dict(config.model_args),
+            config.seed,
+            precision,
+            getattr(config, "device", "cpu"),
+            getattr(config, "gradient_checkpointing", False),
+            lora,
+            getattr(config, "load_in_4bit", False),
+            getattr(config, "parallel", "fsdp"),
+        )
 
     @property
     def precision_name(self) -> str:
@@ -88,8 +102,9 @@ class ModelSetup:
         reward head, and passes the whole to `distribute`)."""
         own = name in (None, self.model)
         name = name or self.model
-        model, tokenizer = load_model_and_tokenizer(name, self.tokenizer, self.seed, self.model_args if own else None,
-                                                    self.load_in_4bit)
+        model, tokenizer = load_model_and_tokenizer(
+            name, self.tokenizer, self.seed, self.model_args if own else None, self.load_in_4bit
+        )
         check_causal_lm(model, name)
         model = self.prepare(model, base=name)
         self.trained = model
@@ -98,8 +113,10 @@ class ModelSetup:
     def distribute(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
         """With several processes: FSDP2-shard or DDP-replicate ``model`` in place (`lmrl.parallel.wrap`)."""
         if runtime.world() > 1 and self.lora is not None and self.parallel == "fsdp":
-            raise ValueError("LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
-                             "base is not sharded). Fix: add parallel=ddp.")
+            raise ValueError(
+                "LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
+                "base is not sharded). Fix: add parallel=ddp."
+            )
         model = wrap(model, self.parallel, self.dtype, trainable)
         if runtime.world() > 1 and self.parallel == "fsdp":
             self.sharded.append(model)
@@ -118,8 +135,14 @@ class ModelSetup:
                 # checkpointing is already lmrl's (`enable_gradient_checkpointing`): HF's would checkpoint twice
                 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
             lora = self.lora
-            model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
-                               {"model": base or self.model, "seed": self.seed, "model_args": self.model_args})
+            model = apply_lora(
+                model,
+                lora.r,
+                lora.alpha,
+                lora.dropout,
+                lora.target_modules,
+                {"model": base or self.model, "seed": self.seed, "model_args": self.model_args},
+            )
         return model
 
     def frozen(self, name: str | None, tokenizer, seed: int | None = None) -> torch.nn.Module:
@@ -142,15 +165,19 @@ class ModelSetup:
         model = self.frozen(path, tokenizer)
         theirs, ours = model.config.vocab_size, student.config.vocab_size
         if theirs != ours:
-            raise ValueError(f"{role} {path!r} has a vocabulary of {theirs} tokens but the student has {ours}. "
-                             f"{why}, so the {role} must use the student's tokenizer and vocabulary size.")
+            raise ValueError(
+                f"{role} {path!r} has a vocabulary of {theirs} tokens but the student has {ours}. "
+                f"{why}, so the {role} must use the student's tokenizer and vocabulary size."
+            )
         if any((Path(path) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
             their_tokens, our_tokens = load_tokenizer(path).get_vocab(), tokenizer.get_vocab()
             if their_tokens != our_tokens:
                 differ = sorted(set(their_tokens.items()) ^ set(our_tokens.items()))[:3]
-                raise ValueError(f"{role} {path!r} was trained with another tokenizer than the student's (e.g. "
-                                 f"token/id pairs {differ} are in only one of them). {why}; use the {role}'s "
-                                 f"tokenizer for the student (tokenizer=...) or retrain the {role}.")
+                raise ValueError(
+                    f"{role} {path!r} was trained with another tokenizer than the student's (e.g. "
+                    f"token/id pairs {differ} are in only one of them). {why}; use the {role}'s "
+                    f"tokenizer for the student (tokenizer=...) or retrain the {role}."
+                )
         return model
 
     def judge(self, name: str, seed: int | None = None) -> tuple[torch.nn.Module, Any]:
@@ -186,16 +213,23 @@ class LoraSettings:
 def check_four_bit(device: torch.device, model: str, lora: LoraSettings | None) -> None:
     """QLoRA's start-up checks: a CUDA device, bitsandbytes installed, an HF model, and LoRA on top."""
     if device.type != "cuda":
-        raise ValueError(f"load_in_4bit=true needs a CUDA GPU (bitsandbytes' 4-bit kernels); the device is {device}. "
-                         "Fix: drop load_in_4bit (plain LoRA runs on the CPU), or run on a GPU.")
+        raise ValueError(
+            f"load_in_4bit=true needs a CUDA GPU (bitsandbytes' 4-bit kernels); the device is {device}. "
+            "Fix: drop load_in_4bit (plain LoRA runs on the CPU), or run on a GPU."
+        )
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
-        raise ImportError("load_in_4bit=true needs bitsandbytes. Fix: pip install 'lmrl[qlora]' "
-                          "(or pip install bitsandbytes).") from exc
+        raise ImportError(
+            "load_in_4bit=true needs bitsandbytes. Fix: pip install 'lmrl[qlora]' (or pip install bitsandbytes)."
+        ) from exc
     if is_builtin(model):
-        raise ValueError("load_in_4bit=true quantizes a pretrained HF model; built-in models are built in fp32. "
-                         "Fix: model=<an HF model> or drop load_in_4bit.")
+        raise ValueError(
+            "load_in_4bit=true quantizes a pretrained HF model; built-in models are built in fp32. "
+            "Fix: model=<an HF model> or drop load_in_4bit."
+        )
     if lora is None:
-        raise ValueError("load_in_4bit=true freezes the base in 4 bits, so only adapters can train. Fix: set lora_r "
-                         "(e.g. lora_r=16).")
+        raise ValueError(
+            "load_in_4bit=true freezes the base in 4 bits, so only adapters can train. Fix: set lora_r "
+            "(e.g. lora_r=16)."
+        )

@@ -34,8 +34,10 @@ def check_causal_lm(model: torch.nn.Module, name: str) -> None:
             logits = model(input_ids=ids, **no_cache(model)).logits.float()
     except Exception as exc:  # noqa: BLE001 - any failure of the model's own forward is the message
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise ValueError(f"Model '{name}' ({kind}) failed a 5-token forward ({type(exc).__name__}: {first}). "
-                         f"{FIX}.") from exc
+        raise ValueError(
+            f"Model '{name}' ({kind}) failed a 5-token forward ({type(exc).__name__}: {first}). {FIX}."
+        ) from exc
     if not torch.allclose(logits[0, :4], logits[1, :4], rtol=1e-4, atol=1e-4):
-        raise ValueError(f"Model '{name}' ({kind}) is not a causal LM: its logits at a position change with later "
-                         f"tokens. {FIX}.")
+        raise ValueError(
+            f"Model '{name}' ({kind}) is not a causal LM: its logits at a position change with later tokens. {FIX}."
+        )

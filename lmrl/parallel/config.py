@@ -20,18 +20,26 @@ def env_world_size() -> int:
 @dataclasses.dataclass
 class ParallelSection(Section):
     title = "scale-out (torch.distributed)"
-    nproc: int = field(1, "processes on this machine (one per GPU); > 1 starts the run through torchrun "
-                          "(same as `torchrun --nproc-per-node N -m lmrl <verb> ...`)")
-    parallel: Literal["fsdp", "ddp"] = field("fsdp", "with several processes: fsdp (FSDP2, parameters, gradients and "
-                                                     "optimizer state sharded) or ddp (each rank a full replica)")
+    nproc: int = field(
+        1,
+        "processes on this machine (one per GPU); > 1 starts the run through torchrun "
+        "(same as `torchrun --nproc-per-node N -m lmrl <verb> ...`)",
+    )
+    parallel: Literal["fsdp", "ddp"] = field(
+        "fsdp",
+        "with several processes: fsdp (FSDP2, parameters, gradients and "
+        "optimizer state sharded) or ddp (each rank a full replica)",
+    )
 
     def __post_init__(self) -> None:
         check_at_least(self, ("nproc",), 1)
         check_world(self, self.nproc if self.nproc > 1 else env_world_size())
         check_launch(self.nproc)
         if max(self.nproc, env_world_size()) > 1 and getattr(self, "lora_r", 0) > 0 and self.parallel == "fsdp":
-            raise ConfigError("LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
-                              "base is not sharded). Fix: add parallel=ddp.")
+            raise ConfigError(
+                "LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
+                "base is not sharded). Fix: add parallel=ddp."
+            )
         super().__post_init__()
 
 
@@ -44,12 +52,16 @@ def check_launch(nproc: int) -> None:
         gpus = torch.cuda.device_count()
         have, what = (gpus, "GPUs") if gpus else (os.cpu_count() or 1, "CPU cores")
         if nproc > have:
-            raise ConfigError(f"nproc={nproc} starts {nproc} training processes, but this machine has {have} {what}; "
-                              f"each process holds a whole model. Fix: nproc<={have}.")
+            raise ConfigError(
+                f"nproc={nproc} starts {nproc} training processes, but this machine has {have} {what}; "
+                f"each process holds a whole model. Fix: nproc<={have}."
+            )
     if env_world_size() > 1 and "MASTER_ADDR" not in os.environ:
-        raise ConfigError(f"WORLD_SIZE={env_world_size()} is set in the environment, but this process was not started "
-                          "by torchrun (no MASTER_ADDR): it would wait forever for the other processes. Fix: unset "
-                          "WORLD_SIZE and RANK, or start it with torchrun / nproc=N.")
+        raise ConfigError(
+            f"WORLD_SIZE={env_world_size()} is set in the environment, but this process was not started "
+            "by torchrun (no MASTER_ADDR): it would wait forever for the other processes. Fix: unset "
+            "WORLD_SIZE and RANK, or start it with torchrun / nproc=N."
+        )
 
 
 def check_world(config, world: int) -> None:
@@ -71,5 +83,7 @@ def check_world(config, world: int) -> None:
     key = getattr(config, "sampled_key", key)  # what is sampled in shards, if not the batch (rejection: the prompts)
     sampled = getattr(config, key) if key else None
     if shards % world or (sampled is not None and sampled % shards):
-        raise ConfigError(f"sampling_shards={shards} must be a multiple of the {world} processes and divide "
-                          f"{key}={sampled}. Fix: sampling_shards=0 (one per process), or a multiple of it.")
+        raise ConfigError(
+            f"sampling_shards={shards} must be a multiple of the {world} processes and divide "
+            f"{key}={sampled}. Fix: sampling_shards=0 (one per process), or a multiple of it."
+        )

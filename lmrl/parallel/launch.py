@@ -33,7 +33,10 @@ def launch(nproc: int, argv: list[str]) -> int:
         run(get_args_parser().parse_args(torchrun_args(nproc, argv)))
     except ChildFailedError as exc:
         failures = ", ".join(f"rank {r} exit code {f.exitcode}" for r, f in sorted(exc.failures.items()))
-        print(f"error: a training process failed ({failures}); the others were stopped. resume=true continues "
-              f"from the newest checkpoint.", file=sys.stderr)
+        print(
+            f"error: a training process failed ({failures}); the others were stopped. resume=true continues "
+            f"from the newest checkpoint.",
+            file=sys.stderr,
+        )
         return 1
     return 0

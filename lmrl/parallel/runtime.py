@@ -93,8 +93,11 @@ def all_sum(value: float | torch.Tensor, op: str = "sum") -> float | torch.Tenso
     if world() == 1:
         return value
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
-    tensor = (value.detach().clone().double() if torch.is_tensor(value)
-              else torch.tensor(float(value), dtype=torch.float64, device=device))
+    tensor = (
+        value.detach().clone().double()
+        if torch.is_tensor(value)
+        else torch.tensor(float(value), dtype=torch.float64, device=device)
+    )
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return tensor.to(value.dtype) if torch.is_tensor(value) else tensor.item()
 
@@ -161,8 +164,13 @@ def full_params(*models: torch.nn.Module) -> Iterator[None]:
     A no-op for unsharded models."""
     from torch.distributed.fsdp import FSDPModule
 
-    modules = [(m, m is not model) for model in models if model is not None for m in model.modules()
-               if isinstance(m, FSDPModule)]  # (module, reshards after forward: every one but the root)
+    modules = [
+        (m, m is not model)
+        for model in models
+        if model is not None
+        for m in model.modules()
+        if isinstance(m, FSDPModule)
+    ]  # (module, reshards after forward: every one but the root)
     for module, _ in modules:
         module.set_reshard_after_forward(False, recurse=False)
         module.unshard()
@@ -182,7 +190,7 @@ def reshard(*models: torch.nn.Module) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     for model in models:
-        for module in (model.modules() if model is not None else ()):
+        for module in model.modules() if model is not None else ():
             if isinstance(module, FSDPModule):
                 module.reshard()
 

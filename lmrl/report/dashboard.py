@@ -31,7 +31,16 @@ from plotly.offline import get_plotlyjs
 
 from lmrl.config import ConfigError, field
 from lmrl.report import figures
-from lmrl.report.runs import RunData, list_checkpoints, read_config, read_jsonl, read_nodes, sample_table, swarm_table
+from lmrl.report.runs import (
+    RunData,
+    list_checkpoints,
+    read_config,
+    read_jsonl,
+    read_metrics,
+    read_nodes,
+    sample_table,
+    swarm_table,
+)
 from lmrl.tracking import KEY_METRICS, console
 
 HOST = "127.0.0.1"
@@ -73,26 +82,41 @@ class LiveRun:
                 if size < self._offsets[kind]:  # rewritten (overwrite=true, or a resume truncated it): start over
                     self._offsets[kind] = 0
                     setattr(self, kind, [])
-                chunk = read_jsonl(path, self._offsets[kind])
+                chunk = (read_metrics if kind == "metrics" else read_jsonl)(path, self._offsets[kind])
                 getattr(self, kind).extend(chunk.records)
                 self._offsets[kind] = chunk.offset
                 self.skipped += chunk.skipped
             self.samples = self.samples[-500:]
 
     def data(self) -> RunData:
-        return RunData(self.path, self.name, read_config(self.path), list(self.metrics), self.skipped,
-                       list(self.samples), [], list_checkpoints(self.path), read_nodes(self.path))
+        return RunData(
+            self.path,
+            self.name,
+            read_config(self.path),
+            list(self.metrics),
+            self.skipped,
+            list(self.samples),
+            [],
+            list_checkpoints(self.path),
+            read_nodes(self.path),
+        )
 
     def summary(self, stale_s: float = 120.0) -> dict[str, Any]:
         last: dict[str, Any] = {}
         for r in self.metrics:
             last.update(r)
         config = read_config(self.path)
-        return {"name": self.name, "state": run_state(self.path, time.time(), stale_s), "steps_logged": len(self.metrics), "step": last.get("step"),
-                "max_steps": config.get("max_steps"), "skipped_lines": self.skipped,
-                "swarm": (self.path / "nodes").is_dir(), "method": RunData(self.path, self.name, config, [], 0, [],
-                                                                            [], [], {}).method,
-                **{k: shown(last[k]) for k in KEY_METRICS if k in last}}
+        return {
+            "name": self.name,
+            "state": run_state(self.path, time.time(), stale_s),
+            "steps_logged": len(self.metrics),
+            "step": last.get("step"),
+            "max_steps": config.get("max_steps"),
+            "skipped_lines": self.skipped,
+            "swarm": (self.path / "nodes").is_dir(),
+            "method": RunData(self.path, self.name, config, [], 0, [], [], [], {}).method,
+            **{k: shown(last[k]) for k in KEY_METRICS if k in last},
+        }
 
 
 def run_state(path: Path, now: float, stale_s: float) -> str:
@@ -138,16 +162,25 @@ def run_payload(run: LiveRun, samples: int) -> dict[str, Any]:
         figs = {"reward vs KL": kl, **figs}
     figs.update(figures.swarm_figures(data))
     sample_cols, rows = sample_table(data.samples[-samples:])
-    return {"name": run.name, "figures": {k: json.loads(f.to_json()) for k, f in figs.items()},
-            "ids": figures.plot_ids(list(figs)),
-            "samples": rows, "sample_cols": sample_cols,
-            "nodes": swarm_table(data.nodes), "checkpoints": data.checkpoints, "skipped_lines": run.skipped,
-            "steps_logged": len(data.metrics)}
+    return {
+        "name": run.name,
+        "figures": {k: json.loads(f.to_json()) for k, f in figs.items()},
+        "ids": figures.plot_ids(list(figs)),
+        "samples": rows,
+        "sample_cols": sample_cols,
+        "nodes": swarm_table(data.nodes),
+        "checkpoints": data.checkpoints,
+        "skipped_lines": run.skipped,
+        "steps_logged": len(data.metrics),
+    }
 
 
 def make_handler(runs: Runs, config: DashboardConfig) -> type[BaseHTTPRequestHandler]:
-    page = PAGE.read_text(encoding="utf-8").replace("{{POLL_MS}}", str(config.poll_ms)).replace(
-        "{{PLOTS_JS}}", PLOTS_JS.read_text(encoding="utf-8"))
+    page = (
+        PAGE.read_text(encoding="utf-8")
+        .replace("{{POLL_MS}}", str(config.poll_ms))
+        .replace("{{PLOTS_JS}}", PLOTS_JS.read_text(encoding="utf-8"))
+    )
     plotly_js = get_plotlyjs().encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -237,13 +270,17 @@ def serve(config: DashboardConfig) -> ThreadingHTTPServer:
     """A started server (in a daemon thread) on 127.0.0.1; ``server.server_address[1]`` is its port."""
     root = Path(config.runs_dir)
     if not root.is_dir():
-        raise ConfigError(f"runs_dir '{root}' is not a directory; give the folder your runs write to "
-                          "(the parent of their output_dir), e.g. lmrl dashboard runs.")
+        raise ConfigError(
+            f"runs_dir '{root}' is not a directory; give the folder your runs write to "
+            "(the parent of their output_dir), e.g. lmrl dashboard runs."
+        )
     try:
         server = _Server((HOST, config.port), make_handler(Runs(root), config))
     except OSError as err:
-        raise ConfigError(f"cannot listen on {HOST}:{config.port} ({err.strerror}); choose another port=... "
-                          "(port=0 picks a free one).") from None
+        raise ConfigError(
+            f"cannot listen on {HOST}:{config.port} ({err.strerror}); choose another port=... "
+            "(port=0 picks a free one)."
+        ) from None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -252,8 +289,10 @@ def run(config: DashboardConfig) -> None:
     """Serve until Ctrl-C."""
     server = serve(config)
     found = Runs(Path(config.runs_dir)).discover()
-    console.print(f"lmrl dashboard: http://{HOST}:{server.server_address[1]}  ({len(found)} runs under "
-                  f"{config.runs_dir}; new runs appear as they start). Ctrl-C stops it.")
+    console.print(
+        f"lmrl dashboard: http://{HOST}:{server.server_address[1]}  ({len(found)} runs under "
+        f"{config.runs_dir}; new runs appear as they start). Ctrl-C stops it."
+    )
     try:
         threading.Event().wait()
     finally:

@@ -2,7 +2,7 @@
 
 Figures are plotly objects; `lmrl.report.html` writes them into one page with plotly.js inlined, the dashboard
 sends their JSON to the browser. Metric groups follow `lmrl.tracking.PLOT_GROUPS` (the PNG plots of a run);
-keys in no group are grouped by their first path part (``time/...``, ``evals/...``); throughputs (``*_per_s``) get
+keys in no group are grouped by their first path part (``time/...``, ``rollout/...``); throughputs (``*_per_s``) get
 their own panel, so ``tokens_per_s`` (thousands) never squashes 0-1 metrics on a shared axis.
 
 Every trace has a fixed colour, a ``uid`` and its points' ``time_s`` as ``customdata``: the page's controls
@@ -19,7 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from lmrl.report.runs import RunData, numeric_keys
-from lmrl.tracking import PLOT_GROUPS
+from lmrl.tracking import NAMESPACES, PLOT_GROUPS
 
 MAX_LINES = 10
 """Keys per figure; a larger leftover group is split."""
@@ -27,17 +27,18 @@ MAX_LINES = 10
 THROUGHPUT = "throughput"
 """The panel of ``*_per_s`` keys (tokens_per_s, samples_per_s)."""
 
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf")
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 """Plotly's default palette, assigned explicitly so that a run (or a key) keeps its colour across panels."""
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
-EVAL_VS_KL = re.compile(r"^(eval|evals)/(accuracy|reward|gold_score|pass@\d+|maj@\d+|avg@\d+|win_rate|lc_win_rate)$")
-"""Held-out numbers drawn against KL next to the training reward (RLHF book §14: the over-optimization picture)."""
+EVAL_VS_KL = re.compile(r"^eval/(metrics/)?(accuracy|reward|gold_score|pass@\d+|maj@\d+|avg@\d+|win_rate|lc_win_rate)$")
+"""Held-out numbers (``eval_metrics``' too: eval/metrics/...) drawn against KL next to the training reward (RLHF
+book §14: the over-optimization picture)."""
 
 
 def metric_groups(keys: list[str]) -> dict[str, list[str]]:
-    """Group name -> present keys: `PLOT_GROUPS` first, the rest by their first path part."""
+    """Group name -> present keys: `PLOT_GROUPS` first (the reward leads), the rest by their first path part (the
+    namespace), in the order of `NAMESPACES`, then a method's own namespaces as they appear."""
     groups: dict[str, list[str]] = {}
     used: set[str] = set()
     for name, members in PLOT_GROUPS.items():
@@ -51,7 +52,9 @@ def metric_groups(keys: list[str]) -> dict[str, list[str]]:
             rest.setdefault(THROUGHPUT, []).append(key)
         elif key not in used and not key.startswith("node/"):
             rest.setdefault(key.split("/")[0] if "/" in key else "other", []).append(key)
-    for name, members in rest.items():
+    order = {name: i for i, name in enumerate(NAMESPACES)}
+    order[THROUGHPUT] = order["time"]
+    for name, members in sorted(rest.items(), key=lambda item: order.get(item[0], len(order))):
         base = name if name not in groups else f"{name}: other"  # reward/std next to PLOT_GROUPS' "reward"
         for i in range(0, len(members), MAX_LINES):
             label = base if i == 0 else f"{base} ({i // MAX_LINES + 1})"
@@ -85,9 +88,11 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
 
 def timed_series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], list[float | None]]:
     """(steps, values, time_s of each point or None): metrics.jsonl's ``time_s`` is seconds since the run started."""
-    points = [(r["step"], r[key], r.get("time_s") if isinstance(r.get("time_s"), (int, float)) else None)
-              for r in records
-              if "step" in r and isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    points = [
+        (r["step"], r[key], r.get("time_s") if isinstance(r.get("time_s"), (int, float)) else None)
+        for r in records
+        if "step" in r and isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
     return [p[0] for p in points], [p[1] for p in points], [p[2] for p in points]
 
 
@@ -114,8 +119,17 @@ def line_style(run_index: int, key_index: int, compare: bool) -> dict[str, Any]:
 
 
 def _layout(fig: go.Figure, title: str, x: str = "step", y: str = "") -> go.Figure:
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=340, margin=dict(l=50, r=20, t=50, b=40),
-                      template="plotly_white", legend=dict(font=dict(size=10)), showlegend=True, uirevision="keep")
+    fig.update_layout(
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        height=340,
+        margin=dict(l=50, r=20, t=50, b=40),
+        template="plotly_white",
+        legend=dict(font=dict(size=10)),
+        showlegend=True,
+        uirevision="keep",
+    )
     ys = [v for trace in fig.data for v in (trace.y or ()) if isinstance(v, (int, float)) and math.isfinite(v)]
     if ys and min(ys) == max(ys) != 0:  # plotly spans a flat line +-1: a constant lr of 1e-4 would sit on "0"
         fig.update_yaxes(range=[ys[0] - abs(ys[0]) / 2, ys[0] + abs(ys[0]) / 2])
@@ -136,9 +150,18 @@ def metric_figures(runs: list[RunData]) -> dict[str, go.Figure]:
                 steps, values, times = timed_series(run.metrics, key)
                 if steps:
                     name = f"{run.name}: {key}" if compare else key
-                    fig.add_trace(go.Scatter(x=steps, y=values, customdata=times, name=name, uid=name,
-                                             line=line_style(i, j, compare), marker=dict(size=5),
-                                             mode="lines+markers" if len(steps) < 40 else "lines"))
+                    fig.add_trace(
+                        go.Scatter(
+                            x=steps,
+                            y=values,
+                            customdata=times,
+                            name=name,
+                            uid=name,
+                            line=line_style(i, j, compare),
+                            marker=dict(size=5),
+                            mode="lines+markers" if len(steps) < 40 else "lines",
+                        )
+                    )
         if fig.data:
             figures[group] = _layout(fig, group, y=members[0] if len(members) == 1 else "")
     return figures
@@ -164,9 +187,18 @@ def reward_vs_kl(runs: list[RunData]) -> go.Figure | None:
         for j, key in enumerate(keys):
             xs = [(r["kl"], r[key], s) for s, r in points if isinstance(r.get(key), (int, float))]
             if xs:
-                fig.add_trace(go.Scatter(x=[p[0] for p in xs], y=[p[1] for p in xs], text=[f"step {p[2]}" for p in xs],
-                                         name=prefix + key, uid=prefix + key, mode="lines+markers", marker=dict(size=6),
-                                         line=line_style(i, j, len(runs) > 1)))
+                fig.add_trace(
+                    go.Scatter(
+                        x=[p[0] for p in xs],
+                        y=[p[1] for p in xs],
+                        text=[f"step {p[2]}" for p in xs],
+                        name=prefix + key,
+                        uid=prefix + key,
+                        mode="lines+markers",
+                        marker=dict(size=6),
+                        line=line_style(i, j, len(runs) > 1),
+                    )
+                )
     if not fig.data:
         return None
     return _layout(fig, "reward and held-out scores vs KL(π‖π_ref)", x="kl", y="score")
@@ -175,8 +207,12 @@ def reward_vs_kl(runs: list[RunData]) -> go.Figure | None:
 def swarm_figures(run: RunData) -> dict[str, go.Figure]:
     """Per node over rounds: own reward, cumulative reward, peers' payloads accepted and rejected."""
     figures = {}
-    for key, title in (("reward/mean", "node reward (own rollouts)"), ("cumulative_reward", "node cumulative reward"),
-                       ("swarm/accepted", "peers' payloads accepted"), ("swarm/skipped", "peers' payloads rejected")):
+    for key, title in (
+        ("reward/mean", "node reward (own rollouts)"),
+        ("reward/cumulative", "node cumulative reward"),
+        ("swarm/accepted", "peers' payloads accepted"),
+        ("swarm/skipped", "peers' payloads rejected"),
+    ):
         fig = go.Figure()
         for name, records in run.nodes.items():
             steps, values = series(records, key)

@@ -28,7 +28,7 @@ from lmrl.report.runs import RunData, RunError, config_diff, load_run, sample_ta
 from lmrl.tracking import console
 
 TEMPLATES = Path(__file__).parent / "templates"
-EVAL_PREFIXES = ("eval/", "evals/", "val/")
+EVAL_PREFIXES = ("eval/",)
 SAMPLE_ROWS = 30
 
 
@@ -74,11 +74,22 @@ def _eval_views(run: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
 def _view(run: RunData, samples: int) -> dict[str, Any]:
     initial, final = _eval_views(run)
     sample_cols, rows = sample_table(run.samples[-samples:] if samples else [])
-    return {"name": run.name, "path": str(run.path), "method": run.method, "config": run.config,
-            "metrics": run.metrics, "last_step": max((r.get("step", 0) for r in run.metrics), default=0),
-            "skipped_lines": run.skipped_lines, "initial": initial, "final": final, "evals": run.evals,
-            "checkpoints": run.checkpoints, "sample_rows": rows,
-            "sample_cols": sample_cols, "swarm_rows": swarm_table(run.nodes)}
+    return {
+        "name": run.name,
+        "path": str(run.path),
+        "method": run.method,
+        "config": run.config,
+        "metrics": run.metrics,
+        "last_step": max((r.get("step", 0) for r in run.metrics), default=0),
+        "skipped_lines": run.skipped_lines,
+        "initial": initial,
+        "final": final,
+        "evals": run.evals,
+        "checkpoints": run.checkpoints,
+        "sample_rows": rows,
+        "sample_cols": sample_cols,
+        "swarm_rows": swarm_table(run.nodes),
+    }
 
 
 def _unique_names(runs: list[RunData]) -> None:
@@ -97,8 +108,11 @@ def render(runs: list[RunData], samples: int = SAMPLE_ROWS) -> str:
     if len(runs) == 1:
         differ, same = same, []  # one run: every key in the main table
     metric = figures.metric_figures(runs)
-    swarm_figs = [(name if len(runs) == 1 else f"{run.name} {name}", fig)
-                  for run in runs for name, fig in figures.swarm_figures(run).items()]
+    swarm_figs = [
+        (name if len(runs) == 1 else f"{run.name} {name}", fig)
+        for run in runs
+        for name, fig in figures.swarm_figures(run).items()
+    ]
     ids = figures.plot_ids(["reward vs kl", *metric, *(name for name, _ in swarm_figs)])  # one id per figure
     kl = figures.reward_vs_kl(runs)
     drawn = [*metric.items(), *swarm_figs, *([("reward vs kl", kl)] if kl else [])]
@@ -109,11 +123,21 @@ def render(runs: list[RunData], samples: int = SAMPLE_ROWS) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
     title = f"lmrl report: {runs[0].name}" if len(runs) == 1 else f"lmrl report: {len(runs)} runs"
     return env.get_template("report.html").render(
-        title=title, created=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), plotly_js=get_plotlyjs(),
-        plots_js=(TEMPLATES / "plots.html").read_text(encoding="utf-8"), figures_json=script_safe(figures_json),
-        runs=views, config_differ=differ, compare=len(runs) > 1, config_same=same, plots=plots,
+        title=title,
+        created=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        plotly_js=get_plotlyjs(),
+        plots_js=(TEMPLATES / "plots.html").read_text(encoding="utf-8"),
+        figures_json=script_safe(figures_json),
+        runs=views,
+        config_differ=differ,
+        compare=len(runs) > 1,
+        config_same=same,
+        plots=plots,
         kl_plot={"id": ids["reward vs kl"]} if kl else None,
-        eval_keys=eval_keys, swarm=swarm, fmt=fmt)
+        eval_keys=eval_keys,
+        swarm=swarm,
+        fmt=fmt,
+    )
 
 
 def run(config: ReportConfig) -> Path:
@@ -122,8 +146,11 @@ def run(config: ReportConfig) -> Path:
         runs = [load_run(path) for path in config.runs]
     except RunError as err:
         raise ConfigError(str(err)) from None
-    path = Path(config.output_file) if config.output_file else (
-        runs[0].path / "report.html" if len(runs) == 1 else Path("report.html"))
+    path = (
+        Path(config.output_file)
+        if config.output_file
+        else (runs[0].path / "report.html" if len(runs) == 1 else Path("report.html"))
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(runs, config.samples), encoding="utf-8")
     skipped = sum(r.skipped_lines for r in runs)

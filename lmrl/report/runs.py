@@ -2,7 +2,8 @@
 
 A corrupt line of metrics.jsonl or samples.jsonl (a half-written last line of a live run, an edit gone wrong, a
 record whose step is not an integer) is skipped and counted, never fatal; a directory without metrics.jsonl is an
-error that says what a run directory holds.
+error that says what a run directory holds. Metrics of runs written before the names of docs/metrics.md are read
+under their current names (`lmrl.report.metric_names`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lmrl.report.metric_names import upgrade
 
 
 class RunError(ValueError):
@@ -57,6 +60,13 @@ def read_jsonl(path: Path, offset: int = 0) -> Jsonl:
     return out
 
 
+def read_metrics(path: Path, offset: int = 0) -> Jsonl:
+    """`read_jsonl` of a metrics.jsonl, its records under the current metric names (an old run's too)."""
+    out = read_jsonl(path, offset)
+    out.records = [upgrade(r) for r in out.records]
+    return out
+
+
 def _number(value: Any) -> Any:
     """metrics.jsonl keeps NaN/inf as strings ("nan"); read them back as floats."""
     if isinstance(value, str) and value in ("nan", "inf", "-inf"):
@@ -69,8 +79,12 @@ def numeric_keys(records: list[dict[str, Any]]) -> list[str]:
     keys: dict[str, None] = {}
     for r in records:
         for k, v in r.items():
-            if k not in ("step", "time_s") and isinstance(v, (int, float)) and not isinstance(v, bool) \
-                    and math.isfinite(v):
+            if (
+                k not in ("step", "time_s")
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+            ):
                 keys.setdefault(k)
     return list(keys)
 
@@ -110,13 +124,24 @@ def load_run(path: str | Path, max_samples: int = 200) -> RunData:
         raise RunError(f"'{run}' is not a directory; give a run's output_dir (it holds metrics.jsonl).")
     metrics_file = run / "metrics.jsonl"
     if not metrics_file.is_file():
-        raise RunError(f"'{run}' has no metrics.jsonl, so it is not a run directory (or the run has not logged yet). "
-                       "Give a run's output_dir, e.g. runs/sft-tiny-arithmetic.")
-    metrics = read_jsonl(metrics_file)
+        raise RunError(
+            f"'{run}' has no metrics.jsonl, so it is not a run directory (or the run has not logged yet). "
+            "Give a run's output_dir, e.g. runs/sft-tiny-arithmetic."
+        )
+    metrics = read_metrics(metrics_file)
     samples = read_jsonl(run / "samples.jsonl")
     cut = int(metrics_file.stat().st_size > metrics.offset)  # a last line without its newline: counted here
-    return RunData(run, run.name, read_config(run), metrics.records, metrics.skipped + samples.skipped + cut,
-                   samples.records[-max_samples:], read_evals(run), list_checkpoints(run), read_nodes(run))
+    return RunData(
+        run,
+        run.name,
+        read_config(run),
+        metrics.records,
+        metrics.skipped + samples.skipped + cut,
+        samples.records[-max_samples:],
+        read_evals(run),
+        list_checkpoints(run),
+        read_nodes(run),
+    )
 
 
 def read_config(run: Path) -> dict[str, Any]:
@@ -143,8 +168,10 @@ def read_evals(run: Path) -> list[dict[str, Any]]:
 
 
 def list_checkpoints(run: Path) -> list[dict[str, Any]]:
-    dirs = sorted((run / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1])
-                  if p.name.split("-")[1].isdigit() else -1)
+    dirs = sorted(
+        (run / "checkpoints").glob("step-*"),
+        key=lambda p: int(p.name.split("-")[1]) if p.name.split("-")[1].isdigit() else -1,
+    )
     if (run / "final").is_dir():
         dirs.append(run / "final")
     out = []
@@ -157,8 +184,11 @@ def list_checkpoints(run: Path) -> list[dict[str, Any]]:
 
 def read_nodes(run: Path) -> dict[str, list[dict[str, Any]]]:
     """Per-node metrics of a swarm simulation (``nodes/<name>/metrics.jsonl``)."""
-    return {d.name: read_jsonl(d / "metrics.jsonl").records
-            for d in sorted((run / "nodes").glob("*")) if (d / "metrics.jsonl").is_file()}
+    return {
+        d.name: read_metrics(d / "metrics.jsonl").records
+        for d in sorted((run / "nodes").glob("*"))
+        if (d / "metrics.jsonl").is_file()
+    }
 
 
 def config_diff(configs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -177,14 +207,22 @@ def sample_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
         shown = {k: v for k, v in row.items() if not isinstance(v, (list, dict))}
         roles = row.get("token_roles")
         if isinstance(roles, list):
-            shown["tokens"] = ", ".join(f"{r[2]} {r[0]}{'' if r[1] else ' (masked)'}" for r in roles
-                                        if isinstance(r, list) and len(r) == 3)
+            shown["tokens"] = ", ".join(
+                f"{r[2]} {r[0]}{'' if r[1] else ' (masked)'}" for r in roles if isinstance(r, list) and len(r) == 3
+            )
         out.append(shown)
     return list(dict.fromkeys(k for r in out for k in r)), out
 
 
-SWARM_KEYS = ("reward/mean", "cumulative_reward", "swarm/accepted", "swarm/skipped", "groups/local",
-              "groups/external", "eval/accuracy")
+SWARM_KEYS = (
+    "reward/mean",
+    "reward/cumulative",
+    "swarm/accepted",
+    "swarm/skipped",
+    "swarm/groups/local",
+    "swarm/groups/external",
+    "eval/accuracy",
+)
 
 
 def swarm_table(nodes: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -12,8 +12,9 @@ from lmrl.sandbox import SandboxLimits, extract_code, require_isolation, run_tes
 
 
 @register_reward("code")
-def make_code_reward(mode: str = "all", timeout_s: float = 5.0, memory_mb: int = 256,
-                     sandbox: str | None = None) -> RewardFn:
+def make_code_reward(
+    mode: str = "all", timeout_s: float = 5.0, memory_mb: int = 256, sandbox: str | None = None
+) -> RewardFn:
     """`code`: r_i = 1 if every test passes (mode="all", all-pass gating) or passed/total (mode="fraction",
     partial credit). The code is the completion's last ```python block (else the whole completion); the tests
     are Python statements (`assert f(2) == 4`) from the `tests` column, or `meta["tests"]` (the built-in

@@ -28,7 +28,7 @@ failure policy is the same: every function runs, then the first failure in `rewa
 Normalisation (`reward_normalize`): each function's rewards are standardised over the batch
 before weighting, z_k = (r_k - mean(r_k)) / (std(r_k) + 1e-6) (population std), so that
 total = sum_k w_k * z_k and the weights alone set each function's share; the components and
-their `rewards/<name>/*` metrics stay unnormalised.
+their `reward/<name>/*` metrics stay unnormalised.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class RewardResult(NamedTuple):
 
     total: torch.Tensor  # (N,) weighted sum of the components
     components: dict[str, torch.Tensor]  # name -> (N,) unweighted reward of each function
-    metrics: dict[str, float]  # rewards/<name>/{mean,std,<stat>}, reward/{mean,std,errors}
+    metrics: dict[str, float]  # reward/<name>/{mean,std,<stat>}, reward/{mean,std,errors}
 
 
 class _BadOutput(Exception):
@@ -81,7 +81,7 @@ class RewardSet:
 
     Functions are called as `fn(prompts=..., completions=..., **columns)` (TRL's convention).
     A reward function may expose a `last_stats: dict[str, float]` attribute, refreshed on
-    each call; its entries are logged as `rewards/<name>/<key>` (e.g. `rewards/math/errors`).
+    each call; its entries are logged as `reward/<name>/<key>` (e.g. `reward/math/errors`).
     """
 
     def __init__(
@@ -114,12 +114,13 @@ class RewardSet:
         dupes = sorted({n for n in self.names if self.names.count(n) > 1})
         if dupes:
             raise ValueError(
-                f"Reward names must be unique (they key `rewards/<name>/mean`), but {dupes} appear "
+                f"Reward names must be unique (they key `reward/<name>/mean`), but {dupes} appear "
                 "more than once in `rewards`. Remove the duplicate or rename one of the functions."
             )
         self.fns: list[RewardFn] = [
             load_reward(s, **reward_kwargs.get(s, reward_kwargs.get(reward_name(s), {})))
-            if isinstance(s, str) else _check_callable(s)
+            if isinstance(s, str)
+            else _check_callable(s)
             for s in rewards
         ]
         self.weights = _check_weights(reward_weights, self.names)
@@ -134,10 +135,15 @@ class RewardSet:
     @classmethod
     def from_config(cls, config: Any) -> RewardSet:
         """The set a config's rewards section describes (`RewardSection` keys; absent keys take defaults)."""
-        return cls(config.rewards, config.reward_weights or None, config.reward_kwargs,
-                   getattr(config, "on_reward_error", "skip"), getattr(config, "max_skipped_steps", 10),
-                   reward_workers=getattr(config, "reward_workers", 1),
-                   reward_normalize=getattr(config, "reward_normalize", False))
+        return cls(
+            config.rewards,
+            config.reward_weights or None,
+            config.reward_kwargs,
+            getattr(config, "on_reward_error", "skip"),
+            getattr(config, "max_skipped_steps", 10),
+            reward_workers=getattr(config, "reward_workers", 1),
+            reward_normalize=getattr(config, "reward_normalize", False),
+        )
 
     def compute(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> RewardResult:
         """Score a batch: each function once on the whole batch, then the weighted total and metrics."""
@@ -152,11 +158,11 @@ class RewardSet:
                     outcome.stop_after(self.consecutive_errors)
                 raise outcome
             components[name] = torch.tensor(outcome, dtype=torch.float32)  # (N,)
-            metrics[f"rewards/{name}/mean"] = components[name].mean().item()
-            metrics[f"rewards/{name}/std"] = components[name].std(correction=0).item()
+            metrics[f"reward/{name}/mean"] = components[name].mean().item()
+            metrics[f"reward/{name}/std"] = components[name].std(correction=0).item()
             stats = getattr(self.fns[self.names.index(name)], "last_stats", None)
             if isinstance(stats, Mapping):
-                metrics.update({f"rewards/{name}/{key}": float(v) for key, v in stats.items()})
+                metrics.update({f"reward/{name}/{key}": float(v) for key, v in stats.items()})
         weights = torch.tensor(self.weights, dtype=torch.float32)  # (K,)
         stacked = torch.stack([components[name] for name in self.names])  # (K, N)
         if self.reward_normalize:
@@ -169,8 +175,9 @@ class RewardSet:
         self.consecutive_errors = 0
         return RewardResult(total, components, metrics)
 
-    def _call_all(self, prompts: Sequence[str], completions: Sequence[str],
-                  columns: dict[str, Any]) -> list[list[float] | RewardError]:
+    def _call_all(
+        self, prompts: Sequence[str], completions: Sequence[str], columns: dict[str, Any]
+    ) -> list[list[float] | RewardError]:
         """Each function's checked values or its RewardError, in `rewards` order; serial with one worker."""
 
         def call(name: str, fn: RewardFn) -> list[float] | RewardError:
@@ -215,8 +222,10 @@ class RewardSet:
         unbound = _bind_error(fn, columns)
         if unbound:
             raise fail(
-                f"it cannot be called as {name}(prompts=..., completions=..., **columns): {unbound}", None,
-                config_error=True, fix="it is called with keywords (TRL's convention): name its parameters prompts, "
+                f"it cannot be called as {name}(prompts=..., completions=..., **columns): {unbound}",
+                None,
+                config_error=True,
+                fix="it is called with keywords (TRL's convention): name its parameters prompts, "
                 f"completions or a column ({', '.join(sorted(columns)) or 'none here'}) and end with **kwargs.",
             )
         try:
@@ -228,8 +237,12 @@ class RewardSet:
                 raise fail(err.cause, err.index, fix=_OUTPUT_FIX) from None
             batch_cause, batch_err, fix = err.cause, None, _OUTPUT_FIX
         except SystemExit as err:  # sys.exit() in a reward would end the run with its exit code and no message
-            raise fail(f"it called sys.exit({err.code!r}), which would end the training run", None,
-                       config_error=True, fix="return a reward (e.g. 0.0) instead of exiting.") from None
+            raise fail(
+                f"it called sys.exit({err.code!r}), which would end the training run",
+                None,
+                config_error=True,
+                fix="return a reward (e.g. 0.0) instead of exiting.",
+            ) from None
         except Exception as err:
             batch_cause, batch_err, fix = f"it raised {type(err).__name__}: {err}", err, ""
         if getattr(fn, "batch_only", False):
@@ -247,6 +260,7 @@ def _invoke(fn: RewardFn, **kwargs: Any) -> Any:
     """`fn(**kwargs)`, awaited in a fresh event loop if it is an `async def` function."""
     out = fn(**kwargs)
     if inspect.isawaitable(out):
+
         async def wait() -> Any:
             return await out
 
@@ -340,4 +354,3 @@ def _check_weights(weights: Sequence[float] | None, names: list[str]) -> list[fl
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
             raise ValueError(f"`reward_weights`: the weight of '{name}' must be a finite number, got {w!r}.")
     return [float(w) for w in weights]
-

@@ -47,7 +47,7 @@ class RewardError(ValueError):
     """A reward function raised, returned the wrong length, a non-number, or NaN/inf.
 
     Attributes:
-        reward: name of the reward function (as in `rewards/<name>/mean`).
+        reward: name of the reward function (as in `reward/<name>/mean`).
         sample_index: index of the first offending sample in the batch, or None if
             the failure could not be tied to one sample.
         prompt, completion: that sample's text (full; the message truncates them).
@@ -107,8 +107,10 @@ class RewardError(ValueError):
         if self.config_error:
             lines.append("This is a configuration error, so the run stops whatever on_reward_error says.")
         elif self.repeats:
-            lines.append(f"It failed {self.repeats} steps in a row (max_skipped_steps={self.repeats}), so the run "
-                         f"stops: fix the reward function, or raise max_skipped_steps.")
+            lines.append(
+                f"It failed {self.repeats} steps in a row (max_skipped_steps={self.repeats}), so the run "
+                f"stops: fix the reward function, or raise max_skipped_steps."
+            )
         elif self.skippable:
             lines.append("The step is skipped (on_reward_error='skip'); on_reward_error='stop' stops instead.")
         else:

@@ -22,7 +22,7 @@ def make_gold_reward() -> RewardFn:
 
     def gold(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
         from lmrl.data.preference_builtin import gold_score  # data layer, imported on first use
-        from lmrl.rewards.judge import question_text
+        from lmrl.rewards.judge_text import question_text
 
         n = len(completions)
         metas = [as_meta(m, "gold") for m in (columns.get("meta") or [None] * n)]

@@ -31,197 +31,34 @@ criterion parses, the sample gets ``fallback`` and counts as a parse failure.
     rubric(prompts, completions)                             # a RewardFn: list of floats
 
 As rewards (`lmrl.rewards.REWARDS`): ``judge`` (completion vs a reference column: 1 win, 0.5 tie, 0 loss) and
-``rubric``; both take ``model=PATH`` (the judge) and log ``rewards/<name>/parse_failures``.
+``rubric``; both take ``model=PATH`` (the judge) and log ``reward/<name>/parse_failures``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from lmrl.rewards.columns import get_column
+from lmrl.rewards.judge_text import (
+    PAIRWISE_PROMPT,
+    RUBRIC_PROMPT,
+    Verdict,
+    aggregate_rubric,
+    check_template,
+    combine_verdicts,
+    disagree,
+    fill,
+    format_criteria,
+    parse_rubric,
+    parse_rubric_scores,
+    parse_verdict,
+    question_text,
+    single_verdict,
+)
 from lmrl.rewards.registry import RewardFn, register_reward
-
-Verdict = Literal["A", "B", "tie"] | None
-
-PAIRWISE_PROMPT = """You are an impartial judge. Compare the two AI assistant answers below to the user's question and decide which one answers it better: more helpful, relevant, accurate and detailed. Do not let the order of the answers, their length or the assistants' names sway you. Explain your comparison briefly, then give your final verdict in exactly this form: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
-
-[Question]
-{question}
-
-[Answer of assistant A]
-{answer_a}
-
-[Answer of assistant B]
-{answer_b}"""
-"""Our paraphrase of the MT-Bench pairwise judge prompt (RLHF book ch. 5); ``{question}``, ``{answer_a}``,
-``{answer_b}`` are filled in."""
-
-RUBRIC_PROMPT = """You are an impartial grader. Grade the answer to the user's question below against each criterion, from 0 (not met at all) to {max_score} (fully met). For a pitfall criterion, grade how much the answer falls into the pitfall. Explain briefly, then write one tag per criterion in exactly this form: [[1: score]] [[2: score]] and so on.
-
-[Question]
-{question}
-
-[Answer]
-{answer}
-
-[Criteria]
-{criteria}"""
-"""Rubric grading prompt; ``{question}``, ``{answer}``, ``{criteria}`` (numbered) and ``{max_score}``."""
-
-_VERDICT = re.compile(r"\[\[\s*([ABC])\s*\]\]")
-_RUBRIC_TAG = re.compile(r"\[\[\s*(\d+)\s*:\s*([+-]?\d+(?:\.\d+)?)\s*\]\]")
-_SWAP = {"A": "B", "B": "A", "C": "C"}  # a verdict letter of the order (b, a) in terms of (a, b)
-_CHATML_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
-
-
-# ----------------------------------------------------------------------------- pure parsing
-
-
-def parse_verdict(text: str) -> Literal["A", "B", "C"] | None:
-    """The letter of the LAST ``[[A]]``/``[[B]]``/``[[C]]`` tag in `text` (spaces inside allowed), else None."""
-    found = _VERDICT.findall(text) if isinstance(text, str) else []
-    return found[-1] if found else None
-
-
-def combine_verdicts(first: str | None, swapped: str | None) -> Verdict:
-    """One pair's verdict from the (a, b) judgement and the (b, a) judgement (module table).
-
-    `first`, `swapped`: parsed letters "A"/"B"/"C" or None; in `swapped` "A" names answer b.
-    """
-    if first is None or swapped is None:
-        return None
-    back = _SWAP[swapped]  # the swapped order's verdict in (a, b) terms
-    return first if first == back and first != "C" else "tie"
-
-
-def disagree(first: str | None, swapped: str | None) -> bool:
-    """Both orders parsed but name different winners (position bias): A/B, A/tie, B/tie in (a, b) terms."""
-    return first is not None and swapped is not None and first != _SWAP[swapped]
-
-
-def single_verdict(letter: str | None) -> Verdict:
-    """A verdict from one order only (``swap=False``): C is a tie."""
-    return None if letter is None else ("tie" if letter == "C" else letter)
-
-
-def parse_rubric_scores(text: str, num_criteria: int, max_score: float) -> list[float | None]:
-    """Per criterion 1..n the value of its LAST ``[[i: s]]`` tag if 0 <= s <= max_score, else None."""
-    scores: list[float | None] = [None] * num_criteria
-    for idx, value in (_RUBRIC_TAG.findall(text) if isinstance(text, str) else []):
-        i = int(idx) - 1
-        if 0 <= i < num_criteria:
-            v = float(value)
-            scores[i] = v if 0 <= v <= max_score else None
-    return scores
-
-
-def aggregate_rubric(scores: Sequence[float | None], weights: Sequence[float], max_score: float) -> float | None:
-    """Σ_{i∈P} w_i·(s_i/max_score) / Σ_{i∈P, w_i>0} w_i over the parsed criteria P; None if no w_i > 0 is in P.
-
-    Spec §4 (RLHF book ch. 12 gives no rule; this is the spec's suggestion, restricted to parsed criteria).
-    """
-    if len(scores) != len(weights):
-        raise ValueError(f"aggregate_rubric: {len(scores)} scores for {len(weights)} weights; give one per criterion.")
-    parsed = [(w, s / max_score) for s, w in zip(scores, weights) if s is not None]
-    positive = sum(w for w, _ in parsed if w > 0)
-    if positive <= 0:
-        return None
-    return sum(w * s for w, s in parsed) / positive
-
-
-def question_text(prompt: Any) -> str:
-    """The user's question in a prompt: a string as is (a ChatML-rendered one: its last user turn), or the
-    content of the last user message of a message list."""
-    if isinstance(prompt, str):
-        turns = _CHATML_USER.findall(prompt)
-        return turns[-1] if turns else prompt
-    if isinstance(prompt, Sequence):
-        users = [m.get("content", "") for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-        if users:
-            return str(users[-1])
-    raise ValueError(f"A judge needs a prompt as text or a message list with a user turn, got {prompt!r}.")
-
-
-def fill(template: str, **values: Any) -> str:
-    """`template` with each ``{key}`` replaced in ONE pass: braces inside the inserted texts stay as they are
-    (an answer containing "{answer_b}" is not substituted again; str.format would also choke on "{x}")."""
-    pattern = re.compile("|".join(re.escape("{" + k + "}") for k in values))
-    return pattern.sub(lambda m: str(values[m.group(0)[1:-1]]), template)
-
-
-def _check_template(template: str, keys: Sequence[str], what: str) -> None:
-    missing = [f"{{{k}}}" for k in keys if f"{{{k}}}" not in template]
-    if missing:
-        raise ValueError(f"The {what} judge prompt must contain {missing} where those texts go; fix the prompt "
-                         "or leave it at its default.")
-
-
-# ----------------------------------------------------------------------------- rubrics
-
-
-@dataclasses.dataclass(frozen=True)
-class Criterion:
-    """One rubric item (book ch. 12 schema A): a title, a description, a weight (negative for pitfalls)."""
-
-    title: str
-    description: str = ""
-    weight: float = 1.0
-
-
-def parse_rubric(items: Any, where: str = "rubric") -> list[Criterion]:
-    """Criteria from a list of `Criterion`, strings (weight 1), or dicts {title | criterion, description,
-    weight} (a JSON string of such a list is accepted); errors name the item."""
-    if isinstance(items, str):
-        try:
-            items = json.loads(items)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not a list of criteria and not valid JSON ({err}).") from None
-    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence) or not items:
-        raise ValueError(f"{where}: a rubric is a non-empty list of criteria (strings or {{title, description, "
-                         f"weight}} dicts), got {items!r}.")
-    out = []
-    for i, item in enumerate(items, 1):
-        if isinstance(item, Criterion):
-            crit = item
-        elif isinstance(item, str) and item.strip():
-            crit = Criterion(item.strip())
-        elif isinstance(item, Mapping) and str(item.get("title") or item.get("criterion") or "").strip():
-            unknown = set(item) - {"title", "criterion", "description", "weight", "reasoning"}
-            if unknown:
-                raise ValueError(f"{where}: criterion {i} has unknown keys {sorted(unknown)}; use title, "
-                                 "description, weight.")
-            weight = item.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ValueError(f"{where}: criterion {i} has weight {weight!r}; give a number (negative for a pitfall).")
-            crit = Criterion(str(item.get("title") or item["criterion"]).strip(), str(item.get("description", "")),
-                             float(weight))
-        else:
-            raise ValueError(f"{where}: criterion {i} is {item!r}; give a string or a dict with a title.")
-        if not math.isfinite(crit.weight) or crit.weight == 0:
-            raise ValueError(f"{where}: criterion {i} ({crit.title!r}) has weight {crit.weight}; use a finite "
-                             "non-zero number (negative for a pitfall).")
-        out.append(crit)
-    if not any(c.weight > 0 for c in out):
-        raise ValueError(f"{where}: every weight is negative; a rubric needs at least one positive criterion "
-                         "(the score is normalised by the positive weights).")
-    return out
-
-
-def format_criteria(criteria: Sequence[Criterion]) -> str:
-    """Numbered criteria for the prompt: ``1. Title: description`` (pitfalls marked)."""
-    lines = []
-    for i, c in enumerate(criteria, 1):
-        kind = " (pitfall)" if c.weight < 0 else ""
-        lines.append(f"{i}. {c.title}{kind}" + (f": {c.description}" if c.description else ""))
-    return "\n".join(lines)
-
 
 # ----------------------------------------------------------------------------- judges
 
@@ -229,13 +66,15 @@ def format_criteria(criteria: Sequence[Criterion]) -> str:
 class GreedyGenerator:
     """Greedy judgements (temperature 0) from a causal LM, `batch_size` prompts per generate call."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int, batch_size: int, chat: bool,
-                 autocast_dtype: torch.dtype | None):
+    def __init__(
+        self, model, tokenizer, max_new_tokens: int, batch_size: int, chat: bool, autocast_dtype: torch.dtype | None
+    ):
         from lmrl.rollout.hf import HFEngine, SamplingParams  # loads transformers: import on use
 
         if batch_size < 1 or max_new_tokens < 1:
-            raise ValueError(f"A judge needs batch_size >= 1 and max_new_tokens >= 1, got {batch_size}, "
-                             f"{max_new_tokens}.")
+            raise ValueError(
+                f"A judge needs batch_size >= 1 and max_new_tokens >= 1, got {batch_size}, {max_new_tokens}."
+            )
         self.tokenizer, self.chat, self.batch_size = tokenizer, chat, batch_size
         self.engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype)
         self.params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
@@ -263,10 +102,20 @@ class PairwiseJudge:
     the local model (model, tokenizer may then be None), e.g. `remote.chat_generator` (an OpenAI-compatible server).
     """
 
-    def __init__(self, model, tokenizer, prompt: str = PAIRWISE_PROMPT, swap: bool = True, *,
-                 max_new_tokens: int = 256, batch_size: int = 16, chat: bool = True,
-                 autocast_dtype: torch.dtype | None = None, generate: Callable[[Sequence[str]], list[str]] | None = None):
-        _check_template(prompt, ("question", "answer_a", "answer_b"), "pairwise")
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        prompt: str = PAIRWISE_PROMPT,
+        swap: bool = True,
+        *,
+        max_new_tokens: int = 256,
+        batch_size: int = 16,
+        chat: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+        generate: Callable[[Sequence[str]], list[str]] | None = None,
+    ):
+        check_template(prompt, ("question", "answer_a", "answer_b"), "pairwise")
         self.prompt, self.swap = prompt, swap
         self.generate = generate or GreedyGenerator(model, tokenizer, max_new_tokens, batch_size, chat, autocast_dtype)
         self.parse_failures = 0
@@ -274,21 +123,32 @@ class PairwiseJudge:
         self.last_stats: dict[str, float] = {}
         self.last_judgements: list[str] = []
 
-    def judge(self, prompts: Sequence[Any], answers_a: Sequence[str], answers_b: Sequence[str],
-              context: Sequence[Mapping[str, str]] | None = None) -> list[Verdict]:
+    def judge(
+        self,
+        prompts: Sequence[Any],
+        answers_a: Sequence[str],
+        answers_b: Sequence[str],
+        context: Sequence[Mapping[str, str]] | None = None,
+    ) -> list[Verdict]:
         """Per pair "A" (a better), "B", "tie", or None (judge failure, counted). ``context``: per pair, values of
         further ``{keys}`` of the prompt template (e.g. Constitutional AI's ``{principles}``)."""
         n = len(prompts)
         context = context if context is not None else [{}] * n
         if len(answers_a) != n or len(answers_b) != n:
-            raise ValueError(f"PairwiseJudge.judge: {n} prompts, {len(answers_a)} answers_a and {len(answers_b)} "
-                             "answers_b; give one answer of each per prompt.")
+            raise ValueError(
+                f"PairwiseJudge.judge: {n} prompts, {len(answers_a)} answers_a and {len(answers_b)} "
+                "answers_b; give one answer of each per prompt."
+            )
         questions = [question_text(p) for p in prompts]
-        texts = [fill(self.prompt, question=q, answer_a=a, answer_b=b, **c)
-                 for q, a, b, c in zip(questions, answers_a, answers_b, context)]
+        texts = [
+            fill(self.prompt, question=q, answer_a=a, answer_b=b, **c)
+            for q, a, b, c in zip(questions, answers_a, answers_b, context)
+        ]
         if self.swap:
-            texts += [fill(self.prompt, question=q, answer_a=b, answer_b=a, **c)
-                      for q, a, b, c in zip(questions, answers_a, answers_b, context)]
+            texts += [
+                fill(self.prompt, question=q, answer_a=b, answer_b=a, **c)
+                for q, a, b, c in zip(questions, answers_a, answers_b, context)
+            ]
         self.last_judgements = self.generate(texts) if n else []
         letters = [parse_verdict(t) for t in self.last_judgements]
         if self.swap:
@@ -299,10 +159,14 @@ class PairwiseJudge:
         unparsed, failed = sum(x is None for x in letters), sum(v is None for v in verdicts)
         self.parse_failures += unparsed
         self.failures += failed
-        self.last_stats = {"parse_failures": float(unparsed), "parse_fail_frac": unparsed / max(1, len(letters)),
-                           "failures": float(failed), "inconsistent": float(inconsistent),
-                           "inconsistent_frac": inconsistent / max(1, n),
-                           "tie_frac": sum(v == "tie" for v in verdicts) / max(1, n)}
+        self.last_stats = {
+            "parse_failures": float(unparsed),
+            "parse_fail_frac": unparsed / max(1, len(letters)),
+            "failures": float(failed),
+            "inconsistent": float(inconsistent),
+            "inconsistent_frac": inconsistent / max(1, n),
+            "tie_frac": sum(v == "tie" for v in verdicts) / max(1, n),
+        }
         return verdicts
 
 
@@ -319,11 +183,22 @@ class RubricJudge:
 
     __name__ = "rubric"
 
-    def __init__(self, model, tokenizer, criteria: Any = None, prompt: str = RUBRIC_PROMPT, *,
-                 max_score: float = 10, fallback: float = 0.0, max_new_tokens: int = 256, batch_size: int = 16,
-                 chat: bool = True, autocast_dtype: torch.dtype | None = None,
-                 generate: Callable[[Sequence[str]], list[str]] | None = None):
-        _check_template(prompt, ("question", "answer", "criteria"), "rubric")
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        criteria: Any = None,
+        prompt: str = RUBRIC_PROMPT,
+        *,
+        max_score: float = 10,
+        fallback: float = 0.0,
+        max_new_tokens: int = 256,
+        batch_size: int = 16,
+        chat: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+        generate: Callable[[Sequence[str]], list[str]] | None = None,
+    ):
+        check_template(prompt, ("question", "answer", "criteria"), "rubric")
         if not max_score > 0:
             raise ValueError(f"RubricJudge: max_score must be > 0, got {max_score!r}.")
         self.criteria = None if criteria is None else parse_rubric(criteria)
@@ -340,12 +215,19 @@ class RubricJudge:
         if self.criteria is not None:
             rubrics = [self.criteria] * n
         else:
-            raw = get_column(columns, "rubric", n, "rubric", "It holds each sample's criteria; or set "
-                             "reward_kwargs.rubric.criteria for one rubric for all samples.")
+            raw = get_column(
+                columns,
+                "rubric",
+                n,
+                "rubric",
+                "It holds each sample's criteria; or set reward_kwargs.rubric.criteria for one rubric for all samples.",
+            )
             rubrics = [parse_rubric(r, f"rubric of sample {i}") for i, r in enumerate(raw)]
         max_text = f"{self.max_score:g}"
-        texts = [fill(self.prompt, question=question_text(p), answer=c, criteria=format_criteria(r),
-                      max_score=max_text) for p, c, r in zip(prompts, completions, rubrics)]
+        texts = [
+            fill(self.prompt, question=question_text(p), answer=c, criteria=format_criteria(r), max_score=max_text)
+            for p, c, r in zip(prompts, completions, rubrics)
+        ]
         self.last_judgements = self.generate(texts) if n else []
         scores, missing = [], 0
         for text, rubric in zip(self.last_judgements, rubrics):
@@ -354,8 +236,11 @@ class RubricJudge:
             scores.append(aggregate_rubric(parsed, [c.weight for c in rubric], self.max_score))
         failed = sum(s is None for s in scores)
         self.failures += failed
-        self.last_stats = {"parse_failures": float(failed), "parse_fail_frac": failed / max(1, n),
-                           "missing_criteria": float(missing)}
+        self.last_stats = {
+            "parse_failures": float(failed),
+            "parse_fail_frac": failed / max(1, n),
+            "missing_criteria": float(missing),
+        }
         return [self.fallback if s is None else s for s in scores]
 
 
@@ -375,9 +260,17 @@ VERDICT_REWARD = {"A": 1.0, "tie": 0.5, "B": 0.0}
 
 
 @register_reward("judge")
-def make_judge_reward(model: str, reference: str = "chosen", prompt: str = PAIRWISE_PROMPT, swap: bool = True,
-                      fallback: float = 0.5, max_new_tokens: int = 256, batch_size: int = 16,
-                      precision: str = "auto", seed: int = 0) -> RewardFn:
+def make_judge_reward(
+    model: str,
+    reference: str = "chosen",
+    prompt: str = PAIRWISE_PROMPT,
+    swap: bool = True,
+    fallback: float = 0.5,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    precision: str = "auto",
+    seed: int = 0,
+) -> RewardFn:
     """`judge`: r_i = 1 if the judge prefers completion_i to the `reference` column's answer in both orders,
     0 if it prefers the reference, 0.5 otherwise (`VERDICT_REWARD`); a failed verdict gets `fallback`.
 
@@ -387,13 +280,25 @@ def make_judge_reward(model: str, reference: str = "chosen", prompt: str = PAIRW
     from lmrl.models import autocast_dtype
 
     judge_model, tokenizer = load_judge_model(model, seed)
-    pairwise = PairwiseJudge(judge_model, tokenizer, prompt, swap, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, autocast_dtype=autocast_dtype(precision))
+    pairwise = PairwiseJudge(
+        judge_model,
+        tokenizer,
+        prompt,
+        swap,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        autocast_dtype=autocast_dtype(precision),
+    )
 
     def judge(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
-        refs = get_column(columns, reference, len(completions), "judge",
-                          "It holds the reference answer each completion is compared with (reward_kwargs.judge."
-                          "reference names the column).")
+        refs = get_column(
+            columns,
+            reference,
+            len(completions),
+            "judge",
+            "It holds the reference answer each completion is compared with (reward_kwargs.judge."
+            "reference names the column).",
+        )
         verdicts = pairwise.judge(prompts, completions, [str(r) for r in refs])
         judge.last_stats = dict(pairwise.last_stats)
         return [fallback if v is None else VERDICT_REWARD[v] for v in verdicts]
@@ -404,13 +309,30 @@ def make_judge_reward(model: str, reference: str = "chosen", prompt: str = PAIRW
 
 
 @register_reward("rubric")
-def make_rubric_reward(model: str, criteria: Any = None, prompt: str = RUBRIC_PROMPT, max_score: float = 10,
-                       fallback: float = 0.0, max_new_tokens: int = 256, batch_size: int = 16,
-                       precision: str = "auto", seed: int = 0) -> RewardFn:
+def make_rubric_reward(
+    model: str,
+    criteria: Any = None,
+    prompt: str = RUBRIC_PROMPT,
+    max_score: float = 10,
+    fallback: float = 0.0,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    precision: str = "auto",
+    seed: int = 0,
+) -> RewardFn:
     """`rubric`: r_i = the weighted rubric score of completion_i (module docstring) graded by the judge `model`;
     `criteria` (one rubric for all samples) or a `rubric` column per sample; failures get `fallback`."""
     from lmrl.models import autocast_dtype
 
     judge_model, tokenizer = load_judge_model(model, seed)
-    return RubricJudge(judge_model, tokenizer, criteria, prompt, max_score=max_score, fallback=fallback,
-                       max_new_tokens=max_new_tokens, batch_size=batch_size, autocast_dtype=autocast_dtype(precision))
+    return RubricJudge(
+        judge_model,
+        tokenizer,
+        criteria,
+        prompt,
+        max_score=max_score,
+        fallback=fallback,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        autocast_dtype=autocast_dtype(precision),
+    )

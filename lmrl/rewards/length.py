@@ -9,9 +9,7 @@ from typing import Any
 from lmrl.rewards.columns import get_column
 from lmrl.rewards.registry import RewardFn, register_reward
 
-_LENGTHS_HINT = (
-    "The trainer supplies it (completion lengths in tokens); pass it when calling the reward yourself."
-)
+_LENGTHS_HINT = "The trainer supplies it (completion lengths in tokens); pass it when calling the reward yourself."
 
 
 def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:

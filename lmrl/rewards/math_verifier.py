@@ -40,8 +40,9 @@ else:
 def require_math_verify() -> None:
     """Raise an ImportError naming the fix when math-verify is not installed."""
     if _IMPORT_ERROR is not None:
-        raise ImportError("the `math` reward needs math-verify, which is not installed. "
-                          "Fix: pip install 'math-verify>=0.7'.") from _IMPORT_ERROR
+        raise ImportError(
+            "the `math` reward needs math-verify, which is not installed. Fix: pip install 'math-verify>=0.7'."
+        ) from _IMPORT_ERROR
 
 
 _BOXED = "\\boxed"
@@ -130,8 +131,6 @@ def make_math_reward(timeout_s: int | None = 5) -> MathReward:
     timeout_s: math-verify's per-parse/per-comparison limit in the main thread (None: no limit).
     """
     if timeout_s is not None and (not isinstance(timeout_s, int) or timeout_s <= 0):
-        raise ValueError(
-            f"Reward 'math': timeout_s must be a positive integer of seconds or None, got {timeout_s!r}."
-        )
+        raise ValueError(f"Reward 'math': timeout_s must be a positive integer of seconds or None, got {timeout_s!r}.")
     require_math_verify()
     return MathReward(timeout_s)

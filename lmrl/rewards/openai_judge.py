@@ -10,7 +10,7 @@ requests at a time, `timeout_s`/`retries`/`backoff_s` as for reward servers, `lm
 kind="rubric" (default): r_i = the weighted rubric score of `criteria` (or the `rubric` column), in [0, 1].
 kind="pairwise": r_i = 1 / 0.5 / 0 as the judge prefers completion_i / neither / the `reference` column's answer.
 An unparsed reply gets `fallback` (default 0 for rubric, 0.5 for pairwise) and counts in
-`rewards/openai_judge/parse_failures`; an endpoint that still fails after its retries raises (a reward error).
+`reward/openai_judge/parse_failures`; an endpoint that still fails after its retries raises (a reward error).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmrl.rewards.columns import get_column
-from lmrl.rewards.judge import PAIRWISE_PROMPT, RUBRIC_PROMPT, VERDICT_REWARD, PairwiseJudge, RubricJudge
+from lmrl.rewards.judge import VERDICT_REWARD, PairwiseJudge, RubricJudge
+from lmrl.rewards.judge_text import PAIRWISE_PROMPT, RUBRIC_PROMPT
 from lmrl.rewards.registry import register_reward
 from lmrl.rewards.remote import chat_generator
 from lmrl.rewards.types import RewardFn
@@ -28,29 +29,61 @@ KINDS = ("rubric", "pairwise")
 
 
 @register_reward("openai_judge")
-def make_openai_judge(url: str, model: str, kind: str = "rubric", template: str | None = None, criteria: Any = None,
-                      reference: str = "chosen", swap: bool = True, max_score: float = 10,
-                      fallback: float | None = None, api_key_env: str | None = None, max_tokens: int = 256,
-                      timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 0.5,
-                      concurrency: int = 8) -> RewardFn:
+def make_openai_judge(
+    url: str,
+    model: str,
+    kind: str = "rubric",
+    template: str | None = None,
+    criteria: Any = None,
+    reference: str = "chosen",
+    swap: bool = True,
+    max_score: float = 10,
+    fallback: float | None = None,
+    api_key_env: str | None = None,
+    max_tokens: int = 256,
+    timeout_s: float = 60.0,
+    retries: int = 2,
+    backoff_s: float = 0.5,
+    concurrency: int = 8,
+) -> RewardFn:
     """`openai_judge`: the `rubric` (kind="rubric") or `judge` (kind="pairwise") reward with its judgements from
     the chat endpoint `url` serving `model`; `template` replaces the judge prompt (same placeholders)."""
     if kind not in KINDS:
         raise ValueError(f"openai_judge: kind must be one of {KINDS}, got {kind!r}.")
-    generate = chat_generator(url, model, api_key_env=api_key_env, max_tokens=max_tokens, timeout_s=timeout_s,
-                              retries=retries, backoff_s=backoff_s, concurrency=concurrency)
+    generate = chat_generator(
+        url,
+        model,
+        api_key_env=api_key_env,
+        max_tokens=max_tokens,
+        timeout_s=timeout_s,
+        retries=retries,
+        backoff_s=backoff_s,
+        concurrency=concurrency,
+    )
     if kind == "rubric":
-        rubric = RubricJudge(None, None, criteria, template or RUBRIC_PROMPT, max_score=max_score,
-                             fallback=0.0 if fallback is None else fallback, generate=generate)
+        rubric = RubricJudge(
+            None,
+            None,
+            criteria,
+            template or RUBRIC_PROMPT,
+            max_score=max_score,
+            fallback=0.0 if fallback is None else fallback,
+            generate=generate,
+        )
         rubric.batch_only = True  # an endpoint failure is not located by re-sending single samples
         return rubric
     pairwise = PairwiseJudge(None, None, template or PAIRWISE_PROMPT, swap, generate=generate)
     on_fail = 0.5 if fallback is None else fallback
 
     def openai_judge(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
-        refs = get_column(columns, reference, len(completions), "openai_judge",
-                          "It holds the reference answer each completion is compared with (reward_kwargs."
-                          "openai_judge.reference names the column).")
+        refs = get_column(
+            columns,
+            reference,
+            len(completions),
+            "openai_judge",
+            "It holds the reference answer each completion is compared with (reward_kwargs."
+            "openai_judge.reference names the column).",
+        )
         verdicts = pairwise.judge(prompts, completions, [str(r) for r in refs])
         openai_judge.last_stats = dict(pairwise.last_stats)
         return [on_fail if v is None else VERDICT_REWARD[v] for v in verdicts]

@@ -87,7 +87,7 @@ def load_reward(spec: str, **kwargs: Any) -> RewardFn:
     if spec.startswith(MODEL_PREFIX):
         from lmrl.rewards.reward_model import reward_model_reward  # loads torch models: import on use
 
-        return reward_model_reward(spec[len(MODEL_PREFIX):], **kwargs)
+        return reward_model_reward(spec[len(MODEL_PREFIX) :], **kwargs)
     match = _IMPORT_SPEC.match(spec)
     if match is None:
         raise ValueError(
@@ -104,7 +104,7 @@ def load_reward(spec: str, **kwargs: Any) -> RewardFn:
 
 
 def reward_name(spec: str | RewardFn) -> str:
-    """The name used in metrics (`rewards/<name>/mean`): the registry name, the function name of
+    """The name used in metrics (`reward/<name>/mean`): the registry name, the function name of
     'module:function', a URL's last path segment, or a callable's `__name__`."""
     if isinstance(spec, str) and spec.startswith(MODEL_PREFIX):
         return "reward_model"
@@ -156,4 +156,3 @@ def _describe_options(factory: RewardFactory, skip: int = 0) -> str:
     params = list(inspect.signature(factory).parameters.values())[skip:]
     opts = [p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in params]
     return "(" + ", ".join(opts) + ")" if opts else "none"
-

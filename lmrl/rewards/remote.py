@@ -54,8 +54,15 @@ def url_name(url: str) -> str:
     return re.sub(r"\W", "_", raw)
 
 
-def post_json(url: str, payload: Any, *, timeout_s: float, retries: int, backoff_s: float,
-              headers: Mapping[str, str] | None = None) -> Any:
+def post_json(
+    url: str,
+    payload: Any,
+    *,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    headers: Mapping[str, str] | None = None,
+) -> Any:
     """POST `payload` as JSON and return the decoded reply; transient failures are retried with backoff."""
     data = json.dumps(payload).encode()
     head = {"Content-Type": "application/json", **dict(headers or {})}
@@ -87,16 +94,19 @@ def auth_headers(api_key_env: str | None, headers: Mapping[str, str] | None = No
     if api_key_env:
         key = os.environ.get(api_key_env)
         if not key:
-            raise ValueError(f"api_key_env={api_key_env!r}: that environment variable is not set; export it or "
-                             "remove api_key_env.")
+            raise ValueError(
+                f"api_key_env={api_key_env!r}: that environment variable is not set; export it or remove api_key_env."
+            )
         out["Authorization"] = f"Bearer {key}"
     return out
 
 
 def _check_options(where: str, timeout_s: float, retries: int, backoff_s: float, batch_size: int) -> None:
     if not timeout_s > 0 or retries < 0 or backoff_s < 0 or batch_size < 0:
-        raise ValueError(f"{where}: need timeout_s > 0, retries >= 0, backoff_s >= 0 and batch_size >= 0, got "
-                         f"{timeout_s}, {retries}, {backoff_s}, {batch_size}.")
+        raise ValueError(
+            f"{where}: need timeout_s > 0, retries >= 0, backoff_s >= 0 and batch_size >= 0, got "
+            f"{timeout_s}, {retries}, {backoff_s}, {batch_size}."
+        )
 
 
 def _json_columns(columns: Mapping[str, Any]) -> dict[str, list]:
@@ -115,19 +125,30 @@ def parse_rewards(url: str, reply: Any, n: int) -> list[float]:
     """The `rewards` of a server reply, checked: n finite numbers, else a RemoteError naming the URL."""
     rewards = reply.get("rewards") if isinstance(reply, Mapping) else None
     if not isinstance(rewards, list):
-        raise RemoteError(f"{url} replied {str(reply)[:200]}, not {{\"rewards\": [float, ...]}}")
+        raise RemoteError(f'{url} replied {str(reply)[:200]}, not {{"rewards": [float, ...]}}')
     if len(rewards) != n:
         raise RemoteError(f"{url} returned {len(rewards)} rewards for {n} completions; reply one per completion")
-    bad = [i for i, r in enumerate(rewards)
-           if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(float(r))]
+    bad = [
+        i
+        for i, r in enumerate(rewards)
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(float(r))
+    ]
     if bad:
-        raise RemoteError(f"{url} returned {rewards[bad[0]]!r} at index {bad[0]} ({len(bad)} of {n} rewards are "
-                          "not finite numbers)")
+        raise RemoteError(
+            f"{url} returned {rewards[bad[0]]!r} at index {bad[0]} ({len(bad)} of {n} rewards are not finite numbers)"
+        )
     return [float(r) for r in rewards]
 
 
-def http_reward(url: str, timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.5, batch_size: int = 0,
-                api_key_env: str | None = None, headers: Mapping[str, str] | None = None) -> RewardFn:
+def http_reward(
+    url: str,
+    timeout_s: float = 30.0,
+    retries: int = 2,
+    backoff_s: float = 0.5,
+    batch_size: int = 0,
+    api_key_env: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> RewardFn:
     """A reward function that POSTs each batch (or `batch_size` rows at a time) to the reward server `url`."""
     _check_options(f"reward {url}", timeout_s, retries, backoff_s, batch_size)
     head = auth_headers(api_key_env, headers)
@@ -139,8 +160,11 @@ def http_reward(url: str, timeout_s: float = 30.0, retries: int = 2, backoff_s: 
         out: list[float] = []
         for start in range(0, n, step):
             part = slice(start, start + step)
-            payload = {"prompts": list(prompts[part]), "completions": list(completions[part]),
-                       **{k: v[part] for k, v in sent.items()}}
+            payload = {
+                "prompts": list(prompts[part]),
+                "completions": list(completions[part]),
+                **{k: v[part] for k, v in sent.items()},
+            }
             reply = post_json(url, payload, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, headers=head)
             out += parse_rewards(url, reply, len(payload["completions"]))
         return out
@@ -150,16 +174,29 @@ def http_reward(url: str, timeout_s: float = 30.0, retries: int = 2, backoff_s: 
     return remote
 
 
-def chat_generator(url: str, model: str, *, api_key_env: str | None = None, max_tokens: int = 256,
-                   timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 0.5, concurrency: int = 8):
+def chat_generator(
+    url: str,
+    model: str,
+    *,
+    api_key_env: str | None = None,
+    max_tokens: int = 256,
+    timeout_s: float = 60.0,
+    retries: int = 2,
+    backoff_s: float = 0.5,
+    concurrency: int = 8,
+):
     """`generate(texts) -> replies`: one greedy chat completion per text from an OpenAI-compatible server."""
     _check_options(f"chat endpoint {url}", timeout_s, retries, backoff_s, 0)
     endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/chat/completions") else "/v1/chat/completions")
     head = auth_headers(api_key_env)
 
     def one(text: str) -> str:
-        payload = {"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0,
-                   "max_tokens": max_tokens}
+        payload = {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        }
         reply = post_json(endpoint, payload, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, headers=head)
         try:
             return str(reply["choices"][0]["message"]["content"] or "")

@@ -37,11 +37,12 @@ _SENTINEL = "\x00lmrl-prompt\x00"
 def _generation_suffix(tokenizer: Any) -> str:
     """Text the chat template appends to a user message to ask for a reply (ChatML: im_end, im_start assistant)."""
     rendered = render_prompt(tokenizer, _SENTINEL)
-    return rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
+    return rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
 
 
-def tokenize_for_scoring(tokenizer: Any, prompt: str | list, completion: str, chat: bool,
-                         finished: bool = True) -> Tokenized:
+def tokenize_for_scoring(
+    tokenizer: Any, prompt: str | list, completion: str, chat: bool, finished: bool = True
+) -> Tokenized:
     """Token ids as the policy produced them: the rendered prompt, the completion, then EOS if it finished."""
     if chat and isinstance(prompt, str) and prompt.endswith(_generation_suffix(tokenizer)):
         # already rendered (rollout engines report rendered prompts)
@@ -57,8 +58,13 @@ def tokenize_for_scoring(tokenizer: Any, prompt: str | list, completion: str, ch
 
 
 @torch.no_grad()
-def score_tokenized(model: RewardModel, items: Sequence[Tokenized], pad_id: int, dtype: torch.dtype | None,
-                    steps: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+def score_tokenized(
+    model: RewardModel,
+    items: Sequence[Tokenized],
+    pad_id: int,
+    dtype: torch.dtype | None,
+    steps: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
     """(N,) scores of tokenized prompt+completions (see the module docstring for each kind).
 
     `steps` (PRM only): per item, the indices in `completion_ids` of the tokens that end each step.
@@ -80,9 +86,15 @@ def score_tokenized(model: RewardModel, items: Sequence[Tokenized], pad_id: int,
     return torch.stack(scores)
 
 
-def score_texts(model: RewardModel, tokenizer: Any, prompts: Sequence[Any], completions: Sequence[str],
-                batch_size: int = 32, dtype: torch.dtype | None = None,
-                finished: Sequence[bool] | None = None) -> list[float]:
+def score_texts(
+    model: RewardModel,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    batch_size: int = 32,
+    dtype: torch.dtype | None = None,
+    finished: Sequence[bool] | None = None,
+) -> list[float]:
     """Reward-model scores of prompt/completion texts, `batch_size` sequences per forward."""
     finished = [True] * len(completions) if finished is None else list(finished)
     scores: list[float] = []
@@ -92,12 +104,15 @@ def score_texts(model: RewardModel, tokenizer: Any, prompts: Sequence[Any], comp
         for start in range(0, len(completions), batch_size):
             chunk = range(start, min(start + batch_size, len(completions)))
             texts = [_normalize_steps(completions[i]) if model.kind == "prm" else completions[i] for i in chunk]
-            items = [tokenize_for_scoring(tokenizer, prompts[i], t, model.chat, finished[i])
-                     for i, t in zip(chunk, texts)]
+            items = [
+                tokenize_for_scoring(tokenizer, prompts[i], t, model.chat, finished[i]) for i, t in zip(chunk, texts)
+            ]
             steps = None
             if model.kind == "prm":
-                steps = [step_positions(tokenizer, item, t.split(STEP_SEPARATOR)) if t else []
-                         for item, t in zip(items, texts)]
+                steps = [
+                    step_positions(tokenizer, item, t.split(STEP_SEPARATOR)) if t else []
+                    for item, t in zip(items, texts)
+                ]
             scores += score_tokenized(model, items, tokenizer.pad_token_id, dtype, steps).tolist()
     finally:
         model.train(was_training)
@@ -109,8 +124,9 @@ def _normalize_steps(completion: str) -> str:
     return STEP_SEPARATOR.join(s.strip() for s in completion.split(STEP_SEPARATOR) if s.strip())
 
 
-def reward_model_reward(path: str, batch_size: int = 32, precision: str = "auto",
-                        truncated_reward: float | None = None) -> RewardFn:
+def reward_model_reward(
+    path: str, batch_size: int = 32, precision: str = "auto", truncated_reward: float | None = None
+) -> RewardFn:
     """`model:PATH` reward: r_i = the reward model's score of (prompt_i, completion_i) (module docstring).
 
     Options: `batch_size` sequences per forward, `precision` (auto|bf16|fp32), `truncated_reward`

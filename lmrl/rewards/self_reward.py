@@ -7,7 +7,7 @@ in at most 100 words, writes ``<Calculation>1+0+...=k</Calculation>`` and ends w
 as code). The score is the integer in the LAST ``<Score>`` tag; a judgement with no such tag, or
 a value outside 0..7, is a parse failure and gets ``fallback`` (default 0: the paper does not
 say, `spec/language-self-play.md` §2.2). Failures are counted (``last_stats`` per call, logged
-by `RewardSet` as ``rewards/<name>/parse_failures``; ``failures`` over the run).
+by `RewardSet` as ``reward/<name>/parse_failures``; ``failures`` over the run).
 
     judge = SelfReward(ref_model, tokenizer, fallback=0.0)
     scores = judge(queries, answers)          # list of floats in 0..7 (or the fallback)
@@ -70,8 +70,17 @@ class SelfReward:
 
     __name__ = "self_reward"
 
-    def __init__(self, model, tokenizer, *, template: str = QUALITY_PROMPT, fallback: float = 0.0,
-                 max_new_tokens: int = 256, batch_size: int = 16, autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        template: str = QUALITY_PROMPT,
+        fallback: float = 0.0,
+        max_new_tokens: int = 256,
+        batch_size: int = 16,
+        autocast_dtype: torch.dtype | None = None,
+    ):
         missing = [key for key in ("{instruction}", "{response}") if key not in template]
         if missing:
             raise ValueError(
@@ -79,7 +88,9 @@ class SelfReward:
                 "fix `judge_prompt` (or leave it at 'lsp' for the paper's 7-point prompt)."
             )
         if batch_size < 1 or max_new_tokens < 1:
-            raise ValueError(f"SelfReward: batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}.")
+            raise ValueError(
+                f"SelfReward: batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}."
+            )
         self.model, self.tokenizer, self.template = model, tokenizer, template
         self.fallback, self.batch_size = float(fallback), batch_size
         self.engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype)
@@ -93,9 +104,12 @@ class SelfReward:
         texts: list[str] = []
         for start in range(0, len(responses), self.batch_size):
             ids = [
-                self.tokenizer(render_prompt(self.tokenizer, quality_prompt(q, a, self.template)),
-                               add_special_tokens=False)["input_ids"]
-                for q, a in zip(instructions[start : start + self.batch_size], responses[start : start + self.batch_size])
+                self.tokenizer(
+                    render_prompt(self.tokenizer, quality_prompt(q, a, self.template)), add_special_tokens=False
+                )["input_ids"]
+                for q, a in zip(
+                    instructions[start : start + self.batch_size], responses[start : start + self.batch_size]
+                )
             ]
             texts += self.engine.generate(ids, self.params, n=1).completions
         return texts

@@ -17,34 +17,95 @@ class EngineSection(Section):
     """Which rollout engine samples (`lmrl.rollout.engines.make_engine`); the vllm_* keys apply to engine=vllm."""
 
     title = "rollout engine"
-    engine: Literal["hf", "vllm"] = field("hf", "hf: KV-cache sampling from the training model; vllm: vLLM in this "
-                                                "process, weights synced in place after every optimizer step")
+    engine: Literal["hf", "vllm"] = field(
+        "hf",
+        "hf: KV-cache sampling from the training model; vllm: vLLM in this "
+        "process, weights synced in place after every optimizer step",
+    )
     vllm_gpu_memory_utilization: float = field(0.3, "GPU: share of GPU memory vLLM may take (weights + KV cache)")
-    vllm_max_model_len: int | None = field(None, "longest prompt + completion in tokens (null: the model's "
-                                                 "max_position_embeddings, at most 4096)")
+    vllm_max_model_len: int | None = field(
+        None, "longest prompt + completion in tokens (null: the model's max_position_embeddings, at most 4096)"
+    )
     vllm_sleep: bool = field(False, "GPU: free vLLM's memory between rollouts (sleep/wake), so training gets it")
     vllm_kv_cache_gb: float = field(1.0, "CPU: KV-cache budget in GiB (vLLM's automatic one reserves most RAM)")
-    vllm_server: str | None = field(None, "null: vLLM in this process; host:port: a `lmrl vllm-serve` process "
-                                          "(weights pushed to it after every step); auto: lmrl starts one")
-    vllm_lora_sync: Literal["merged", "adapter"] = field("merged", "LoRA runs: push the merged weights W + BA after "
-                                                                   "each step (merged), or only the adapters (adapter: "
-                                                                   "vLLM serves them; base weights pushed once; "
-                                                                   "colocated, one process)")
-    vllm_server_timeout: float = field(600.0, "server mode: seconds to wait for any one request (a dead server "
-                                              "stops the run instead of hanging it)")
+    vllm_server: str | None = field(
+        None,
+        "null: vLLM in this process; host:port: a `lmrl vllm-serve` process "
+        "(weights pushed to it after every step); auto: lmrl starts one",
+    )
+    vllm_servers: list[str] | None = field(
+        None,
+        "several `lmrl vllm-serve` replicas [host:port, ...]: each step's "
+        "prompts split across them in order, weights pushed to all after "
+        "every step (null: vllm_server; docs/vllm.md)",
+    )
+    vllm_lora_sync: Literal["merged", "adapter"] = field(
+        "merged",
+        "LoRA runs: push the merged weights W + BA after "
+        "each step (merged), or only the adapters (adapter: "
+        "vLLM serves them; base weights pushed once; "
+        "colocated, one process)",
+    )
+    vllm_server_timeout: float = field(
+        600.0, "server mode: seconds to wait for any one request (a dead server stops the run instead of hanging it)"
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ConfigError(f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}.")
+            raise ConfigError(
+                f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}."
+            )
         if self.vllm_max_model_len is not None:
             check_at_least(self, ("vllm_max_model_len",), 1)
         check_at_least(self, ("vllm_kv_cache_gb", "vllm_server_timeout"), 0, inclusive=False)
-        if self.vllm_server not in (None, "auto"):
-            from lmrl.rollout.vllm_client import parse_server  # here: configs check without torch (lmrl.cli)
+        from lmrl.rollout.vllm_wire import parse_server  # torch-free: configs check without torch (lmrl.cli)
 
+        if self.vllm_server not in (None, "auto"):
             parse_server(self.vllm_server)
-        if self.vllm_lora_sync == "adapter" and (self.vllm_server or getattr(self, "nproc", 1) > 1):
-            raise ConfigError("vllm_lora_sync=adapter loads the adapters from files this process writes, into vLLM in "
-                              "this process: it runs colocated on one process. Fix: vllm_lora_sync=merged (any mode), "
-                              "or no vllm_server and nproc=1.")
+        if self.vllm_servers is not None:
+            self.check_replicas(parse_server)
+        if self.vllm_lora_sync == "adapter" and (server_list(self) or getattr(self, "nproc", 1) > 1):
+            raise ConfigError(
+                "vllm_lora_sync=adapter loads the adapters from files this process writes, into vLLM in "
+                "this process: it runs colocated on one process. Fix: vllm_lora_sync=merged (any mode), "
+                "or no vllm_server and nproc=1."
+            )
         super().__post_init__()
+
+    def check_replicas(self, parse_server) -> None:
+        if self.vllm_server is not None:
+            raise ConfigError(
+                f"vllm_server={self.vllm_server!r} and vllm_servers={self.vllm_servers} both name the "
+                "vLLM servers. Fix: one of them (vllm_servers=[host:port] is the same as vllm_server="
+                "host:port)."
+            )
+        if not self.vllm_servers:
+            raise ConfigError(
+                "vllm_servers=[] names no server. Fix: vllm_servers=[host:port, ...] of running `lmrl "
+                "vllm-serve` processes, or vllm_servers=null."
+            )
+        urls = [parse_server(s, "vllm_servers") if s != "auto" else s for s in self.vllm_servers]
+        if "auto" in urls:
+            raise ConfigError(
+                "vllm_servers takes host:port of running `lmrl vllm-serve` processes; auto starts one "
+                "server (vllm_server=auto). Fix: start the replicas (lmrl vllm-serve port=...) and list "
+                "them, or vllm_server=auto."
+            )
+        if len(set(urls)) < len(urls):
+            raise ConfigError(
+                f"vllm_servers={self.vllm_servers} names a server twice (one trainer session per "
+                "server). Fix: each replica once."
+            )
+        if self.engine != "vllm":
+            raise ConfigError(
+                f"vllm_servers samples with vLLM, but engine={self.engine}. Fix: engine=vllm, or vllm_servers=null."
+            )
+
+
+def server_list(config) -> list[str]:
+    """The vLLM servers a config samples on: vllm_servers, or [vllm_server], or [] (vLLM in this process)."""
+    servers = getattr(config, "vllm_servers", None)
+    if servers:
+        return list(servers)
+    server = getattr(config, "vllm_server", None)
+    return [server] if server else []

@@ -49,7 +49,7 @@ class Environment(Protocol):
 EnvFactory = Callable[[dict[str, Any]], Environment]
 
 STAT_KEYS = ("calls", "call_errors", "parse_errors", "unknown_tool", "tool_errors", "output_truncated")
-"""Counters every `ToolEnv` keeps (summed over a batch into `tools/<key>` metrics)."""
+"""Counters every `ToolEnv` keeps (summed over a batch into `rollout/tools/<key>_per_episode` metrics)."""
 
 
 def initial_messages(row: dict[str, Any], system_prompt: str | None = None) -> list[dict[str, Any]]:
@@ -89,8 +89,14 @@ class ToolEnv:
                 self.stats["call_errors"] += 1
                 self.stats["unknown_tool" if result.error.startswith("unknown tool") else "tool_errors"] += 1
             self.stats["output_truncated"] += int(result.truncated)
-            observations.append({"role": "tool", "content": result.content, "name": call.name,
-                                 "tool_call_id": call.id or f"call_{self.stats['calls']}"})
+            observations.append(
+                {
+                    "role": "tool",
+                    "content": result.content,
+                    "name": call.name,
+                    "tool_call_id": call.id or f"call_{self.stats['calls']}",
+                }
+            )
         return StepResult(observations, 0.0, done=not observations)
 
 
@@ -126,8 +132,10 @@ class CheckedEnv:
         self._env, self._name = env, name
         tools = getattr(env, "tools", None)
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise self._broken(f"its `tools` is {_shown(tools)}; it must be a list of tool schemas (OpenAI function "
-                               "format), [] for none")
+            raise self._broken(
+                f"its `tools` is {_shown(tools)}; it must be a list of tool schemas (OpenAI function "
+                "format), [] for none"
+            )
         self.tools = tools
 
     def __getattr__(self, attr: str) -> Any:
@@ -136,24 +144,34 @@ class CheckedEnv:
     def reset(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         messages = self._env.reset(row)
         if not _is_messages(messages) or not messages:
-            raise self._broken(f"reset(row) returned {_shown(messages)}; it must return the conversation the model "
-                               "answers first: a non-empty list of messages such as [{'role': 'user', 'content': "
-                               "'...'}]")
+            raise self._broken(
+                f"reset(row) returned {_shown(messages)}; it must return the conversation the model "
+                "answers first: a non-empty list of messages such as [{'role': 'user', 'content': "
+                "'...'}]"
+            )
         return messages
 
     def step(self, message: dict[str, Any]) -> StepResult:
         result = self._env.step(message)
         fields = [getattr(result, f, None) for f in ("observations", "reward", "done")]
-        if isinstance(result, tuple) or not _is_messages(fields[0]) or not isinstance(fields[1], (int, float)) \
-                or not isinstance(fields[2], (bool, int)):
-            raise self._broken(f"step(message) returned {_shown(result)}; it must return a StepResult(observations, "
-                               "reward, done) (from lmrl.rollout.env import StepResult): observations a list of "
-                               "messages, reward a number, done a bool")
+        if (
+            isinstance(result, tuple)
+            or not _is_messages(fields[0])
+            or not isinstance(fields[1], (int, float))
+            or not isinstance(fields[2], (bool, int))
+        ):
+            raise self._broken(
+                f"step(message) returned {_shown(result)}; it must return a StepResult(observations, "
+                "reward, done) (from lmrl.rollout.env import StepResult): observations a list of "
+                "messages, reward a number, done a bool"
+            )
         return result
 
     def _broken(self, what: str) -> ValueError:
-        return ValueError(f"env={self._name}: the environment breaks the Environment protocol (lmrl.rollout.env): "
-                          f"{what}. See docs/tools.md.")
+        return ValueError(
+            f"env={self._name}: the environment breaks the Environment protocol (lmrl.rollout.env): "
+            f"{what}. See docs/tools.md."
+        )
 
 
 def _shown(value: Any) -> str:

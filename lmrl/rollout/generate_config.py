@@ -30,10 +30,13 @@ class GenerateConfig(ToolSection, EngineSection):
     rewards: list[str] = field([], "best_of: reward functions (model:PATH, a registry name, module:function)")
     reward_weights: list[float] = field([], "best_of: one weight per reward (default 1.0 each)")
     reward_kwargs: dict = field({}, "best_of: options per reward name")
-    kl_samples: int = field(0, "best_of: extra samples per prompt, scored but never shown, that enlarge the pool "
-                               "of the empirical KL estimate")
-    output_file: str | None = field(None, "also write the completions (best_of: the chosen ones, with rewards) "
-                                          "as JSONL")
+    kl_samples: int = field(
+        0,
+        "best_of: extra samples per prompt, scored but never shown, that enlarge the pool of the empirical KL estimate",
+    )
+    output_file: str | None = field(
+        None, "also write the completions (best_of: the chosen ones, with rewards) as JSONL"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,20 +49,27 @@ class GenerateConfig(ToolSection, EngineSection):
         if self.temperature < 0:
             raise ConfigError(f"'temperature' must be >= 0 (0 is greedy), got {self.temperature}.")
         if self.best_of < 1:
-            raise ConfigError(f"'best_of' (N) must be >= 1, got {self.best_of}; best_of=1 samples once, "
-                              "best_of=N samples N completions per prompt and keeps the best by `rewards`.")
+            raise ConfigError(
+                f"'best_of' (N) must be >= 1, got {self.best_of}; best_of=1 samples once, "
+                "best_of=N samples N completions per prompt and keeps the best by `rewards`."
+            )
         if self.kl_samples < 0:
             raise ConfigError(f"'kl_samples' must be >= 0, got {self.kl_samples}.")
         if self.best_of > 1:
             if not self.rewards:
-                raise ConfigError("best_of > 1 needs rewards to pick the best completion, e.g. "
-                                  "rewards=model:runs/reward/final (a reward model) or rewards=mypkg.rewards:score.")
+                raise ConfigError(
+                    "best_of > 1 needs rewards to pick the best completion, e.g. "
+                    "rewards=model:runs/reward/final (a reward model) or rewards=mypkg.rewards:score."
+                )
             if self.n != 1:
-                raise ConfigError(f"best_of returns one completion per prompt; got n={self.n}. Drop n "
-                                  "(or use best_of=1 to see n raw samples).")
+                raise ConfigError(
+                    f"best_of returns one completion per prompt; got n={self.n}. Drop n "
+                    "(or use best_of=1 to see n raw samples)."
+                )
             if self.temperature == 0:
-                raise ConfigError("best_of > 1 needs sampling (temperature > 0): greedy decoding gives N identical "
-                                  "completions.")
+                raise ConfigError(
+                    "best_of > 1 needs sampling (temperature > 0): greedy decoding gives N identical completions."
+                )
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards.")
 

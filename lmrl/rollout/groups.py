@@ -25,12 +25,14 @@ from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 
 def sampling_params(config) -> SamplingParams:
     """The run's sampling parameters from its `max_new_tokens`, `temperature`, `top_p` and `top_k` keys."""
-    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-                          top_k=config.top_k)
+    return SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k
+    )
 
 
-def seeded_shards(rows: Sequence, sampling_shards: int, seed: int, step: int,
-                  device: torch.device | str = "cpu") -> Iterator[tuple[int, list, torch.Generator]]:
+def seeded_shards(
+    rows: Sequence, sampling_shards: int, seed: int, step: int, device: torch.device | str = "cpu"
+) -> Iterator[tuple[int, list, torch.Generator]]:
     """(step-wide shard index, rows, generator) of each shard of this rank's ``rows``."""
     for k, part in rank_shards(rows, sampling_shards):
         yield k, part, shard_generator(seed, step, k, device)
@@ -53,18 +55,24 @@ class GroupOptions:
     def from_config(cls, config) -> GroupOptions:
         # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
         # gradient checkpointing and packed micro-batches turn off)
-        record = bool(getattr(config, "reuse_sampling_forward", False) and getattr(config, "share_prompts", False)
-                      and config.updates_per_step == 1 and not getattr(config, "gradient_checkpointing", False)
-                      and getattr(config, "max_tokens_per_microbatch", None) is None)
+        record = bool(
+            getattr(config, "reuse_sampling_forward", False)
+            and getattr(config, "share_prompts", False)
+            and config.updates_per_step == 1
+            and not getattr(config, "gradient_checkpointing", False)
+            and getattr(config, "max_tokens_per_microbatch", None) is None
+        )
         return cls(config.samples_per_prompt, sampling_params(config), config.sampling_shards, config.seed, record)
 
 
-def sample_shard(engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, generator: torch.Generator,
-                 record: bool = False) -> RolloutBatch:
+def sample_shard(
+    engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, generator: torch.Generator, record: bool = False
+) -> RolloutBatch:
     """G completions of each of ``rows`` (their rendered ``prompt``s) with ``generator``."""
     ids = [tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"] for row in rows]
-    return engine.generate(ids, options.params, n=options.samples_per_prompt, generator=generator,
-                           record_linear_outputs=record)
+    return engine.generate(
+        ids, options.params, n=options.samples_per_prompt, generator=generator, record_linear_outputs=record
+    )
 
 
 def sample_groups(engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, step: int) -> RolloutBatch:

@@ -149,7 +149,11 @@ class HFEngine:
         return self._generate(ids, params, n, generator, prompt_texts=list(prompts))
 
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None,
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        generator: torch.Generator | None = None,
         record_linear_outputs: bool = False,
     ) -> RolloutBatch:
         """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
@@ -177,8 +181,9 @@ class HFEngine:
             recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
         try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)
             with evaluating(self.model), self._grad_mode(recording=recorder is not None), self._autocast():
-                out_ids, out_logp, finish_step, steps = self._decode(ids, mask, params, n, generator, stop_ids, matcher,
-                                                                     recorder)
+                out_ids, out_logp, finish_step, steps = self._decode(
+                    ids, mask, params, n, generator, stop_ids, matcher, recorder
+                )
         finally:
             if recorder is not None:
                 recorder.close()
@@ -197,7 +202,10 @@ class HFEngine:
         rows_total = b * n
         max_new = params.max_new_tokens
         sample_kw = dict(
-            temperature=params.logp_temperature, top_k=params.top_k, top_p=params.top_p, greedy=params.greedy,
+            temperature=params.logp_temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            greedy=params.greedy,
             generator=generator,
         )
         # Prefill once per unique prompt, then repeat the cache and the last logits n times (prompt-major).
@@ -251,8 +259,13 @@ class HFEngine:
                 tokens, attn, prompt_len, done = tokens[keep], attn[keep], prompt_len[keep], done[keep]
             pos = (prompt_len + step)[:, None]  # (active, 1): position of the token just sampled
             with recorder.decode(step, rows) if recorder is not None else contextlib.nullcontext():
-                out = model(input_ids=tokens[:, None], attention_mask=attn[:, : p + step + 1], position_ids=pos,
-                            use_cache=True, **{self._cache_kwarg: cache})
+                out = model(
+                    input_ids=tokens[:, None],
+                    attention_mask=attn[:, : p + step + 1],
+                    position_ids=pos,
+                    use_cache=True,
+                    **{self._cache_kwarg: cache},
+                )
             cache = output_cache(out)
             logits = out.logits[:, -1]  # (active, V)
         steps = step + 1
@@ -371,8 +384,9 @@ if DynamicLayer is not None:
             self.device = key_states.device
             b, h, _, d = key_states.shape
             self._kbuf = key_states.new_empty(b, h, self.capacity, d, dtype=self.dtype)  # (B, H, capacity, D)
-            self._vbuf = value_states.new_empty(b, value_states.shape[1], self.capacity, value_states.shape[-1],
-                                                dtype=self.dtype)
+            self._vbuf = value_states.new_empty(
+                b, value_states.shape[1], self.capacity, value_states.shape[-1], dtype=self.dtype
+            )
             self.is_initialized = True
 
         def update(self, key_states, value_states, *args, **kwargs):
@@ -431,4 +445,3 @@ def _repeat_cache(cache, n: int):
     if isinstance(cache, tuple):  # legacy per-layer (key, value) tuples
         return tuple(tuple(x.repeat_interleave(n, dim=0) for x in layer) for layer in cache)
     raise TypeError(f"HFEngine cannot repeat a KV cache of type {type(cache).__name__} across samples.")
-

@@ -44,16 +44,19 @@ def server_command(line: str) -> list[str]:
     try:
         argv = shlex.split(line)
     except ValueError as exc:
-        raise ValueError(f"mcp_servers entry {line!r} is not a command line ({exc}); give e.g. "
-                         "'python my_server.py'.") from None
+        raise ValueError(
+            f"mcp_servers entry {line!r} is not a command line ({exc}); give e.g. 'python my_server.py'."
+        ) from None
     if not argv:
         raise ValueError("an mcp_servers entry is empty; give a command line, e.g. 'python my_server.py'.")
     if argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable
     program = argv[0]
     if not (shutil.which(program) or (os.sep in program and os.access(program, os.X_OK))):
-        raise ValueError(f"MCP server {line!r}: {program!r} is not a program on PATH (nor an executable file). Give "
-                         "the full path of the program, or start the server with 'python ...' (lmrl's Python).")
+        raise ValueError(
+            f"MCP server {line!r}: {program!r} is not a program on PATH (nor an executable file). Give "
+            "the full path of the program, or start the server with 'python ...' (lmrl's Python)."
+        )
     if program == sys.executable and len(argv) > 1 and argv[1].endswith(".py") and not os.path.isfile(argv[1]):
         raise ValueError(f"MCP server {line!r}: the script {argv[1]!r} does not exist (relative to {os.getcwd()}).")
     return argv
@@ -113,8 +116,10 @@ class MCPConnection:
         self._stderr.seek(0)
         tail = self._stderr.read()[-1500:].strip()
         said = f"\nIts stderr ends with:\n{tail}" if tail else ""
-        return (f"MCP server {shlex.join(self.command)!r} did not start ({reason}). Run the command by hand to see "
-                f"its error; set LMRL_DEBUG=1 to see what it prints.{said}")
+        return (
+            f"MCP server {shlex.join(self.command)!r} did not start ({reason}). Run the command by hand to see "
+            f"its error; set LMRL_DEBUG=1 to see what it prints.{said}"
+        )
 
     async def _serve(self, env: dict[str, str] | None) -> None:
         from mcp import ClientSession, StdioServerParameters

@@ -45,8 +45,9 @@ class MultiTurnOptions:
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_total_tokens < 1:
-            raise ValueError(f"max_turns and max_total_tokens must be >= 1, got {self.max_turns}, "
-                             f"{self.max_total_tokens}.")
+            raise ValueError(
+                f"max_turns and max_total_tokens must be >= 1, got {self.max_turns}, {self.max_total_tokens}."
+            )
 
 
 @dataclasses.dataclass
@@ -64,9 +65,16 @@ class _Trajectory:
     final: str = ""
 
 
-def run_episodes(engine, tokenizer, envs: Sequence[Environment], rows: Sequence[dict], params: SamplingParams,
-                 options: MultiTurnOptions, generator: torch.Generator | None = None,
-                 group_size: int = 1) -> RolloutBatch:
+def run_episodes(
+    engine,
+    tokenizer,
+    envs: Sequence[Environment],
+    rows: Sequence[dict],
+    params: SamplingParams,
+    options: MultiTurnOptions,
+    generator: torch.Generator | None = None,
+    group_size: int = 1,
+) -> RolloutBatch:
     """Run one episode per environment (`envs[i]` on `rows[i]`, prompt-major groups of `group_size`)."""
     if len(envs) != len(rows) or not envs:
         raise ValueError(f"run_episodes: got {len(envs)} environments for {len(rows)} rows; give one per row.")
@@ -101,8 +109,15 @@ def run_episodes(engine, tokenizer, envs: Sequence[Environment], rows: Sequence[
     return _assemble(trajs, tokenizer, engine, group_size)
 
 
-def _add_turn(traj: _Trajectory, tokenizer, ids: list[int], logp: list[float], text: str, hit_limit: bool,
-              options: MultiTurnOptions) -> None:
+def _add_turn(
+    traj: _Trajectory,
+    tokenizer,
+    ids: list[int],
+    logp: list[float],
+    text: str,
+    hit_limit: bool,
+    options: MultiTurnOptions,
+) -> None:
     room = options.max_total_tokens - len(traj.ids)
     if len(ids) > room:  # the budget cuts this turn
         ids, logp, traj.finish = ids[:room], logp[:room], "budget"
@@ -138,8 +153,13 @@ def _step(traj: _Trajectory, tokenizer, text: str, options: MultiTurnOptions, la
     room = options.max_total_tokens - len(traj.ids)
     if len(between) >= room:  # no room left for the observation and a reply: cut, flag, stop
         between, traj.finish = between[:room], "budget"
-    traj.env_spans.append(("+".join(dict.fromkeys(m.get("role", "tool") for m in result.observations)),
-                           len(traj.ids), len(traj.ids) + len(between)))
+    traj.env_spans.append(
+        (
+            "+".join(dict.fromkeys(m.get("role", "tool") for m in result.observations)),
+            len(traj.ids),
+            len(traj.ids) + len(between),
+        )
+    )
     traj.ids += between
     traj.train += [0.0] * len(between)
     traj.logp += [0.0] * len(between)
@@ -157,8 +177,8 @@ def _assemble(trajs: list[_Trajectory], tokenizer, engine, group_size: int) -> R
     train = torch.zeros(n, w)
     logp = torch.zeros(n, w)
     for i, t in enumerate(trajs):
-        prompt[i, p - len(t.prompt):] = torch.tensor(t.prompt)
-        prompt_mask[i, p - len(t.prompt):] = 1
+        prompt[i, p - len(t.prompt) :] = torch.tensor(t.prompt)
+        prompt_mask[i, p - len(t.prompt) :] = 1
         if t.ids:
             ids[i, : len(t.ids)] = torch.tensor(t.ids)
             attn[i, : len(t.ids)] = 1
@@ -166,17 +186,34 @@ def _assemble(trajs: list[_Trajectory], tokenizer, engine, group_size: int) -> R
             logp[i, : len(t.ids)] = torch.tensor(t.logp)
     device = engine.device
     truncated = torch.tensor([t.finish != "done" for t in trajs])
-    info = [{"finish": t.finish, "turns": t.turns, "env_spans": t.env_spans, "messages": t.history,
-             "num_turns": len(t.turns), "env_reward": t.reward,
-             "transcript": render(tokenizer, t.history, t.env.tools, add_generation_prompt=False)
-             [len(render(tokenizer, t.history[:_first_reply(t.history)], t.env.tools, True)):],
-             "stats": dict(getattr(t.env, "stats", {}) or {})} for t in trajs]
+    info = [
+        {
+            "finish": t.finish,
+            "turns": t.turns,
+            "env_spans": t.env_spans,
+            "messages": t.history,
+            "num_turns": len(t.turns),
+            "env_reward": t.reward,
+            "transcript": render(tokenizer, t.history, t.env.tools, add_generation_prompt=False)[
+                len(render(tokenizer, t.history[: _first_reply(t.history)], t.env.tools, True)) :
+            ],
+            "stats": dict(getattr(t.env, "stats", {}) or {}),
+        }
+        for t in trajs
+    ]
     return RolloutBatch(
-        prompt_ids=prompt.to(device), prompt_mask=prompt_mask.to(device), completion_ids=ids.to(device),
-        completion_mask=attn.to(device), sampler_logp=logp.to(device), truncated=truncated.to(device),
+        prompt_ids=prompt.to(device),
+        prompt_mask=prompt_mask.to(device),
+        completion_ids=ids.to(device),
+        completion_mask=attn.to(device),
+        sampler_logp=logp.to(device),
+        truncated=truncated.to(device),
         finish_reason=["length" if x else "stop" for x in truncated.tolist()],
         prompts=[tokenizer.decode(t.prompt, skip_special_tokens=False) for t in trajs],
-        completions=[t.final for t in trajs], group_size=group_size, loss_mask=train.to(device), info=info,
+        completions=[t.final for t in trajs],
+        group_size=group_size,
+        loss_mask=train.to(device),
+        info=info,
     )
 
 

@@ -4,8 +4,8 @@ Two levels, one contract for weights:
 
 - an **engine** (`HFEngine`, `VLLMEngine` colocated or behind `lmrl vllm-serve`) completes token-id prompts:
   ``generate(prompt_ids, params, n, generator) -> RolloutBatch``;
-- a **group sampler** (`LocalGroups` over an engine, `RayRollouts` over rollout-worker actors) gives a step's
-  G completions per prompt: ``sample(rows, step) -> RolloutBatch``.
+- a **group sampler** (`LocalGroups` over an engine, `RayRollouts` over rollout-worker actors, `ServerAhead` over
+  vLLM servers with async_steps) gives a step's G completions per prompt: ``sample(rows, step) -> RolloutBatch``.
 
 Both have ``sync(model, version)``, ``metrics()`` and ``close()``. The trainer calls ``sync`` before it samples,
 with the weights it trains and ``version``, the number of updates they have had: an engine that samples the
@@ -31,8 +31,14 @@ class Engine(Protocol):
     @property
     def pad_token_id(self) -> int: ...
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, n: int = 1,
-                 generator: torch.Generator | None = None, record_linear_outputs: bool = False) -> RolloutBatch:
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        generator: torch.Generator | None = None,
+        record_linear_outputs: bool = False,
+    ) -> RolloutBatch:
         """n completions of each prompt, prompt-major (N = len(prompt_ids) * n); deterministic given `generator`."""
 
     def sync(self, model: torch.nn.Module, version: int) -> None:
@@ -61,7 +67,7 @@ class GroupSampler(Protocol):
         """As `Engine.close`."""
 
     def state_dict(self) -> dict:
-        """What exact resume needs beyond the weights (placement=ray: the batches sampled ahead); {} when nothing."""
+        """What exact resume needs beyond the weights (async_steps: the batches sampled ahead); {} when nothing."""
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict`'s output (a checkpoint's)."""

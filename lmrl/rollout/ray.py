@@ -4,7 +4,7 @@ Each of ``rollout_workers`` actors holds a copy of the policy and an engine (`lm
 and samples one shard (whole groups) of a step's prompts. After every update the learner puts its weights in Ray's
 object store once (``ray.put``) and every worker loads them. With ``async_steps=k`` the requests for steps
 s..s+k are in flight while step s trains, so a batch is sampled with weights at most k updates old
-(``async/staleness`` = updates the learner made since those weights, per row; never above k). The learner's
+(``rollout/staleness`` = updates the learner made since those weights, per row; never above k). The learner's
 update corrects for the gap with the importance weight π_learner/π_sampler against the sampler's log-probs
 (``tis_cap``, ``is_level``, ``is_mode``: the same correction as for vLLM's numerics; `lmrl.algorithms.mismatch`).
 A checkpoint holds the batches sampled ahead (`state_dict`): they were sampled with weights older than the
@@ -43,8 +43,9 @@ def require_ray():
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError(f"placement=ray needs Ray, which is not installed. Install it: {INSTALL}. Or use "
-                          "placement=local.") from exc
+        raise ConfigError(
+            f"placement=ray needs Ray, which is not installed. Install it: {INSTALL}. Or use placement=local."
+        ) from exc
     return ray
 
 
@@ -77,12 +78,17 @@ class RayRollouts:
     the step's batch (sampled ahead by up to ``async_steps``, from ``rows_of``); ``sync(model, version)`` puts new
     weights in the object store for every worker."""
 
-    def __init__(self, config, rows_of: Callable[[int], list[dict]], model: torch.nn.Module, tokenizer,
-                 start_step: int = 0):
+    def __init__(
+        self, config, rows_of: Callable[[int], list[dict]], model: torch.nn.Module, tokenizer, start_step: int = 0
+    ):
         ray = require_ray()
         if not ray.is_initialized():
-            ray.init(address=config.ray_address, num_cpus=None if config.ray_address else config.rollout_workers,
-                     include_dashboard=False, log_to_driver=False)
+            ray.init(
+                address=config.ray_address,
+                num_cpus=None if config.ray_address else config.rollout_workers,
+                include_dashboard=False,
+                log_to_driver=False,
+            )
         self.ray, self.config, self.rows_of, self.tokenizer = ray, config, rows_of, tokenizer
         self.actor = ray.remote(num_cpus=1)(RolloutWorker)
         self.version = start_step
@@ -122,10 +128,13 @@ class RayRollouts:
         t0 = time.perf_counter()
         results = self.ready.pop(step) if step in self.ready else self.fetch(step)
         staleness = torch.cat([torch.full((len(batch),), float(self.version - version)) for batch, version in results])
-        self.last_metrics = {"async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.mean()),
-                             "async/stale_rows_frac": float((staleness > 0).float().mean()),
-                             "time/wait_rollout_s": time.perf_counter() - t0,
-                             "async/worker_restarts": float(self.restarts)}
+        self.last_metrics = {
+            "rollout/staleness": float(staleness.max()),
+            "rollout/staleness_mean": float(staleness.mean()),
+            "rollout/stale_rows_frac": float((staleness > 0).float().mean()),
+            "time/wait_rollout_s": time.perf_counter() - t0,
+            "rollout/worker_restarts": float(self.restarts),
+        }
         return concat_batches([batch for batch, _ in results], self.tokenizer.pad_token_id)
 
     def fetch(self, step: int) -> list[Result]:
@@ -137,13 +146,19 @@ class RayRollouts:
         """The batches sampled ahead of the checkpoint (waited for), as plain data: {step: [(batch, version)]}."""
         for step in sorted(self.pending):
             self.ready[step] = self.fetch(step)
-        return {"ready": {step: [(batch_state(batch), version) for batch, version in results]
-                          for step, results in self.ready.items()}}
+        return {
+            "ready": {
+                step: [(batch_state(batch), version) for batch, version in results]
+                for step, results in self.ready.items()
+            }
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A checkpoint's batches sampled ahead: the next steps train on them as the uninterrupted run did."""
-        self.ready = {int(step): [(RolloutBatch(**batch), int(version)) for batch, version in results]
-                      for step, results in state.get("ready", {}).items()}
+        self.ready = {
+            int(step): [(RolloutBatch(**batch), int(version)) for batch, version in results]
+            for step, results in state.get("ready", {}).items()
+        }
 
     def get(self, step: int, i: int) -> tuple[RolloutBatch, int]:
         """Worker i's shard of ``step``; a dead worker is replaced and its pending requests re-sent."""
@@ -159,7 +174,8 @@ class RayRollouts:
                         f"rollout worker {i} failed {self.failures} times in a row (last: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}). The run stopped before step {step}'s "
                         f"update; the last checkpoint is intact (resume=true continues). Check the workers' memory "
-                        f"and logs (ray logs), or raise worker_restarts.") from exc
+                        f"and logs (ray logs), or raise worker_restarts."
+                    ) from exc
                 self.workers[i] = self.spawn()
                 self.restarts += 1
                 for pending_step in sorted(self.pending):

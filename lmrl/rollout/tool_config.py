@@ -22,14 +22,23 @@ if TYPE_CHECKING:
 @dataclasses.dataclass
 class ToolSection(Section):
     title = "tools (multi-turn)"
-    tools: list[str] = field([], "tools the model may call: calculator, python, or module.path:factory (a Tool); "
-                                 "non-empty turns on the multi-turn tool loop")
+    tools: list[str] = field(
+        [],
+        "tools the model may call: calculator, python, or module.path:factory (a Tool); "
+        "non-empty turns on the multi-turn tool loop",
+    )
     tool_kwargs: dict = field({}, "options per tool, e.g. {python: {timeout_s: 5, memory_mb: 256}}")
-    mcp_servers: list[str] = field([], "MCP servers over stdio whose tools are added, each a command line; "
-                                       "`python` runs lmrl's interpreter (needs the `tools` extra: "
-                                       "pip install 'lmrl[tools]')")
-    env: str | None = field(None, "a multi-turn environment factory module.path:factory, row -> Environment "
-                                  "(default with tools: the tool environment)")
+    mcp_servers: list[str] = field(
+        [],
+        "MCP servers over stdio whose tools are added, each a command line; "
+        "`python` runs lmrl's interpreter (needs the `tools` extra: "
+        "pip install 'lmrl[tools]')",
+    )
+    env: str | None = field(
+        None,
+        "a multi-turn environment factory module.path:factory, row -> Environment "
+        "(default with tools: the tool environment)",
+    )
     tool_parser: str = field("hermes", f"tool-call format: {', '.join(TOOL_PARSERS)}")
     max_turns: int = field(4, "assistant turns per episode")
     max_total_tokens: int = field(256, "token budget of a whole trajectory's completion (turns + tool outputs)")
@@ -39,7 +48,9 @@ class ToolSection(Section):
 
     def __post_init__(self) -> None:
         if self.tool_parser not in TOOL_PARSERS:
-            raise ConfigError(f"tool_parser={self.tool_parser!r} is not a known format; use one of {sorted(TOOL_PARSERS)}.")
+            raise ConfigError(
+                f"tool_parser={self.tool_parser!r} is not a known format; use one of {sorted(TOOL_PARSERS)}."
+            )
         for name in ("max_turns", "max_total_tokens", "max_tool_output_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
@@ -63,7 +74,9 @@ class ToolSection(Section):
     def turn_options(self) -> MultiTurnOptions:
         from lmrl.rollout.multiturn import MultiTurnOptions  # here: configs check without torch (lmrl.cli)
 
-        return MultiTurnOptions(self.max_turns, self.max_total_tokens, self.train_tool_calls, get_parser(self.tool_parser))
+        return MultiTurnOptions(
+            self.max_turns, self.max_total_tokens, self.train_tool_calls, get_parser(self.tool_parser)
+        )
 
 
 def build_env_factory(section: ToolSection, tokenizer: Any) -> EnvFactory | None:
@@ -83,8 +96,9 @@ def build_env_factory(section: ToolSection, tokenizer: Any) -> EnvFactory | None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     tools += start_servers(section)
-    return tool_env_factory(ToolBox(tools, section.max_tool_output_chars), get_parser(section.tool_parser),
-                            section.system_prompt)
+    return tool_env_factory(
+        ToolBox(tools, section.max_tool_output_chars), get_parser(section.tool_parser), section.system_prompt
+    )
 
 
 def start_servers(section: ToolSection) -> list:

@@ -110,8 +110,9 @@ class HermesParser(ToolParser):
         return ParsedMessage("".join(kept).strip(), calls, errors, spans)
 
     def format(self, calls: list[ToolCall]) -> str:
-        return "".join(f"{self.OPEN}{json.dumps({'name': c.name, 'arguments': c.arguments})}{self.CLOSE}"
-                       for c in calls)
+        return "".join(
+            f"{self.OPEN}{json.dumps({'name': c.name, 'arguments': c.arguments})}{self.CLOSE}" for c in calls
+        )
 
 
 class JSONParser(ToolParser):

@@ -26,8 +26,15 @@ from typing import Any
 from lmrl.rollout.tool_parsers import ToolCall
 from lmrl.sandbox import SandboxLimits, require_isolation, run_python
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict,
-               "array": list, "null": type(None)}
+_JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+    "null": type(None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +49,10 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """OpenAI function format, as chat templates take it in `tools=`."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def check_arguments(self, args: dict[str, Any]) -> str | None:
         """Why `args` does not fit the schema (required, unknown and top-level types), or None."""
@@ -58,8 +67,9 @@ class Tool:
         for key, value in args.items():
             want = props.get(key, {}).get("type")
             types = _JSON_TYPES.get(want) if isinstance(want, str) else None
-            if types is not None and (not isinstance(value, types) or (want in ("integer", "number")
-                                                                        and isinstance(value, bool))):
+            if types is not None and (
+                not isinstance(value, types) or (want in ("integer", "number") and isinstance(value, bool))
+            ):
                 return f"argument '{key}' must be of type {want}, got {type(value).__name__}"
         return None
 
@@ -142,8 +152,15 @@ def _error(message: str) -> ToolResult:
 
 # ----------------------------------------------------------------------------- calculator
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_DIGITS = 200
 """Results and intermediate values (numerator and denominator) longer than this are refused, and powers are
@@ -201,27 +218,43 @@ def _eval(node: ast.AST) -> Fraction:
 
 def calculator() -> Tool:
     """The `calculator` tool (`calculate`)."""
-    return Tool("calculator", "Evaluate an arithmetic expression exactly.",
-                {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 4821*937"}},
-                 "required": ["expression"]}, calculate)
+    return Tool(
+        "calculator",
+        "Evaluate an arithmetic expression exactly.",
+        {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 4821*937"}},
+            "required": ["expression"],
+        },
+        calculate,
+    )
 
 
-def python_tool(timeout_s: float = 10.0, memory_mb: int = 512, max_output_chars: int = 4000,
-                sandbox: str | None = None) -> Tool:
+def python_tool(
+    timeout_s: float = 10.0, memory_mb: int = 512, max_output_chars: int = 4000, sandbox: str | None = None
+) -> Tool:
     """The `python` tool: run a program in the sandbox and return its stdout/stderr (and why it stopped).
     `sandbox: none` opts into the unisolated mode (warns); a machine that cannot isolate fails here."""
     extra = {"isolation": sandbox} if sandbox is not None else {}
-    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb,
-                           max_output_chars=max_output_chars, **extra)
+    limits = SandboxLimits(
+        timeout_s=timeout_s,
+        cpu_s=max(1, int(timeout_s)),
+        memory_mb=memory_mb,
+        max_output_chars=max_output_chars,
+        **extra,
+    )
     require_isolation(limits.isolation)
 
     def run(code: str) -> str:
         result = run_python(code, limits)
         return result.text() or "(no output)"
 
-    return Tool("python", "Run a Python program in a sandbox (no network, limited time and memory) and return what "
-                "it prints.", {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
-                run)
+    return Tool(
+        "python",
+        "Run a Python program in a sandbox (no network, limited time and memory) and return what it prints.",
+        {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        run,
+    )
 
 
 BUILTIN_TOOLS: dict[str, Callable[..., Tool]] = {"calculator": calculator, "python": python_tool}
@@ -236,8 +269,10 @@ def import_callable(spec: str, key: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure gets the same fix
-        raise ValueError(f"{key}={spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}). Put "
-                         "its folder on PYTHONPATH or run from it, and check the spelling.") from None
+        raise ValueError(
+            f"{key}={spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}). Put "
+            "its folder on PYTHONPATH or run from it, and check the spelling."
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"{key}={spec!r}: module {module_name!r} has no attribute {attr!r}.")
@@ -262,8 +297,10 @@ def build_tools(names: Sequence[str], kwargs: dict[str, dict] | None = None) -> 
         else:
             close = difflib.get_close_matches(name, BUILTIN_TOOLS, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise ValueError(f"unknown tool {name!r}: the built-in tools are {sorted(BUILTIN_TOOLS)}, a user tool is "
-                             f"'module.path:factory' returning lmrl.rollout.tools.Tool.{hint}")
+            raise ValueError(
+                f"unknown tool {name!r}: the built-in tools are {sorted(BUILTIN_TOOLS)}, a user tool is "
+                f"'module.path:factory' returning lmrl.rollout.tools.Tool.{hint}"
+            )
         try:
             tool = factory(**kwargs.get(name, {}))
         except TypeError as exc:

@@ -228,7 +228,6 @@ def _is_bool(x: Sequence[int] | torch.Tensor) -> bool:
     return len(x) > 0 and all(isinstance(v, bool) for v in x)
 
 
-
 def concat_batches(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
     """The rows of ``batches`` in order as one batch (same group size, no recorded linear outputs): prompts are
     left-padded and completions right-padded with ``pad_id`` (masked) to the widest."""
@@ -247,10 +246,16 @@ def concat_batches(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch
 
     has_loss_mask = batches[0].loss_mask is not None
     return RolloutBatch(
-        prompt_ids=cat("prompt_ids", p, True, pad_id), prompt_mask=cat("prompt_mask", p, True, 0),
-        completion_ids=cat("completion_ids", t, False, pad_id), completion_mask=cat("completion_mask", t, False, 0),
-        sampler_logp=cat("sampler_logp", t, False, 0), truncated=torch.cat([b.truncated for b in batches]),
-        finish_reason=join("finish_reason"), prompts=join("prompts"), completions=join("completions"),
-        group_size=batches[0].group_size, loss_mask=cat("loss_mask", t, False, 0) if has_loss_mask else None,
+        prompt_ids=cat("prompt_ids", p, True, pad_id),
+        prompt_mask=cat("prompt_mask", p, True, 0),
+        completion_ids=cat("completion_ids", t, False, pad_id),
+        completion_mask=cat("completion_mask", t, False, 0),
+        sampler_logp=cat("sampler_logp", t, False, 0),
+        truncated=torch.cat([b.truncated for b in batches]),
+        finish_reason=join("finish_reason"),
+        prompts=join("prompts"),
+        completions=join("completions"),
+        group_size=batches[0].group_size,
+        loss_mask=cat("loss_mask", t, False, 0) if has_loss_mask else None,
         info=join("info"),
     )

@@ -15,6 +15,9 @@ another trainer refuses this one at start-up (`ConfigError` naming the server an
 processes (nproc=N) they are one trainer: rank 0 starts (or spawns) the server and takes the session, every rank
 samples its own prompts through it with that token, and rank 0 alone pushes the weights while the others wait at a
 barrier (every rank gathers a sharded parameter, so FSDP and DDP push the same full weights).
+
+Several servers (`vllm_servers`): `lmrl.rollout.vllm_replicas.Replicas` drives one `RemoteVLLM` per replica with
+the helpers here (`push_to_all`: each part serialized once and sent to every replica concurrently; `each`).
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import urllib.request
 import uuid
 import weakref
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from lmrl.config_base import ConfigError
 from lmrl.parallel import runtime
-from lmrl.rollout.vllm_wire import SESSION_HEADER
+from lmrl.rollout.vllm_wire import SESSION_HEADER, parse_server  # noqa: F401 - parse_server re-exported
 
 CONNECT_TIMEOUT_S = 5.0  # /health: a live server answers at once
 SPAWN_TIMEOUT_S = 300.0  # vllm_server=auto: `import vllm` and the server start
@@ -46,21 +50,17 @@ class VLLMServerError(RuntimeError):
     """The vLLM server stopped answering or failed a request during the run."""
 
 
-def parse_server(value: str) -> str:
-    """'host:port' or 'http://host:port' -> 'http://host:port' (ConfigError otherwise)."""
-    url = value if value.startswith(("http://", "https://")) else f"http://{value}"
-    host, _, port = url.split("://", 1)[1].rstrip("/").rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"vllm_server={value!r}: give host:port (e.g. 127.0.0.1:8000) of a running "
-                          "`lmrl vllm-serve port=8000`, or auto to start one, or null for vLLM in this process.")
-    return url.rstrip("/")
-
-
 class RemoteVLLM:
     """A `lmrl vllm-serve` at `url`; `process`: the child that runs it (vllm_server=auto), ended with this object."""
 
-    def __init__(self, url: str, timeout: float, process: subprocess.Popen | None = None, session: str | None = None,
-                 pushes: bool = True):
+    def __init__(
+        self,
+        url: str,
+        timeout: float,
+        process: subprocess.Popen | None = None,
+        session: str | None = None,
+        pushes: bool = True,
+    ):
         """session: the token of a session rank 0 took (nproc > 1); pushes: False on the ranks that leave the push
         to rank 0."""
         self.url, self.timeout, self.process, self.session, self.pushes = url, timeout, process, session, pushes
@@ -70,8 +70,12 @@ class RemoteVLLM:
     def request(self, path: str, body: bytes | None = None, timeout: float | None = None, query: str = "") -> dict:
         """POST (GET without a body) `path`; the reply's JSON. A 400 is the trainer's bad input (ConfigError), a 409
         a refusal to mix trainers or pushes (ConfigError at /init, the run stops after it)."""
-        req = urllib.request.Request(f"{self.url}{path}{query}", data=body, method="GET" if body is None else "POST",
-                                     headers={SESSION_HEADER: self.session} if self.session else {})
+        req = urllib.request.Request(
+            f"{self.url}{path}{query}",
+            data=body,
+            method="GET" if body is None else "POST",
+            headers={SESSION_HEADER: self.session} if self.session else {},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as reply:
                 return json.loads(reply.read())
@@ -85,45 +89,57 @@ class RemoteVLLM:
             raise VLLMServerError(
                 f"the vLLM server at {self.url} did not answer {path} ({type(exc).__name__}: {exc})"
                 + (f"; its process exited with status {self.process.returncode}" if died else "")
-                + ". Restart it (lmrl vllm-serve port=...) and continue the run with resume=true.") from exc
+                + ". Restart it (lmrl vllm-serve port=...) and continue the run with resume=true."
+            ) from exc
 
     def start(self, config: dict, architecture: str, options) -> bool:
         """Start vLLM on the server for this model (no weights); True if the server reused a running engine."""
-        body = json.dumps({"config": config, "architecture": architecture, "options": options.to_dict(),
-                           "trainer": f"pid {os.getpid()} on {socket.gethostname()}", "lease_s": self.timeout}).encode()
+        body = json.dumps(
+            {
+                "config": config,
+                "architecture": architecture,
+                "options": options.to_dict(),
+                "trainer": f"pid {os.getpid()} on {socket.gethostname()}",
+                "lease_s": self.timeout,
+            }
+        ).encode()
         reply = self.request("/init", body, timeout=max(self.timeout, SPAWN_TIMEOUT_S))
         self.session = reply["session"]
         return reply["reused"]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
-        """Push in parts of about PUSH_PART_BYTES (the trainer serializes one part at a time); the server loads
-        them all in one in-place reload when the last part arrives. Several processes: rank 0 pushes, every rank
-        walks the weights (a sharded one is gathered by all) and waits until the push is in."""
-        from safetensors.torch import save
+        """Push in parts of about PUSH_PART_BYTES; the server loads them all in one in-place reload when the last
+        part arrives. Several processes: rank 0 pushes, every rank walks the weights (a sharded one is gathered by
+        all) and waits until the push is in."""
+        push_to_all([self], weights, tied, self.pushes)
 
-        error = None
-        if not self.pushes:
-            for _ in weights:  # FSDP: every rank takes part in gathering each sharded parameter
-                pass
-        else:
-            try:
-                parts, push = list(split_bytes(weights, PUSH_PART_BYTES)), uuid.uuid4().hex[:12]
-                for i, part in enumerate(parts):
-                    body = save({name: t.detach().to("cpu").contiguous() for name, t in part})
-                    self.request("/weights", body, query=f"?part={i}&parts={len(parts)}&tied={int(tied)}&push={push}")
-            except Exception as exc:  # noqa: BLE001 - every rank learns of it below (none waits forever)
-                error = exc
-        # several processes: also the barrier that keeps every rank from sampling before the push is in
-        if runtime.world() > 1 and runtime.any_rank(error is not None) and error is None:
-            raise VLLMServerError(f"rank 0's weight push to the vLLM server at {self.url} failed (its error is in "
-                                  "rank 0's output); restart the server and continue the run with resume=true.")
-        if error is not None:
-            raise error
+    def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[bytes]:
+        """The weights as the bodies of one push, a snapshot (the model may change afterwards): async_steps."""
+        return encode_push(weights)
+
+    def push_encoded(self, parts: list[bytes], tied: bool) -> None:
+        """`encode_weights`' bodies, loaded by the server when the last arrives."""
+        push = uuid.uuid4().hex[:12]
+        for i, body in enumerate(parts):
+            self.push_part(body, i, len(parts), tied, push)
+
+    def push_part(self, body: bytes, part: int, parts: int, tied: bool, push: str) -> None:
+        self.request("/weights", body, query=f"?part={part}&parts={parts}&tied={int(tied)}&push={push}")
 
     def sample(self, prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds):
-        reply = self.request("/sample", json.dumps({
-            "prompt_ids": prompt_ids, "n": n, "temperature": temperature, "max_tokens": max_tokens,
-            "stop_token_ids": list(stop_token_ids), "seeds": list(seeds)}).encode())
+        reply = self.request(
+            "/sample",
+            json.dumps(
+                {
+                    "prompt_ids": prompt_ids,
+                    "n": n,
+                    "temperature": temperature,
+                    "max_tokens": max_tokens,
+                    "stop_token_ids": list(stop_token_ids),
+                    "seeds": list(seeds),
+                }
+            ).encode(),
+        )
         return reply["tokens"], reply["logps"], reply["stopped"]
 
     def close(self) -> None:
@@ -136,6 +152,61 @@ class RemoteVLLM:
             self.session = None
         if self.process is not None:
             stop_process(self.process)
+
+
+def encode(part: list[tuple[str, torch.Tensor]]) -> bytes:
+    """One part of a push as a safetensors body (CPU copies)."""
+    from safetensors.torch import save
+
+    return save({name: t.detach().to("cpu").contiguous() for name, t in part})
+
+
+def encode_push(weights: Iterable[tuple[str, torch.Tensor]]) -> list[bytes]:
+    """Every part of one push, serialized now (async_steps: a snapshot while the learner trains on)."""
+    return [encode(part) for part in split_bytes(weights, PUSH_PART_BYTES)]
+
+
+def push_to_all(
+    remotes: list[RemoteVLLM], weights: Iterable[tuple[str, torch.Tensor]], tied: bool, pushes: bool
+) -> None:
+    """One push of `weights` to every server of `remotes`: each part serialized once (one part in memory at a time)
+    and sent to the servers concurrently; each loads the whole push in place when its last part arrives.
+    pushes=False (ranks > 0 of several processes): walk the weights (FSDP: every rank takes part in gathering each
+    sharded parameter) and wait at the barrier for rank 0's push."""
+    error = None
+    if not pushes:
+        for _ in weights:
+            pass
+    else:
+        try:
+            parts, push = list(split_bytes(weights, PUSH_PART_BYTES)), uuid.uuid4().hex[:12]
+            for i, part in enumerate(parts):
+                body = encode(part)
+                each(remotes, lambda remote: remote.push_part(body, i, len(parts), tied, push))  # noqa: B023
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it below (none waits forever)
+            error = exc
+    # several processes: also the barrier that keeps every rank from sampling before the push is in
+    if runtime.world() > 1 and runtime.any_rank(error is not None) and error is None:
+        raise VLLMServerError(
+            f"rank 0's weight push to the vLLM server(s) {', '.join(r.url for r in remotes)} failed "
+            "(its error is in rank 0's output); restart the server and continue the run with "
+            "resume=true."
+        )
+    if error is not None:
+        raise error
+
+
+def each(remotes: list[RemoteVLLM], call) -> list:
+    """call(remote) for every server, concurrently when there are several (HTTP requests: the servers do the work);
+    the results in the servers' order, or the first server's error in that order (it names its server)."""
+    if len(remotes) == 1:
+        return [call(remotes[0])]
+    with ThreadPoolExecutor(len(remotes)) as pool:
+        futures = [pool.submit(call, remote) for remote in remotes]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 def split_bytes(weights: Iterable[tuple[str, torch.Tensor]], limit: int):
@@ -172,7 +243,8 @@ def connect(server: str, timeout: float) -> RemoteVLLM:
             f"engine=vllm: no vLLM server answers at {remote.url} ({getattr(exc.__cause__, 'reason', exc.__cause__)})"
             ". Start one in the environment "
             f"that has vLLM: lmrl vllm-serve port={port} (add host=0.0.0.0 to serve other machines); or set "
-            "vllm_server=auto (lmrl starts it), or vllm_server=null (vLLM in this process).") from exc
+            "vllm_server=auto (lmrl starts it), or vllm_server=null (vLLM in this process)."
+        ) from exc
     return remote
 
 
@@ -181,8 +253,9 @@ def spawn(timeout: float) -> RemoteVLLM:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "lmrl", "vllm-serve", "host=127.0.0.1", f"port={port}",
-                                f"parent_pid={os.getpid()}"])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lmrl", "vllm-serve", "host=127.0.0.1", f"port={port}", f"parent_pid={os.getpid()}"]
+    )
     remote = RemoteVLLM(f"http://127.0.0.1:{port}", timeout, process)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while True:
@@ -192,8 +265,10 @@ def spawn(timeout: float) -> RemoteVLLM:
         except VLLMServerError as exc:
             if process.poll() is not None or time.monotonic() > deadline:
                 stop_process(process)
-                raise ConfigError(f"vllm_server=auto: the vLLM server did not start (status {process.poll()}; "
-                                  f"{exc}). Its output is above; try `lmrl vllm-serve` by hand.") from exc
+                raise ConfigError(
+                    f"vllm_server=auto: the vLLM server did not start (status {process.poll()}; "
+                    f"{exc}). Its output is above; try `lmrl vllm-serve` by hand."
+                ) from exc
             time.sleep(0.5)
 
 
@@ -214,8 +289,9 @@ def server_driver(server: str, timeout: float, model, options) -> RemoteVLLM:
             remote.start(*model_spec(model), options)
         except ConfigError as exc:  # the other ranks raise it too instead of waiting for rank 0 forever
             error = str(exc)
-    url, session, error = runtime.broadcast_object((remote.url, remote.session, None) if remote and not error
-                                                   else (None, None, error))
+    url, session, error = runtime.broadcast_object(
+        (remote.url, remote.session, None) if remote and not error else (None, None, error)
+    )
     if error:
         raise ConfigError(error)
     return remote if runtime.rank() == 0 else RemoteVLLM(url, timeout, session=session, pushes=False)

@@ -84,17 +84,35 @@ class VLLMDriver:
         self.lora = LoRARequest("lmrl-policy", self.adapters, path)
         self.llm.reset_prefix_cache()  # cached KV was computed with the old adapter
 
-    def sample(self, prompt_ids: list[list[int]], n: int, temperature: float, max_tokens: int,
-               stop_token_ids: list[int], seeds: list[int]) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        temperature: float,
+        max_tokens: int,
+        stop_token_ids: list[int],
+        seeds: list[int],
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         """n completions per prompt (temperature 0: greedy): prompt-major token ids, their log-probs, stopped flags."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        requests = [VLLMSamplingParams(
-            n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, ignore_eos=True,
-            stop_token_ids=list(stop_token_ids), detokenize=False, seed=int(seed)) for seed in seeds]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], requests, use_tqdm=False,
-                                    lora_request=self.lora)
+        requests = [
+            VLLMSamplingParams(
+                n=n,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                logprobs=0,
+                ignore_eos=True,
+                stop_token_ids=list(stop_token_ids),
+                detokenize=False,
+                seed=int(seed),
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], requests, use_tqdm=False, lora_request=self.lora
+        )
         rows = [sorted(out.outputs, key=lambda c: c.index) for out in outputs]  # prompt-major, children in order
         tokens = [list(c.token_ids) for group in rows for c in group]  # N lists
         logps = [[c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)] for group in rows for c in group]
@@ -131,18 +149,34 @@ def start_llm(model_dir: str, options: VLLMOptions, device_type: str):
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     cuda = device_type == "cuda"
-    kwargs = dict(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep) if cuda \
-        else dict(kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30), enable_chunked_prefill=False,
-                  max_num_batched_tokens=max(options.max_num_batched_tokens, options.max_model_len))
+    kwargs = (
+        dict(gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.sleep)
+        if cuda
+        else dict(
+            kv_cache_memory_bytes=int(options.kv_cache_gb * 2**30),
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(options.max_num_batched_tokens, options.max_model_len),
+        )
+    )
     if options.lora_rank:  # vllm_lora_sync=adapter
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=options.lora_rank)
     if cuda and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun ranks: each engine on its rank's GPU, as
         kwargs["distributed_executor_backend"] = "external_launcher"  # TRL's colocate mode does (untested here)
     try:
-        llm = LLM(model=model_dir, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
-                  dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,
-                  max_num_seqs=options.max_num_seqs, seed=options.seed, enforce_eager=not cuda,
-                  enable_prefix_caching=True, logprobs_mode="processed_logprobs", **kwargs)
+        llm = LLM(
+            model=model_dir,
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            generation_config="vllm",
+            dtype=str(options.dtype).removeprefix("torch."),
+            max_model_len=options.max_model_len,
+            max_num_seqs=options.max_num_seqs,
+            seed=options.seed,
+            enforce_eager=not cuda,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            **kwargs,
+        )
     finally:
         torch.set_num_threads = set_threads
         if torch.get_num_threads() != threads:

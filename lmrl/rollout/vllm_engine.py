@@ -105,6 +105,20 @@ class VLLMEngine:
         self.last_sync_s = time.perf_counter() - t0
         return self.last_sync_s
 
+    def snapshot(self, model) -> list[bytes]:
+        """Server mode, async_steps: `model`'s weights now, encoded for a later `push_snapshot` (the learner trains
+        on meanwhile). Full weights (merged LoRA); vllm_lora_sync=adapter runs colocated only."""
+        with torch.no_grad(), merged_adapters(model):
+            return self.driver.encode_weights(hf_weights(model, self.options.dtype))
+
+    def push_snapshot(self, parts: list[bytes]) -> None:
+        """Load a `snapshot` into the server(s); later `generate` calls sample it (the engine is no longer stale)."""
+        t0 = time.perf_counter()
+        self.driver.push_encoded(parts, self.tied)
+        self.stale = False
+        self.syncs += 1
+        self.last_sync_s = time.perf_counter() - t0
+
     def push_adapter(self) -> None:
         """vllm_lora_sync=adapter: the frozen base weights (unmerged) when this model's are not in vLLM yet, then the
         adapter, written in peft's format to a temporary directory (in memory on Linux: /dev/shm) that vLLM loads."""
@@ -113,8 +127,9 @@ class VLLMEngine:
                 self.driver.load_weights(hf_weights(self.model, self.options.dtype), self.tied)
             self.base_pushed = self.model
         if self.adapter_dir is None:
-            self.adapter_dir = tempfile.TemporaryDirectory(prefix="lmrl-lora-",
-                                                           dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            self.adapter_dir = tempfile.TemporaryDirectory(
+                prefix="lmrl-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
         self.model.save_pretrained(self.adapter_dir.name)
         self.driver.load_adapter(self.adapter_dir.name)
 
@@ -127,16 +142,23 @@ class VLLMEngine:
     def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
         return stop_token_ids(self.tokenizer, params)
 
-    def generate_text(self, prompts: list[str], params: SamplingParams, n: int = 1,
-                      generator: torch.Generator | None = None) -> RolloutBatch:
+    def generate_text(
+        self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
         """`generate` on already-rendered prompt strings (tokenized with add_special_tokens=False)."""
         if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
             raise ValueError("VLLMEngine.generate_text takes a list of prompt strings; wrap a single prompt in a list.")
         ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
         return self._generate(ids, params, n, generator, list(prompts))
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, n: int = 1,
-                 generator: torch.Generator | None = None, record_linear_outputs: bool = False) -> RolloutBatch:
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        n: int = 1,
+        generator: torch.Generator | None = None,
+        record_linear_outputs: bool = False,
+    ) -> RolloutBatch:
         """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
 
         Deterministic given `generator` (one seed per prompt is drawn from it). record_linear_outputs is accepted for
@@ -151,11 +173,21 @@ class VLLMEngine:
         if self.sleeping:
             self.driver.wake_up(["kv_cache"])
             self.sleeping = False
-        seeds = torch.randint(0, SEED_RANGE, (len(prompt_ids),), generator=generator,
-                              device=generator.device if generator is not None else "cpu").tolist()
+        seeds = torch.randint(
+            0,
+            SEED_RANGE,
+            (len(prompt_ids),),
+            generator=generator,
+            device=generator.device if generator is not None else "cpu",
+        ).tolist()
         tokens, logps, stopped = self.driver.sample(
-            prompt_ids, n, 0.0 if params.greedy else params.temperature, params.max_new_tokens,
-            list(self.stop_token_ids(params)), seeds)
+            prompt_ids,
+            n,
+            0.0 if params.greedy else params.temperature,
+            params.max_new_tokens,
+            list(self.stop_token_ids(params)),
+            seeds,
+        )
         if self.options.sleep:  # give the memory back to training until the next rollout (weights then re-pushed)
             self.driver.sleep()
             self.sleeping, self.stale = True, True
@@ -179,8 +211,9 @@ class VLLMEngine:
         out_logp = out_logp * completion_mask
         width = int(lengths.max())
         out_ids, out_logp, completion_mask = out_ids[:, :width], out_logp[:, :width], completion_mask[:, :width]
-        texts = self.tokenizer.batch_decode([row[:k] for row, k in zip(out_ids.tolist(), lengths.tolist())],
-                                            skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(
+            [row[:k] for row, k in zip(out_ids.tolist(), lengths.tolist())], skip_special_tokens=True
+        )
         if matcher is not None:
             texts = [matcher.cut(t)[0] for t in texts]
         if prompt_texts is None:
@@ -190,10 +223,14 @@ class VLLMEngine:
         return RolloutBatch(
             prompt_ids=ids.repeat_interleave(n, dim=0).to(self.device),
             prompt_mask=mask.repeat_interleave(n, dim=0).to(self.device),
-            completion_ids=out_ids.to(self.device), completion_mask=completion_mask.to(self.device),
-            sampler_logp=out_logp.to(self.device), truncated=truncated.to(self.device),
+            completion_ids=out_ids.to(self.device),
+            completion_mask=completion_mask.to(self.device),
+            sampler_logp=out_logp.to(self.device),
+            truncated=truncated.to(self.device),
             finish_reason=["length" if t else "stop" for t in truncated.tolist()],
-            prompts=[text for text in prompt_texts for _ in range(n)], completions=texts, group_size=n,
+            prompts=[text for text in prompt_texts for _ in range(n)],
+            completions=texts,
+            group_size=n,
         )
 
     def _matcher(self, stop_strings: tuple[str, ...]) -> StopStringMatcher:
@@ -218,7 +255,8 @@ class VLLMEngine:
             raise ValueError(
                 f"engine=vllm: the longest prompt ({longest} tokens) plus max_new_tokens={params.max_new_tokens} "
                 f"exceeds vllm_max_model_len={self.options.max_model_len}; raise vllm_max_model_len (up to the "
-                "model's max_position_embeddings) or shorten the prompts / max_new_tokens.")
+                "model's max_position_embeddings) or shorten the prompts / max_new_tokens."
+            )
 
 
 def check_exact_logprobs(params: SamplingParams) -> None:
@@ -228,14 +266,18 @@ def check_exact_logprobs(params: SamplingParams) -> None:
         raise ValueError(
             f"engine=vllm samples with top_k=0 and top_p=1 only (got top_k={params.top_k}, top_p={params.top_p}): "
             "with truncation vLLM's log-probs are not lmrl's sampler_logp (the full distribution's). Set top_k=0 "
-            "top_p=1, or use engine=hf.")
+            "top_p=1, or use engine=hf."
+        )
     if params.greedy and params.logp_temperature != 1.0:
-        raise ValueError(f"engine=vllm: greedy decoding stores temperature-1 log-probs; got temperature="
-                         f"{params.temperature}. Use temperature=0 (or 1) with greedy, or engine=hf.")
+        raise ValueError(
+            f"engine=vllm: greedy decoding stores temperature-1 log-probs; got temperature="
+            f"{params.temperature}. Use temperature=0 (or 1) with greedy, or engine=hf."
+        )
 
 
-def apply_stop_strings(matcher: StopStringMatcher, out_ids: torch.Tensor, lengths: torch.Tensor,
-                       stopped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_stop_strings(
+    matcher: StopStringMatcher, out_ids: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Replay `HFEngine`'s per-step stop-string check on finished rows: (N, T) ids, lengths (N,), stopped (N,) ->
     new lengths and stopped. A row ends at the first step whose decoded tail contains a stop string."""
     lengths, stopped = lengths.clone(), stopped.clone()

@@ -82,8 +82,13 @@ class Server:
         if self.owner is not None and session != self.owner["session"] and not self.lapsed(now):
             raise SessionError(self.refusal(now))
         if self.owner is None or session != self.owner["session"]:
-            self.owner = {"session": session or uuid.uuid4().hex, "trainer": trainer, "since": now, "last": now,
-                          "lease_s": lease_s}
+            self.owner = {
+                "session": session or uuid.uuid4().hex,
+                "trainer": trainer,
+                "since": now,
+                "last": now,
+                "lease_s": lease_s,
+            }
             self.push = None
         self.owner.update(last=now, trainer=trainer, lease_s=lease_s)
         return self.owner["session"]
@@ -91,9 +96,12 @@ class Server:
     def check(self, session: str | None) -> None:
         """A /weights, /sample or /release request comes from the owner (renewing its lease), or is refused."""
         if self.owner is None or session != self.owner["session"]:
-            raise SessionError(self.refusal(time.time()) if self.owner is not None else
-                               f"the vLLM server at {self.address} has no trainer session (restarted, or released by "
-                               "the run that used it): a trainer's /init takes one. Restart the run (resume=true).")
+            raise SessionError(
+                self.refusal(time.time())
+                if self.owner is not None
+                else f"the vLLM server at {self.address} has no trainer session (restarted, or released by "
+                "the run that used it): a trainer's /init takes one. Restart the run (resume=true)."
+            )
         self.owner["last"] = time.time()
 
     def lapsed(self, now: float) -> bool:
@@ -101,11 +109,13 @@ class Server:
 
     def refusal(self, now: float) -> str:
         owner = self.owner
-        return (f"the vLLM server at {self.address} samples for another trainer ({owner['trainer']}, session taken "
-                f"{now - owner['since']:.0f} s ago, last request {now - owner['last']:.0f} s ago): two trainers on "
-                "one server would sample each other's weights. Fix: give this run a server of its own (lmrl "
-                "vllm-serve port=<another port>, or vllm_server=auto), or wait until the other run ends (its "
-                f"session ends with it, or {owner['lease_s']:.0f} s after its last request), or restart the server.")
+        return (
+            f"the vLLM server at {self.address} samples for another trainer ({owner['trainer']}, session taken "
+            f"{now - owner['since']:.0f} s ago, last request {now - owner['last']:.0f} s ago): two trainers on "
+            "one server would sample each other's weights. Fix: give this run a server of its own (lmrl "
+            "vllm-serve port=<another port>, or vllm_server=auto), or wait until the other run ends (its "
+            f"session ends with it, or {owner['lease_s']:.0f} s after its last request), or restart the server."
+        )
 
     def release(self, session: str | None) -> dict:
         self.check(session)
@@ -142,13 +152,15 @@ class Server:
         if self.driver is not None:  # another model: replace the engine
             self.driver, self.spec = None, None
             gc.collect()
-        self.driver = VLLMDriver(request["config"], request["architecture"], VLLMOptions.from_dict(request["options"]),
-                                 device)
+        self.driver = VLLMDriver(
+            request["config"], request["architecture"], VLLMOptions.from_dict(request["options"]), device
+        )
         self.spec, self.push = spec, None
         return False
 
-    def weights(self, body: bytes, part: int, parts: int, tied: bool, push: str = "", session: str | None = None
-                ) -> dict:
+    def weights(
+        self, body: bytes, part: int, parts: int, tied: bool, push: str = "", session: str | None = None
+    ) -> dict:
         """Part `part` of `parts` of push `push`; the last one loads them all in one in-place reload. A part that
         does not continue the push in progress (another push's, out of order) drops both: nothing mixed is loaded."""
         from safetensors.torch import load
@@ -157,13 +169,22 @@ class Server:
         self._require_driver()
         if part == 0:
             self.push = {"id": push, "parts": parts, "chunks": []}
-        elif self.push is None or (self.push["id"], self.push["parts"], len(self.push["chunks"])) != (push, parts, part):
-            now = (f"push {self.push['id']!r} had {len(self.push['chunks'])} of {self.push['parts']} parts"
-                   if self.push else "no push was in progress")
+        elif self.push is None or (self.push["id"], self.push["parts"], len(self.push["chunks"])) != (
+            push,
+            parts,
+            part,
+        ):
+            now = (
+                f"push {self.push['id']!r} had {len(self.push['chunks'])} of {self.push['parts']} parts"
+                if self.push
+                else "no push was in progress"
+            )
             self.push = None
-            raise SessionError(f"weight push {push!r}: part {part + 1} of {parts} arrived out of turn ({now}); "
-                               "parts of two pushes must not mix, so neither is loaded. Every push of one trainer "
-                               "goes part by part from one process; push again (the next sync sends every part).")
+            raise SessionError(
+                f"weight push {push!r}: part {part + 1} of {parts} arrived out of turn ({now}); "
+                "parts of two pushes must not mix, so neither is loaded. Every push of one trainer "
+                "goes part by part from one process; push again (the next sync sends every part)."
+            )
         self.push["chunks"].append(load(body))
         if part < parts - 1:
             return {"parts": len(self.push["chunks"])}
@@ -176,12 +197,19 @@ class Server:
         self.check(session)
         self._require_driver()
         if self.push is not None:
-            raise SessionError(f"sampling while a weight push is incomplete ({len(self.push['chunks'])} of "
-                               f"{self.push['parts']} parts of push {self.push['id']!r}) would mix old and new "
-                               "weights; a trainer samples after its push has finished.")
+            raise SessionError(
+                f"sampling while a weight push is incomplete ({len(self.push['chunks'])} of "
+                f"{self.push['parts']} parts of push {self.push['id']!r}) would mix old and new "
+                "weights; a trainer samples after its push has finished."
+            )
         tokens, logps, stopped = self.driver.sample(
-            request["prompt_ids"], request["n"], request["temperature"], request["max_tokens"],
-            request["stop_token_ids"], request["seeds"])
+            request["prompt_ids"],
+            request["n"],
+            request["temperature"],
+            request["max_tokens"],
+            request["stop_token_ids"],
+            request["seeds"],
+        )
         return {"tokens": tokens, "logps": logps, "stopped": stopped}
 
     def _require_driver(self) -> None:
@@ -206,8 +234,9 @@ def handler(server: Server):
             if urlparse(self.path).path != "/health":
                 return self.reply(404, {"error": f"unknown path {self.path}"})
             owner = server.owner["trainer"] if server.owner and not server.lapsed(time.time()) else None
-            self.reply(200, {"ok": True, "model": server.spec[1] if server.spec else None, "owner": owner,
-                             "pid": os.getpid()})
+            self.reply(
+                200, {"ok": True, "model": server.spec[1] if server.spec else None, "owner": owner, "pid": os.getpid()}
+            )
 
         def do_POST(self) -> None:  # noqa: N802
             url = urlparse(self.path)
@@ -219,8 +248,14 @@ def handler(server: Server):
                         result = server.init(json.loads(body), session)
                     elif url.path == "/weights":
                         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                        result = server.weights(body, int(query.get("part", 0)), int(query.get("parts", 1)),
-                                                bool(int(query.get("tied", 0))), query.get("push", ""), session)
+                        result = server.weights(
+                            body,
+                            int(query.get("part", 0)),
+                            int(query.get("parts", 1)),
+                            bool(int(query.get("tied", 0))),
+                            query.get("push", ""),
+                            session,
+                        )
                     elif url.path == "/sample":
                         result = server.sample(json.loads(body), session)
                     elif url.path == "/release":

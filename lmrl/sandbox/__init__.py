@@ -16,5 +16,13 @@ from lmrl.sandbox.runner import (
     run_tests,
 )
 
-__all__ = ["SandboxLimits", "SandboxResult", "extract_code", "isolation_problem", "network_namespace_available",
-           "require_isolation", "run_python", "run_tests"]
+__all__ = [
+    "SandboxLimits",
+    "SandboxResult",
+    "extract_code",
+    "isolation_problem",
+    "network_namespace_available",
+    "require_isolation",
+    "run_python",
+    "run_tests",
+]

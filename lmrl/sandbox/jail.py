@@ -27,7 +27,15 @@ import sys
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 SYSCALLS = {"x86_64": {"pivot_root": 155, "capset": 126}, "aarch64": {"pivot_root": 41, "capset": 91}}
@@ -35,18 +43,28 @@ SANDBOX_UID = 1
 """the uid the code runs as inside; outside it is NOBODY when lmrl runs as root"""
 NOBODY = 65534
 SETUP_FAILED = 125
-ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd",
-             "/etc/group", "/etc/mime.types")
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/mime.types",
+)
 DEVICES = ("null", "zero", "full", "random", "urandom")
 # Refused with EPERM (ENOSYS for clone3, so libc falls back to clone): ways to reach the kernel's less-audited
 # corners or other processes. Names missing on an architecture are skipped.
-DENY = ("ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot", "unshare",
-        "setns", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
-        "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-        "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "open_by_handle_at",
-        "name_to_handle_at", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree", "move_mount", "mount_setattr",
-        "lookup_dcookie", "vhangup", "sethostname", "setdomainname", "settimeofday", "clock_settime", "adjtimex",
-        "clock_adjtime", "kcmp", "pidfd_getfd", "personality", "uselib", "ioperm", "iopl", "modify_ldt")
+DENY = tuple(
+    """
+ptrace process_vm_readv process_vm_writev mount umount2 pivot_root chroot unshare setns keyctl add_key
+request_key bpf perf_event_open userfaultfd io_uring_setup io_uring_enter io_uring_register kexec_load
+kexec_file_load init_module finit_module delete_module reboot swapon swapoff acct quotactl syslog
+open_by_handle_at name_to_handle_at fsopen fsconfig fsmount fspick open_tree move_mount mount_setattr
+lookup_dcookie vhangup sethostname setdomainname settimeofday clock_settime adjtimex clock_adjtime kcmp
+pidfd_getfd personality uselib ioperm iopl modify_ldt
+""".split()
+)
 
 # Installed before the code runs: friendly refusals for Python code (the kernel refuses the rest).
 _AUDIT = r"""
@@ -146,8 +164,12 @@ def build_root(cfg: dict) -> None:
     for dev in DEVICES:
         if os.path.exists("/dev/" + dev):
             _bind("/dev/" + dev, root, writable=True)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{root}/dev/{name}")
     os.makedirs(root + "/proc")
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
@@ -198,8 +220,13 @@ def load_seccomp(lib) -> bool:
         return False
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.c_void_p]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+    ]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
 
     class Arg(ctypes.Structure):
@@ -244,6 +271,7 @@ def run_code(cfg: dict, root: str) -> None:
         raise
     except BaseException as e:  # noqa: BLE001 - the code's error is its output
         import traceback
+
         traceback.print_exception(type(e), e, e.__traceback__.tb_next)
         sys.exit(1)
     for i, expr in enumerate(cfg["calls"]):
@@ -286,6 +314,7 @@ def _run_to_exit(fn, *args) -> int:
             code = 1
     except BaseException:  # noqa: BLE001
         import traceback
+
         traceback.print_exc()
         code = 1
     for stream in (sys.stdout, sys.stderr):
@@ -300,8 +329,10 @@ def child(cfg: dict, ready_w: int, go_r: int, real_root: bool) -> None:
     """C: unshare, wait for S to write the id maps, fork B (pid 1), wait for it with the wall-clock limit."""
     status_fd = 4
     try:
-        _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
-               "unshare")
+        _check(
+            _libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+            "unshare",
+        )
         os.write(ready_w, b"1")
         if os.read(go_r, 1) != b"1":
             raise OSError("the supervisor did not map the ids")
@@ -334,7 +365,10 @@ def supervise(cfg: dict) -> int:
     try:
         if os.read(ready_r, 1) == b"1":
             if real_root:
-                maps = {"uid_map": f"0 0 1\n{SANDBOX_UID} {NOBODY} 1\n", "gid_map": f"0 0 1\n{SANDBOX_UID} {NOBODY} 1\n"}
+                maps = {
+                    "uid_map": f"0 0 1\n{SANDBOX_UID} {NOBODY} 1\n",
+                    "gid_map": f"0 0 1\n{SANDBOX_UID} {NOBODY} 1\n",
+                }
             else:
                 with open(f"/proc/{pid}/setgroups", "w") as f:
                     f.write("deny")

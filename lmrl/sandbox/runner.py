@@ -74,8 +74,15 @@ class SandboxLimits:
     """fail instead of running without the seccomp filter where libseccomp is missing"""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "max_output_chars", "max_file_bytes", "max_processes",
-                     "disk_mb"):
+        for name in (
+            "timeout_s",
+            "cpu_s",
+            "memory_mb",
+            "max_output_chars",
+            "max_file_bytes",
+            "max_processes",
+            "disk_mb",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}.")
         if self.isolation not in ISOLATIONS:
@@ -142,13 +149,17 @@ def require_isolation(isolation: str) -> None:
             f"lmrl.sandbox: untrusted code cannot be isolated on this machine ({problem}). The sandbox needs user "
             "namespaces (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in Docker "
             "--security-opt seccomp=unconfined or a VM). Or opt into the weaker, unisolated mode for trusted code "
-            "only: sandbox=none (reward_kwargs.code.sandbox, tool_kwargs.python.sandbox) or LMRL_SANDBOX=none.")
+            "only: sandbox=none (reward_kwargs.code.sandbox, tool_kwargs.python.sandbox) or LMRL_SANDBOX=none."
+        )
 
 
 @functools.lru_cache(maxsize=1)
 def _warn_unisolated() -> None:
-    warnings.warn("lmrl.sandbox: isolation='none': sampled code runs as a plain subprocess with rlimits and an audit "
-                  "hook only; it can read and write what this user can. Use it for trusted code only.", stacklevel=3)
+    warnings.warn(
+        "lmrl.sandbox: isolation='none': sampled code runs as a plain subprocess with rlimits and an audit "
+        "hook only; it can read and write what this user can. Use it for trusted code only.",
+        stacklevel=3,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -162,8 +173,18 @@ def _site_packages() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _binds() -> list[str]:
     """Host paths the sandbox sees read-only: the system libraries, the interpreter and its venv."""
-    paths = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", sys.base_prefix, sys.base_exec_prefix, sys.prefix,
-             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))]
+    paths = [
+        "/usr",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        sys.prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    ]
     paths = sorted({os.path.realpath(p) if os.path.dirname(p) != "/" else p for p in paths if os.path.exists(p)})
     return [p for p in paths if p != "/" and not any(p.startswith(q + "/") for q in paths if q != p)]
 
@@ -196,15 +217,22 @@ def _status(code: int | None, timed_out: bool, stderr: str) -> str:
     return "ok" if code == 0 else "error"
 
 
-def run_python(code: str, limits: SandboxLimits | None = None, args: tuple[str, ...] = (),
-               env: dict[str, str] | None = None) -> SandboxResult:
+def run_python(
+    code: str, limits: SandboxLimits | None = None, args: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> SandboxResult:
     """Run `code` as __main__ in a fresh sandbox under `limits`; `env` adds variables to its otherwise empty
     environment, `args` is its sys.argv[1:]."""
     return _execute(code, limits or SandboxLimits(), args, env)[0]
 
 
-def _execute(code: str, limits: SandboxLimits, args: tuple[str, ...] = (), env: dict[str, str] | None = None,
-             calls: list[str] = (), check: bool = True) -> tuple[SandboxResult, str]:
+def _execute(
+    code: str,
+    limits: SandboxLimits,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    calls: list[str] = (),
+    check: bool = True,
+) -> tuple[SandboxResult, str]:
     """One execution: the run, and the `index<TAB>repr` lines of `calls` evaluated after the code (`check`:
     first make sure the isolation works)."""
     if check:
@@ -217,13 +245,28 @@ def _execute(code: str, limits: SandboxLimits, args: tuple[str, ...] = (), env: 
             os.mkdir(d, 0o700)
         files = {n: open(os.path.join(io_dir, n), "w+b") for n in ("stdout", "stderr", "results", "status")}
         fds = [files["results"].fileno()] + ([files["status"].fileno()] if jailed else [])
-        cfg = {"isolation": limits.isolation, "code": code, "calls": list(calls), "args": list(args), "fds": fds,
-               "env": {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if jailed else work, "TMPDIR": "/tmp" if jailed
-                       else work, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                       **(env or {})},
-               "limits": dataclasses.asdict(limits), "binds": _binds(), "root": new_root,
-               "site_packages": _site_packages(),
-               "require_seccomp": limits.require_seccomp, "max_value_chars": sandbox_verdict.MAX_VALUE_CHARS}
+        cfg = {
+            "isolation": limits.isolation,
+            "code": code,
+            "calls": list(calls),
+            "args": list(args),
+            "fds": fds,
+            "env": {
+                "PATH": "/usr/bin:/bin",
+                "HOME": "/tmp" if jailed else work,
+                "TMPDIR": "/tmp" if jailed else work,
+                "LANG": "C.UTF-8",
+                "OMP_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1",
+                **(env or {}),
+            },
+            "limits": dataclasses.asdict(limits),
+            "binds": _binds(),
+            "root": new_root,
+            "site_packages": _site_packages(),
+            "require_seccomp": limits.require_seccomp,
+            "max_value_chars": sandbox_verdict.MAX_VALUE_CHARS,
+        }
         cfg_path = os.path.join(io_dir, "config.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
@@ -232,11 +275,20 @@ def _execute(code: str, limits: SandboxLimits, args: tuple[str, ...] = (), env: 
         timed_out = False
         try:
             try:
-                proc = subprocess.Popen(cmd, cwd=work, env=proc_env, stdin=subprocess.DEVNULL, stdout=files["stdout"],
-                                        stderr=files["stderr"], pass_fds=fds, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=work,
+                    env=proc_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=files["stdout"],
+                    stderr=files["stderr"],
+                    pass_fds=fds,
+                    start_new_session=True,
+                )
             except OSError as exc:
-                return SandboxResult("error", "", f"sandbox: could not start: {exc}", None, False,
-                                     time.perf_counter() - start), ""
+                return SandboxResult(
+                    "error", "", f"sandbox: could not start: {exc}", None, False, time.perf_counter() - start
+                ), ""
             try:  # jailed: the jail enforces timeout_s itself; this is the backstop
                 code_ = proc.wait(timeout=limits.timeout_s + (10 if jailed else 0))
             except subprocess.TimeoutExpired:
@@ -292,7 +344,8 @@ def run_tests(code: str, tests: list[str], limits: SandboxLimits | None = None) 
     calls: list[str] = []
     assertions = [sandbox_verdict.split_test(t, calls) for t in tests]
     limits = limits or SandboxLimits()
-    result, text = _execute(code, dataclasses.replace(limits, max_output_chars=max(limits.max_output_chars, 10_000)),
-                            calls=calls)
+    result, text = _execute(
+        code, dataclasses.replace(limits, max_output_chars=max(limits.max_output_chars, 10_000)), calls=calls
+    )
     values = sandbox_verdict.parse_values(text, len(calls))
     return sum(sandbox_verdict.passes(a, values) for a in assertions), len(tests), result

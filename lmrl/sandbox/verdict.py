@@ -18,21 +18,65 @@ import math
 import operator
 from typing import Any
 
-SAFE_FUNCTIONS = {"abs": abs, "len": len, "min": min, "max": max, "sum": sum, "sorted": sorted, "round": round,
-                  "set": set, "frozenset": frozenset, "list": list, "tuple": tuple, "dict": dict, "str": str,
-                  "int": int, "float": float, "bool": bool, "all": all, "any": any, "isinstance": isinstance,
-                  "math.isclose": math.isclose}
-TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "tuple": tuple, "dict": dict,
-         "set": set, "bytes": bytes, "type(None)": type(None)}
+SAFE_FUNCTIONS = {
+    "abs": abs,
+    "len": len,
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "sorted": sorted,
+    "round": round,
+    "set": set,
+    "frozenset": frozenset,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "all": all,
+    "any": any,
+    "isinstance": isinstance,
+    "math.isclose": math.isclose,
+}
+TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "set": set,
+    "bytes": bytes,
+    "type(None)": type(None),
+}
 MAX_VALUE_CHARS = 100_000
 """a returned value's repr longer than this fails its tests (bounds the work done on it here)"""
 MAX_SIZE = 1_000_000
 """largest sequence or integer (in digits) an operation of a test may build here"""
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
-            ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_COMPARE = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
 MISSING = object()
 """a call whose value did not come back (it raised, the process died or timed out, or the value is not data)"""
 
@@ -77,9 +121,27 @@ class _Split(ast.NodeTransformer):
         return self._remote(node)
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
-        allowed = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.BoolOp,
-                   ast.Compare, ast.Subscript, ast.Slice, ast.Call, ast.keyword, ast.Load, ast.operator,
-                   ast.unaryop, ast.boolop, ast.cmpop, Remote)
+        allowed = (
+            ast.Constant,
+            ast.Tuple,
+            ast.List,
+            ast.Set,
+            ast.Dict,
+            ast.UnaryOp,
+            ast.BinOp,
+            ast.BoolOp,
+            ast.Compare,
+            ast.Subscript,
+            ast.Slice,
+            ast.Call,
+            ast.keyword,
+            ast.Load,
+            ast.operator,
+            ast.unaryop,
+            ast.boolop,
+            ast.cmpop,
+            Remote,
+        )
         if not isinstance(node, allowed) or isinstance(node, ast.operator) and type(node) not in _BINARY:
             raise ValueError(f"{type(node).__name__}")
         return super().generic_visit(node)
@@ -96,9 +158,11 @@ def split_test(test: str, calls: list[str]) -> ast.expr:
     try:
         return _Split(calls).visit(body[0].test)
     except ValueError as exc:
-        raise ValueError(f"test {test!r} uses {exc}, which the code verifier does not evaluate: write it as an "
-                         "assert on calls, literals, comparisons, arithmetic and simple builtins "
-                         f"({', '.join(sorted(SAFE_FUNCTIONS))}).") from None
+        raise ValueError(
+            f"test {test!r} uses {exc}, which the code verifier does not evaluate: write it as an "
+            "assert on calls, literals, comparisons, arithmetic and simple builtins "
+            f"({', '.join(sorted(SAFE_FUNCTIONS))})."
+        ) from None
 
 
 def parse_values(text: str, n: int) -> list[Any]:
@@ -143,8 +207,9 @@ def _eval(node: ast.AST, values: list[Any]) -> Any:
         return {ev(k): ev(v) for k, v in zip(node.keys, node.values)}
     if isinstance(node, ast.UnaryOp):
         value = ev(node.operand)
-        return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos,
-                ast.Invert: operator.invert}[type(node.op)](value)
+        return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[
+            type(node.op)
+        ](value)
     if isinstance(node, ast.BoolOp):
         if isinstance(node.op, ast.And):
             return all(ev(v) for v in node.values)

@@ -12,7 +12,7 @@ decoded kept tokens, so the verifier scores what is trained on.
 Peers' text is data, never control: a group whose question or completions contain one
 of this tokenizer's special-token strings (``<|im_end|>``, ``</s>``, ...) would
 tokenize into control tokens, so `has_special_tokens` finds them and the node drops
-the group (counted as ``groups/peer_special_tokens``).
+the group (counted as ``swarm/groups/peer_special_tokens``).
 
 Payloads carry no finish reasons, so a completion that the peer truncated at a
 shorter cap than ours still gets an EOS here. `sampler_logp` is left 0: the node
@@ -63,8 +63,9 @@ def tokenize_group(tokenizer, question: str, completions: Sequence[str], max_new
     return tokenize_groups(tokenizer, [(question, completions)], max_new_tokens)[0]
 
 
-def tokenize_groups(tokenizer, groups: Sequence[tuple[str, Sequence[str]]], max_new_tokens: int
-                    ) -> list[TokenizedGroup]:
+def tokenize_groups(
+    tokenizer, groups: Sequence[tuple[str, Sequence[str]]], max_new_tokens: int
+) -> list[TokenizedGroup]:
     """`tokenize_group` for many (question, completions) pairs, with two batched tokenizer calls."""
     if max_new_tokens < 1:
         raise ValueError(f"tokenize_group: max_new_tokens must be >= 1, got {max_new_tokens}.")

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from lmrl.swarm.config import SwarmConfig
-from lmrl.swarm.node import NodeSpec, SwarmNode, builtin_args, fetch_rounds, heldout_rows, node_seed
+from lmrl.swarm.node import SwarmNode
+from lmrl.swarm.rounds import NodeSpec, builtin_args, fetch_rounds, heldout_rows, node_seed
 from lmrl.swarm.sim import check_output_dir, run_sim, warm_start_cache, warm_start_model
 from lmrl.swarm.transport import Transport
 from lmrl.trainers import common, loop
@@ -78,9 +79,12 @@ def join_transport(config: SwarmConfig, run_dir: Path) -> Transport:
             "(hivemind==1.1.12 wheels bundle the p2p daemon), or use transport=file hub_dir=<shared folder>."
         ) from None
     options = HivemindOptions(
-        initial_peers=tuple(config.initial_peers), host_maddrs=tuple(config.host_maddrs),
-        announce_maddrs=tuple(config.announce_maddrs), namespace=config.namespace,
-        identity_path=config.identity_path or str(run_dir / "swarm.key"), max_payload_bytes=config.max_payload_bytes,
+        initial_peers=tuple(config.initial_peers),
+        host_maddrs=tuple(config.host_maddrs),
+        announce_maddrs=tuple(config.announce_maddrs),
+        namespace=config.namespace,
+        identity_path=config.identity_path or str(run_dir / "swarm.key"),
+        max_payload_bytes=config.max_payload_bytes,
     )
     return HivemindTransport(options)
 
@@ -107,8 +111,10 @@ class JoinedNode(loop.MethodDefaults):
 
     def describe(self, run: common.Run) -> str:
         config = self.config
-        return (f"swarm join: {self.node.num_parameters / 1e6:.2f}M params, I={config.local} J={config.external} "
-                f"G={config.samples_per_prompt}, run dir {run.dir}")
+        return (
+            f"swarm join: {self.node.num_parameters / 1e6:.2f}M params, I={config.local} J={config.external} "
+            f"G={config.samples_per_prompt}, run dir {run.dir}"
+        )
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return ({"eval/accuracy": self.node.evaluate(self.eval_rows)} if self.eval_rows else {}), []
@@ -136,8 +142,13 @@ def run_join(config: SwarmConfig, transport: Transport | None = None) -> dict[st
         raise
     try:
         name = transport.peer_id
-        spec = NodeSpec(name, model, model_args if model == config.model else {}, config.samples_per_prompt,
-                        node_seed(config.seed, name))
+        spec = NodeSpec(
+            name,
+            model,
+            model_args if model == config.model else {},
+            config.samples_per_prompt,
+            node_seed(config.seed, name),
+        )
         node = SwarmNode(config, spec, transport, run.dir)
         if hasattr(transport, "visible_maddrs"):
             run.tracker.print(f"swarm node {name}; peers join with initial_peers={transport.visible_maddrs}")

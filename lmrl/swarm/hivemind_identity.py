@@ -77,8 +77,6 @@ def owner_peer_id(subkey: Any) -> str | None:
         return None
 
 
-
-
 class SwarmRecordValidator(RSASignatureValidator):
     """Accepts only records signed by their owner whose value is msgpack `bytes` of <= MAX_VALUE_BYTES, that expire
     within `MAX_EXPIRATION_S`, and that keep their owner within `OWNER_BUDGET_BYTES` of unexpired records.

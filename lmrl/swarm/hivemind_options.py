@@ -107,9 +107,7 @@ class HivemindOptions:
         if not self.namespace or ":" in self.namespace:
             raise ValueError(f"namespace must be a non-empty string without ':', got {self.namespace!r}.")
         if not MIN_CHUNK_BYTES <= self.chunk_bytes <= MAX_VALUE_BYTES:
-            raise ValueError(
-                f"chunk_bytes must lie in [{MIN_CHUNK_BYTES}, {MAX_VALUE_BYTES}], got {self.chunk_bytes}."
-            )
+            raise ValueError(f"chunk_bytes must lie in [{MIN_CHUNK_BYTES}, {MAX_VALUE_BYTES}], got {self.chunk_bytes}.")
         if not 1 <= self.max_payload_bytes <= MAX_PAYLOAD_BYTES:
             raise ValueError(
                 f"max_payload_bytes must lie in [1, {MAX_PAYLOAD_BYTES}] (hivemind's RPC messages are capped at "
@@ -119,7 +117,9 @@ class HivemindOptions:
             if not getattr(self, name) > 0:
                 raise ValueError(f"HivemindOptions.{name} must be > 0 seconds, got {getattr(self, name)}.")
         if self.expiration_s > MAX_EXPIRATION_S:
-            raise ValueError(f"HivemindOptions.expiration_s must be <= {MAX_EXPIRATION_S:g} s (peers refuse records "
-                             f"that live longer), got {self.expiration_s}.")
+            raise ValueError(
+                f"HivemindOptions.expiration_s must be <= {MAX_EXPIRATION_S:g} s (peers refuse records "
+                f"that live longer), got {self.expiration_s}."
+            )
         if self.max_peers < 1 or self.startup_attempts < 1:
             raise ValueError("HivemindOptions.max_peers and startup_attempts must be >= 1.")

@@ -78,8 +78,9 @@ def _check_keep_rounds(keep_rounds: int) -> None:
 class MemoryHub:
     """In-process hub: `{round: {peer_id: bytes}}` under a lock, keeping the last `keep_rounds` rounds."""
 
-    def __init__(self, keep_rounds: int = 4, max_fetch_peers: int = MAX_FETCH_PEERS,
-                 max_fetch_bytes: int = MAX_FETCH_BYTES) -> None:
+    def __init__(
+        self, keep_rounds: int = 4, max_fetch_peers: int = MAX_FETCH_PEERS, max_fetch_bytes: int = MAX_FETCH_BYTES
+    ) -> None:
         _check_keep_rounds(keep_rounds)
         self.keep_rounds = keep_rounds
         self.max_fetch_peers, self.max_fetch_bytes = max_fetch_peers, max_fetch_bytes
@@ -116,8 +117,14 @@ class FileHub:
     _ROUND_PREFIX = "round-"
     _SUFFIX = ".msgpack"
 
-    def __init__(self, directory: str | os.PathLike, keep_rounds: int = 4, max_entry_bytes: int = 4 << 20,
-                 max_fetch_peers: int = MAX_FETCH_PEERS, max_fetch_bytes: int = MAX_FETCH_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep_rounds: int = 4,
+        max_entry_bytes: int = 4 << 20,
+        max_fetch_peers: int = MAX_FETCH_PEERS,
+        max_fetch_bytes: int = MAX_FETCH_BYTES,
+    ) -> None:
         _check_keep_rounds(keep_rounds)
         if max_entry_bytes < 1:
             raise ValueError(f"max_entry_bytes must be >= 1, got {max_entry_bytes}.")
@@ -181,8 +188,9 @@ class FileHub:
         sizes = {}
         for peer, name in files.items():  # what each read will cost (reads are capped at max_entry_bytes + 1)
             try:
-                sizes[peer] = min(os.stat(self._round_dir(round) / name, follow_symlinks=False).st_size,
-                                  self.max_entry_bytes + 1)
+                sizes[peer] = min(
+                    os.stat(self._round_dir(round) / name, follow_symlinks=False).st_size, self.max_entry_bytes + 1
+                )
             except OSError:  # pruned meanwhile
                 continue
         for peer in bounded(sizes, self.max_fetch_peers, self.max_fetch_bytes):

@@ -24,21 +24,16 @@ The GRPO machinery is `lmrl.trainers.rl.trainer` (rollout, score, logprobs, upda
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lmrl.algorithms import ADVANTAGES, advantages
-from lmrl.config import DecodingSection, OptimSection
-from lmrl.data.tasks import Task, get_task, make_rows, split_of
+from lmrl.data.tasks import get_task
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import count_parameters
-from lmrl.models.loading import is_builtin
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
@@ -55,6 +50,7 @@ from lmrl.swarm.batch import (
 )
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.payload import Payload, PayloadLimits, QuestionGroup, encode
+from lmrl.swarm.rounds import NodeSpec, OwnRound, group_advantages, rl_config, sample_questions
 from lmrl.swarm.sampling import Candidate, fair_share, informative, select_peer_groups
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid
 from lmrl.trainers import common
@@ -63,117 +59,30 @@ from lmrl.trainers.rl.update import Targets, UpdateOptions, update
 
 logger = logging.getLogger(__name__)
 
-_MAX_DRAWS = 1000
-"""Redraws of a question until it is not in the held-out (test) split (10% of prompts are)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeSpec:
-    """What may differ between the nodes of one swarm."""
-
-    name: str
-    """Display name; the sim also uses it as the node's peer id."""
-    model: str
-    model_args: dict
-    samples_per_prompt: int
-    """G of this node (its peers may use other group sizes)."""
-    seed: int
-    """Seed of this node's questions, sampling and peer selection (see `node_seed`)."""
-
-
-def builtin_args(model: str, model_args: dict) -> dict:
-    """`model_args` for a built-in model, {} for a model path: a recipe's built-in sizes must not block
-    ``model=<path>`` (HF models take their architecture from their config.json)."""
-    return dict(model_args) if is_builtin(model) else {}
-
-
-def node_seed(seed: int, name: str) -> int:
-    """A per-node seed in [0, 2**31): sha256 of "seed:name", so nodes of one swarm draw different questions."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "big") >> 1
-
-
-def rl_config(config: SwarmConfig, samples_per_prompt: int, seed: int) -> online.RLConfig:
-    """The `lmrl rl` config that `online.rollout`/`online.update` read, for one node: the swarm's optimizer and
-    decoding sections as they are, the node's G and seed, no KL and no dynamic sampling."""
-    shared = {f.name: getattr(config, f.name) for section in (OptimSection, DecodingSection)
-              for f in dataclasses.fields(section)}
-    return online.RLConfig(
-        **shared, algorithm=config.algorithm, samples_per_prompt=samples_per_prompt,
-        prompts_per_step=config.minibatches * config.grad_accum,  # unused here; keeps RLConfig's divisibility check
-        max_new_tokens=config.max_new_tokens, clip_low=config.clip_low, clip_high=config.clip_high,
-        loss_agg=config.loss_agg, adv_scale=config.adv_scale, tis_cap=config.tis_cap, ppo_epochs=config.ppo_epochs,
-        minibatches=config.minibatches, kl_coef=0.0, dynamic_sampling="off", seed=seed, precision=config.precision,
-        output_dir=config.output_dir,
-    )
-
-
-def sample_questions(tasks: dict[str, Task], names: list[str], n: int, seed: int, step: int) -> list[dict[str, Any]]:
-    """`n` training questions of round `step`, each from a task drawn uniformly from `names` (with
-    replacement: the paper's "specialties sampled with replacement"; a repeated name weighs more).
-
-    A pure function of (seed, step), so a restarted node asks what it would have asked.
-    Held-out (test-split) prompts are redrawn."""
-    rng = random.Random(f"lmrl-swarm:{seed}:{step}")
-    rows = []
-    for _ in range(n):
-        name = rng.choice(names)
-        for _ in range(_MAX_DRAWS):
-            ex = tasks[name].sample(rng)
-            if split_of(ex.prompt) == "train":
-                break
-        else:
-            raise ValueError(f"task {name!r} drew only held-out prompts in {_MAX_DRAWS} draws; widen its parameters.")
-        rows.append({"task": name, "prompt": ex.prompt, "answer": ex.answer, "meta": ex.meta})
-    return rows
-
-
-def group_advantages(name: str, rewards: torch.Tensor, sizes: list[int], scale: str = "group") -> torch.Tensor:
-    """Advantages (N,) of consecutive groups of the given sizes, each its own group (ragged GRPO).
-
-    Every group goes through the registry estimator `name` on its own rewards (grpo:
-    A_i = (r_i - mean_g r) / (std_g + eps)); a group of one completion gets 0 (no baseline)."""
-    if sum(sizes) != rewards.numel():
-        raise ValueError(
-            f"group_advantages: group sizes {sizes} sum to {sum(sizes)}, not to the {rewards.numel()} rewards given."
-        )
-    out, start = [], 0
-    kwargs = ADVANTAGES.own_options(name, {"scale": scale})
-    for size in sizes:
-        r = rewards[start : start + size]  # (size,)
-        out.append(torch.zeros(size) if size < 2 else advantages(name, r, size, **kwargs))
-        start += size
-    return torch.cat(out) if out else torch.zeros(0)
-
-
-@dataclasses.dataclass
-class OwnRound:
-    """A node's own rollouts of one round, before training."""
-
-    step: int
-    round: int
-    rows: list[dict[str, Any]]
-    batch: RolloutBatch
-    rewards: torch.Tensor | None
-    """(B*G,) by this node's verifier; None when the reward function failed this round."""
-    metrics: dict[str, float]
-    samples: list[dict[str, Any]]
-
 
 class SwarmNode:
     """One swarm member: its model, optimizer, verifier, transport and skip counters.
 
-        node = SwarmNode(config, NodeSpec("node-0", "builtin:tiny", {}, 4, 123), transport, "runs/swarm/node-0")
-        own = node.generate(step=1, round=1)          # sample, score, publish
-        metrics = node.train(own, step=1, rounds=[1])  # fetch peers, filter, select, update
+    node = SwarmNode(config, NodeSpec("node-0", "builtin:tiny", {}, 4, 123), transport, "runs/swarm/node-0")
+    own = node.generate(step=1, round=1)          # sample, score, publish
+    metrics = node.train(own, step=1, rounds=[1])  # fetch peers, filter, select, update
     """
 
-    def __init__(self, config: SwarmConfig, spec: NodeSpec, transport: Transport, node_dir: str | Path,
-                 model=None, tokenizer=None) -> None:
+    def __init__(
+        self,
+        config: SwarmConfig,
+        spec: NodeSpec,
+        transport: Transport,
+        node_dir: str | Path,
+        model=None,
+        tokenizer=None,
+    ) -> None:
         self.config, self.spec, self.transport, self.dir = config, spec, transport, Path(node_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         tok_name = config.tokenizer if spec.model == config.model else None
-        setup = dataclasses.replace(ModelSetup.from_config(config), model=spec.model, tokenizer=tok_name,
-                                    model_args=dict(spec.model_args))  # device, LoRA, ... from the config
+        setup = dataclasses.replace(
+            ModelSetup.from_config(config), model=spec.model, tokenizer=tok_name, model_args=dict(spec.model_args)
+        )  # device, LoRA, ... from the config
         self.reward_set = RewardSet.from_config(config)
         if model is None:
             model, tokenizer = setup.policy()
@@ -185,8 +94,18 @@ class SwarmNode:
         self.engine = make_engine(config, model, tokenizer, self.dtype, sampling=options.params)
         self.sampler = LocalGroups(self.engine, tokenizer, options)
         self.scheduler = common.build_scheduler(self.optimizer, self.rl, config.max_steps * self.rl.updates_per_step)
-        self.parts = online.Parts(model, tokenizer, None, None, self.engine, self.sampler, self.reward_set,
-                                  self.optimizer, self.scheduler, options=UpdateOptions.from_config(self.rl))
+        self.parts = online.Parts(
+            model,
+            tokenizer,
+            None,
+            None,
+            self.engine,
+            self.sampler,
+            self.reward_set,
+            self.optimizer,
+            self.scheduler,
+            options=UpdateOptions.from_config(self.rl),
+        )
         self.limits = PayloadLimits(max_bytes=config.max_payload_bytes)
         self.counter = SkipCounter()
         self.tasks = {name: get_task(name, **config.task_args.get(name, {})) for name in dict.fromkeys(config.tasks)}
@@ -216,9 +135,12 @@ class SwarmNode:
         self.sampler.sync(self.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
         batch = self.sampler.sample(rows, step)
         elapsed = time.perf_counter() - t0
-        metrics = {"time/rollout_s": elapsed, "completion_len/mean": batch.completion_lengths.float().mean().item(),
-                   "completion/truncated_frac": batch.truncated.float().mean().item(),
-                   "tokens_per_s": batch.completion_mask.sum().item() / max(elapsed, 1e-9)}
+        metrics = {
+            "time/rollout_s": elapsed,
+            "completion_len/mean": batch.completion_lengths.float().mean().item(),
+            "rollout/truncated_frac": batch.truncated.float().mean().item(),
+            "tokens_per_s": batch.completion_mask.sum().item() / max(elapsed, 1e-9),
+        }
         rewards = None
         try:
             rewards, _, reward_metrics = online.score(self.reward_set, batch, rows, G)
@@ -229,25 +151,39 @@ class SwarmNode:
             logger.warning("swarm node %s: own rewards failed in round %d: %s", self.name, round, exc)
             metrics["reward/errors"] = float(self.reward_set.errors)
         self.publish(round, rows, batch)
-        samples = [{"node": self.name, "prompt": row["prompt"], "completion": batch.completions[i * G],
-                    "answer": row["answer"], "reward": rewards[i * G].item() if rewards is not None else float("nan")}
-                   for i, row in enumerate(rows[: self.config.num_samples])]
+        samples = [
+            {
+                "node": self.name,
+                "prompt": row["prompt"],
+                "completion": batch.completions[i * G],
+                "answer": row["answer"],
+                "reward": rewards[i * G].item() if rewards is not None else float("nan"),
+            }
+            for i, row in enumerate(rows[: self.config.num_samples])
+        ]
         return OwnRound(step, round, rows, batch, rewards, metrics, samples)
 
     def publish(self, round: int, rows: list[dict[str, Any]], batch: RolloutBatch) -> bool:
         """Share this round's groups as text; a failure is logged and counted, never raised."""
         G = batch.group_size
-        groups = [QuestionGroup(row["prompt"], row["answer"], row["task"], row["meta"],
-                                batch.completions[i * G : (i + 1) * G]) for i, row in enumerate(rows)]
+        groups = [
+            QuestionGroup(
+                row["prompt"], row["answer"], row["task"], row["meta"], batch.completions[i * G : (i + 1) * G]
+            )
+            for i, row in enumerate(rows)
+        ]
         try:
-            data = encode(Payload(self.transport.peer_id, self.spec.model[-self.limits.max_model_name_chars :],
-                                  round, groups), self.limits)
+            data = encode(
+                Payload(self.transport.peer_id, self.spec.model[-self.limits.max_model_name_chars :], round, groups),
+                self.limits,
+            )
             self.transport.publish(round, data)
             return True
         except Exception as err:  # noqa: BLE001 - sharing is best effort: the node still trains on its own
             self.publish_errors += 1
-            logger.warning("swarm node %s: publishing round %d failed: %s: %s", self.name, round,
-                           type(err).__name__, err)
+            logger.warning(
+                "swarm node %s: publishing round %d failed: %s: %s", self.name, round, type(err).__name__, err
+            )
             return False
 
     def peer_groups(self, rounds: list[int], generator: torch.Generator) -> list[tuple[str, QuestionGroup]]:
@@ -275,12 +211,15 @@ class SwarmNode:
 
         Peers' data is untrusted: whatever the failure policy, a group whose scoring fails
         (e.g. an unknown task name) is dropped, not the round."""
+
         def compute(gs: list[TokenizedGroup], srcs: list[QuestionGroup]) -> torch.Tensor:
-            cols = {"task": [s.task for s, g in zip(srcs, gs) for _ in range(g.size)],
-                    "answer": [s.answer for s, g in zip(srcs, gs) for _ in range(g.size)],
-                    "meta": [s.meta for s, g in zip(srcs, gs) for _ in range(g.size)],
-                    "truncated": [t for g in gs for t in g.truncated],
-                    "completion_lengths": [len(ids) for g in gs for ids in g.completion_ids]}
+            cols = {
+                "task": [s.task for s, g in zip(srcs, gs) for _ in range(g.size)],
+                "answer": [s.answer for s, g in zip(srcs, gs) for _ in range(g.size)],
+                "meta": [s.meta for s, g in zip(srcs, gs) for _ in range(g.size)],
+                "truncated": [t for g in gs for t in g.truncated],
+                "completion_lengths": [len(ids) for g in gs for ids in g.completion_ids],
+            }
             prompts = [g.prompt_text for g in gs for _ in range(g.size)]
             return self.reward_set.compute(prompts, [c for g in gs for c in g.completions], **cols).total
 
@@ -300,8 +239,9 @@ class SwarmNode:
         finally:
             self.reward_set.consecutive_errors = streak
 
-    def peer_training_set(self, rounds: list[int], generator: torch.Generator
-                          ) -> tuple[RolloutBatch | None, list[torch.Tensor], dict[str, float]]:
+    def peer_training_set(
+        self, rounds: list[int], generator: torch.Generator
+    ) -> tuple[RolloutBatch | None, list[torch.Tensor], dict[str, float]]:
         """J peers' groups for this round's update: fetched, re-tokenized, scored locally, filtered, sampled."""
         cfg = self.config
         raw = self.peer_groups(rounds, generator)
@@ -329,9 +269,15 @@ class SwarmNode:
                 index.append(i)
         chosen = select_peer_groups(cfg.peer_sampling, candidates, cfg.external, generator)
         scored = [r for r in scores if r is not None]
-        metrics = {"swarm/peers": float(len(set(p for p, _ in raw))), "groups/peer_candidates": float(len(raw)),
-                   "groups/peer_too_long": float(too_long), "groups/peer_special_tokens": float(n_special), "groups/peer_unscorable": float(scores.count(None)),
-                   "groups/peer_informative": float(n_informative), "groups/external": float(len(chosen))}
+        metrics = {
+            "swarm/peers": float(len(set(p for p, _ in raw))),
+            "swarm/groups/peer_candidates": float(len(raw)),
+            "swarm/groups/peer_too_long": float(too_long),
+            "swarm/groups/peer_special_tokens": float(n_special),
+            "swarm/groups/peer_unscorable": float(scores.count(None)),
+            "swarm/groups/peer_informative": float(n_informative),
+            "swarm/groups/external": float(len(chosen)),
+        }
         if scored:
             metrics["reward/peer_mean"] = torch.cat(scored).mean().item()
         if not chosen:
@@ -351,12 +297,12 @@ class SwarmNode:
             own_groups = own.rewards.view(-1, G)[: cfg.local]  # (I, G)
             keep = [i for i in range(len(own_groups)) if not cfg.drop_zero_advantage or informative(own_groups[i])]
             n_informative = sum(informative(g) for g in own_groups)
-            metrics["groups/local_informative_frac"] = n_informative / len(own_groups) if len(own_groups) else 0.0
+            metrics["swarm/groups/local_informative_frac"] = n_informative / len(own_groups) if len(own_groups) else 0.0
             if keep:
                 batches.append(own.batch.select_groups(keep))
                 rewards += [own_groups[i] for i in keep]
                 sizes += [G] * len(keep)
-            metrics["groups/local"] = float(len(keep))
+            metrics["swarm/groups/local"] = float(len(keep))
         if cfg.external > 0:
             peer_batch, peer_rewards, peer_metrics = self.peer_training_set(rounds, generator)
             metrics.update(peer_metrics)
@@ -368,8 +314,13 @@ class SwarmNode:
         transport_skips = getattr(self.transport, "stats", None)  # HivemindTransport counts its own skips
         if isinstance(transport_skips, SkipCounter):
             metrics.update(transport_skips.metrics(prefix="swarm/transport/"))
-        metrics.update({"swarm/publish_errors": float(self.publish_errors), "cumulative_reward": self.cumulative_reward,
-                        "groups/trained": float(len(sizes))})
+        metrics.update(
+            {
+                "swarm/publish_errors": float(self.publish_errors),
+                "reward/cumulative": self.cumulative_reward,
+                "swarm/groups/trained": float(len(sizes)),
+            }
+        )
         if not sizes:  # nothing informative this round: no update (counted, not an error)
             metrics["lr"] = self.scheduler.get_last_lr()[0]
             return metrics
@@ -383,8 +334,14 @@ class SwarmNode:
         update_gen = torch.Generator().manual_seed(self.spec.seed * 7_919 + step)
         stats = update(self.parts, batch, Targets(adv, old_logp), self.parts.options, self.dtype, step, update_gen)
         metrics.update(stats)
-        metrics.update({"loss": stats.get("loss/policy", 0.0), "lr": self.scheduler.get_last_lr()[0],
-                        "time/train_s": time.perf_counter() - t0, "reward/trained_mean": reward_vec.mean().item()})
+        metrics.update(
+            {
+                "loss": stats.get("loss/policy", 0.0),
+                "lr": self.scheduler.get_last_lr()[0],
+                "time/train_s": time.perf_counter() - t0,
+                "reward/trained_mean": reward_vec.mean().item(),
+            }
+        )
         return metrics
 
     # ------------------------------------------------------------------ evaluation and checkpoints
@@ -397,15 +354,28 @@ class SwarmNode:
         return acc["accuracy"]
 
     def state(self) -> dict[str, Any]:
-        return {"name": self.name, "cumulative_reward": self.cumulative_reward, "publish_errors": self.publish_errors,
-                "accepted": self.counter.accepted, "skipped": dict(self.counter.by_reason),
-                "skipped_by_peer": dict(self.counter.by_peer)}
+        return {
+            "name": self.name,
+            "cumulative_reward": self.cumulative_reward,
+            "publish_errors": self.publish_errors,
+            "accepted": self.counter.accepted,
+            "skipped": dict(self.counter.by_reason),
+            "skipped_by_peer": dict(self.counter.by_peer),
+        }
 
     def save(self, step: int, keep: int, extra: dict[str, Any] | None = None) -> Path:
         """`<node_dir>/checkpoints/step-<step>`: weights, tokenizer, optimizer, scheduler and node state."""
         run = common.Run(self.dir, tracker=None, start_step=step, checkpoint=None)
-        return common.save_checkpoint(run, step, self.model, self.tokenizer, self.optimizer, self.scheduler,
-                                      {**self.state(), **(extra or {})}, keep)
+        return common.save_checkpoint(
+            run,
+            step,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            {**self.state(), **(extra or {})},
+            keep,
+        )
 
     def restore(self, checkpoint: str | Path) -> dict[str, Any]:
         """Load a checkpoint of this node (e.g. after a crash); returns its saved state."""
@@ -426,19 +396,3 @@ class SwarmNode:
         self.counter.accepted = int(state["accepted"])
         self.counter.by_reason.update(state["skipped"])
         self.counter.by_peer.update(state["skipped_by_peer"])
-
-
-def heldout_rows(config: SwarmConfig) -> list[dict[str, Any]]:
-    """`eval_rows` test-split questions of each task of the mix (disjoint from every training question)."""
-    if config.eval_rows <= 0:
-        return []
-    rows = []
-    for name in dict.fromkeys(config.tasks):
-        task = get_task(name, **config.task_args.get(name, {}))
-        rows += make_rows(task, config.eval_rows, split="test", seed=config.seed, allow_fewer=True)
-    return rows
-
-
-def fetch_rounds(config: SwarmConfig, round: int) -> list[int]:
-    """This round and the `fetch_window` before it (non-negative)."""
-    return [r for r in range(round - config.fetch_window, round + 1) if r >= 0]

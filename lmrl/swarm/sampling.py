@@ -95,8 +95,9 @@ def fair_share(owners: list[str], k: int, generator: torch.Generator) -> list[in
     for i, owner in enumerate(owners):
         by_owner.setdefault(owner, []).append(i)
     order = [sorted(by_owner)[i] for i in torch.randperm(len(by_owner), generator=generator).tolist()]
-    queues = {p: [by_owner[p][j] for j in torch.randperm(len(by_owner[p]), generator=generator).tolist()]
-              for p in order}
+    queues = {
+        p: [by_owner[p][j] for j in torch.randperm(len(by_owner[p]), generator=generator).tolist()] for p in order
+    }
     chosen: list[int] = []
     k = min(k, len(owners))
     while len(chosen) < k:  # ends: k <= len(owners), and each pass takes >= 1 while any queue is non-empty

@@ -35,17 +35,27 @@ import torch
 
 from lmrl.config import ConfigError
 from lmrl.data.tasks import get_task, make_rows
+from lmrl.report.metric_names import upgrade
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.memory import FileHub, MemoryHub, MemoryTransport
-from lmrl.swarm.node import NodeSpec, SwarmNode, builtin_args, fetch_rounds, heldout_rows, node_seed
+from lmrl.swarm.node import SwarmNode
+from lmrl.swarm.rounds import NodeSpec, builtin_args, fetch_rounds, heldout_rows, node_seed
 from lmrl.tracking import read_jsonl, truncate_jsonl
 from lmrl.trainers import common, rundir
 
-NODE_KEYS = ("reward/mean", "cumulative_reward", "loss", "groups/local", "groups/external", "swarm/accepted",
-             "swarm/skipped", "eval/accuracy")
+NODE_KEYS = (
+    "reward/mean",
+    "reward/cumulative",
+    "loss",
+    "swarm/groups/local",
+    "swarm/groups/external",
+    "swarm/accepted",
+    "swarm/skipped",
+    "eval/accuracy",
+)
 """Keys copied per node into the swarm's metrics.jsonl as ``node/<name>/<key>``."""
 
-SUM_KEYS = ("cumulative_reward", "swarm/accepted", "swarm/skipped", "swarm/publish_errors")
+SUM_KEYS = ("reward/cumulative", "swarm/accepted", "swarm/skipped", "swarm/publish_errors")
 """Keys (and ``swarm/skipped/*``) summed over nodes; every other numeric key is averaged."""
 
 
@@ -64,17 +74,24 @@ def node_specs(config: SwarmConfig) -> list[NodeSpec]:
     for i in range(config.nodes):
         name = f"node-{i}"
         model = pick(config.node_models, i, config.model)
-        specs.append(NodeSpec(name, model, builtin_args(model, pick(config.node_model_args, i, config.model_args)),
-                              pick(config.node_samples_per_prompt, i, config.samples_per_prompt),
-                              node_seed(config.seed, name)))
+        specs.append(
+            NodeSpec(
+                name,
+                model,
+                builtin_args(model, pick(config.node_model_args, i, config.model_args)),
+                pick(config.node_samples_per_prompt, i, config.samples_per_prompt),
+                node_seed(config.seed, name),
+            )
+        )
     return specs
 
 
 def make_hub(config: SwarmConfig, run_dir: Path) -> MemoryHub | FileHub:
     if config.hub == "memory":
         return MemoryHub(keep_rounds=config.keep_rounds)
-    return FileHub(config.hub_dir or run_dir / "hub", keep_rounds=config.keep_rounds,
-                   max_entry_bytes=config.max_payload_bytes + 1)
+    return FileHub(
+        config.hub_dir or run_dir / "hub", keep_rounds=config.keep_rounds, max_entry_bytes=config.max_payload_bytes + 1
+    )
 
 
 def swarm_metrics(per_node: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -85,7 +102,7 @@ def swarm_metrics(per_node: dict[str, dict[str, float]]) -> dict[str, float]:
     for key in keys:
         values = [float(m[key]) for m in per_node.values() if isinstance(m.get(key), (int, float))]
         summed = key in SUM_KEYS or key.startswith("swarm/skipped/")
-        name = "swarm/cumulative_reward" if key == "cumulative_reward" else key
+        name = "swarm/cumulative_reward" if key == "reward/cumulative" else key
         out[name] = sum(values) if summed else sum(values) / len(values)
     for name, m in per_node.items():
         out.update({f"node/{name}/{k}": m[k] for k in NODE_KEYS if k in m})
@@ -123,8 +140,12 @@ def summarize(run_dir: Path, nodes: list[SwarmNode], config: SwarmConfig, evals:
                 per_round.setdefault(record["step"], []).append(record["reward/mean"])
     rounds = sorted(per_round)
     return {
-        "nodes": config.nodes, "local": config.local, "external": config.external, "seed": config.seed,
-        "rounds": config.max_steps, "samples_per_prompt": config.samples_per_prompt,
+        "nodes": config.nodes,
+        "local": config.local,
+        "external": config.external,
+        "seed": config.seed,
+        "rounds": config.max_steps,
+        "samples_per_prompt": config.samples_per_prompt,
         "cumulative_reward": sum(node.cumulative_reward for node in nodes),
         "cumulative_reward_per_node": {node.name: node.cumulative_reward for node in nodes},
         "reward_per_round": [sum(per_round[r]) / len(per_round[r]) for r in rounds],
@@ -142,9 +163,9 @@ def plot_sim(run_dir: Path, nodes: list[SwarmNode]) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for node in nodes:
-        records = [r for r in read_jsonl(node.dir / "metrics.jsonl") if "cumulative_reward" in r]
+        records = [r for r in map(upgrade, read_jsonl(node.dir / "metrics.jsonl")) if "reward/cumulative" in r]
         if records:
-            ax.plot([r["step"] for r in records], [r["cumulative_reward"] for r in records], label=node.name)
+            ax.plot([r["step"] for r in records], [r["reward/cumulative"] for r in records], label=node.name)
     if not ax.lines:
         plt.close(fig)
         return None
@@ -164,8 +185,10 @@ def check_output_dir(config: SwarmConfig) -> None:
     """Fail before any warm start if `output_dir` holds a run that neither resume nor overwrite allows
     (the same rule `common.start_run` applies, checked minutes earlier)."""
     if config.eval_metrics:
-        raise ConfigError("eval_metrics is not run by `lmrl swarm sim` (its nodes step in lockstep outside the shared "
-                          "loop); evaluate a node afterwards: lmrl eval model=<output_dir>/nodes/node-0/final.")
+        raise ConfigError(
+            "eval_metrics is not run by `lmrl swarm sim` (its nodes step in lockstep outside the shared "
+            "loop); evaluate a node afterwards: lmrl eval model=<output_dir>/nodes/node-0/final."
+        )
     run_dir = Path(config.output_dir)
     rundir.check_writable(run_dir)
     if rundir.has_run(run_dir) and not config.resume and not config.overwrite:
@@ -191,10 +214,19 @@ def warm_start_model(config: SwarmConfig, model: str, model_args: dict, cache_di
     from lmrl.trainers.sft.trainer import SFTConfig, train
 
     names = list(dict.fromkeys(config.tasks))
-    key = {"model": model, "model_args": model_args, "tokenizer": config.tokenizer, "tasks": names,
-           "task_args": {n: config.task_args.get(n, {}) for n in names}, "steps": config.warm_start_steps,
-           "lr": config.warm_start_lr, "rows": config.warm_start_rows, "batch_size": config.warm_start_batch_size,
-           "seed": config.warm_start_seed, "precision": config.precision}
+    key = {
+        "model": model,
+        "model_args": model_args,
+        "tokenizer": config.tokenizer,
+        "tasks": names,
+        "task_args": {n: config.task_args.get(n, {}) for n in names},
+        "steps": config.warm_start_steps,
+        "lr": config.warm_start_lr,
+        "rows": config.warm_start_rows,
+        "batch_size": config.warm_start_batch_size,
+        "seed": config.warm_start_seed,
+        "precision": config.precision,
+    }
     out = cache_dir / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     final = out / "sft" / "final"
     if (out / "done.json").exists():
@@ -203,18 +235,36 @@ def warm_start_model(config: SwarmConfig, model: str, model_args: dict, cache_di
     data = out / "data.jsonl"
     with data.open("w") as f:
         for name in names:
-            for row in make_rows(get_task(name, **config.task_args.get(name, {})), config.warm_start_rows, "train",
-                                 seed=config.warm_start_seed):
+            for row in make_rows(
+                get_task(name, **config.task_args.get(name, {})),
+                config.warm_start_rows,
+                "train",
+                seed=config.warm_start_seed,
+            ):
                 f.write(json.dumps({"prompt": row["prompt"], "completion": row["completion"]}) + "\n")
     steps = config.warm_start_steps
-    train(SFTConfig(
-        model=model, model_args=dict(model_args), tokenizer=config.tokenizer, dataset=str(data), train_rows=None,
-        max_steps=steps, batch_size=config.warm_start_batch_size, lr=config.warm_start_lr,
-        warmup_steps=max(1, steps // 10), lr_schedule="cosine",
-        max_length=config.max_prompt_tokens + config.max_new_tokens, eval_every=0, save_every=0,
-        log_every=max(1, steps // 10), seed=config.warm_start_seed, precision=config.precision,
-        output_dir=str(out / "sft"), overwrite=True,
-    ))
+    train(
+        SFTConfig(
+            model=model,
+            model_args=dict(model_args),
+            tokenizer=config.tokenizer,
+            dataset=str(data),
+            train_rows=None,
+            max_steps=steps,
+            batch_size=config.warm_start_batch_size,
+            lr=config.warm_start_lr,
+            warmup_steps=max(1, steps // 10),
+            lr_schedule="cosine",
+            max_length=config.max_prompt_tokens + config.max_new_tokens,
+            eval_every=0,
+            save_every=0,
+            log_every=max(1, steps // 10),
+            seed=config.warm_start_seed,
+            precision=config.precision,
+            output_dir=str(out / "sft"),
+            overwrite=True,
+        )
+    )
     (out / "done.json").write_text(json.dumps(key, indent=1))
     return str(final)
 
@@ -237,12 +287,13 @@ def run_sim(config: SwarmConfig) -> dict[str, Any]:
         for name in ("nodes", "hub"):
             shutil.rmtree(run.dir / name, ignore_errors=True)
     hub = make_hub(config, run.dir)
-    nodes = [SwarmNode(config, spec, MemoryTransport(hub, spec.name), run.dir / "nodes" / spec.name)
-             for spec in specs]
+    nodes = [SwarmNode(config, spec, MemoryTransport(hub, spec.name), run.dir / "nodes" / spec.name) for spec in specs]
     sizes = sorted({f"{n.num_parameters / 1e6:.2f}M" for n in nodes})
-    tracker.print(f"swarm sim: {config.nodes} nodes ({', '.join(sizes)} params), I={config.local} J={config.external}, "
-                  f"{config.questions} questions x G completions per node and round, tasks {config.tasks}, "
-                  f"run dir {run.dir}")
+    tracker.print(
+        f"swarm sim: {config.nodes} nodes ({', '.join(sizes)} params), I={config.local} J={config.external}, "
+        f"{config.questions} questions x G completions per node and round, tasks {config.tasks}, "
+        f"run dir {run.dir}"
+    )
     eval_rows = heldout_rows(config)
     evals: dict[str, dict] = {}
     if run.checkpoint:
@@ -258,8 +309,10 @@ def run_sim(config: SwarmConfig) -> dict[str, Any]:
     try:
         for step in range(run.start_step + 1, config.max_steps + 1):
             owns = [node.generate(step, step) for node in nodes]  # everyone samples and publishes ...
-            per_node = {node.name: node.train(own, step, fetch_rounds(config, step))  # ... then fetches and trains
-                        for node, own in zip(nodes, owns)}
+            per_node = {
+                node.name: node.train(own, step, fetch_rounds(config, step))  # ... then fetches and trains
+                for node, own in zip(nodes, owns)
+            }
             for node in nodes:
                 with (node.dir / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps({"step": step, **_json_safe(per_node[node.name])}) + "\n")
@@ -285,6 +338,8 @@ def run_sim(config: SwarmConfig) -> dict[str, Any]:
     summary = summarize(run.dir, nodes, config, evals)
     (run.dir / "swarm_summary.json").write_text(json.dumps(summary, indent=1))
     plot_sim(run.dir, nodes)
-    tracker.print(f"swarm cumulative reward {summary['cumulative_reward']:.2f} over {config.nodes} nodes x "
-                  f"{config.max_steps} rounds; summary {run.dir / 'swarm_summary.json'}")
+    tracker.print(
+        f"swarm cumulative reward {summary['cumulative_reward']:.2f} over {config.nodes} nodes x "
+        f"{config.max_steps} rounds; summary {run.dir / 'swarm_summary.json'}"
+    )
     return summary

@@ -3,7 +3,7 @@
 The policy-gradient step is the single-turn one (`lmrl.trainers.rl.trainer`): a trajectory is one row of the
 `RolloutBatch` whose `loss_mask` leaves out tool outputs, so advantages, losses, KL and TIS apply
 unchanged. This module builds the environments, runs the episodes, adds the `env_reward` column for the
-`env` reward, and the `tools/*` and `episode/*` metrics.
+`env` reward, and the `rollout/tools/*` and `rollout/*` episode metrics.
 """
 
 from __future__ import annotations
@@ -28,8 +28,18 @@ def rollout_episodes(engine, tokenizer, rows: list[dict], config, step: int, env
     batches = []
     for _, part, generator in seeded_shards(rows, config.sampling_shards, config.seed, step):
         rep = [row for row in part for _ in range(G)]
-        batches.append(run_episodes(engine, tokenizer, [env_factory(r) for r in rep], rep, params,
-                                    config.turn_options(), generator, group_size=G))
+        batches.append(
+            run_episodes(
+                engine,
+                tokenizer,
+                [env_factory(r) for r in rep],
+                rep,
+                params,
+                config.turn_options(),
+                generator,
+                group_size=G,
+            )
+        )
     return concat_batches(batches, tokenizer.pad_token_id)
 
 
@@ -39,21 +49,22 @@ def episode_columns(batch: RolloutBatch) -> dict[str, list]:
 
 
 def episode_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """tools/* (per episode) and episode/* metrics of a multi-turn batch; {} for single-turn. Several processes:
-    every rank calls it (ranks have equal numbers of episodes, so per-episode means average over ranks exactly)."""
+    """rollout/tools/* (per episode), rollout/<finish>_frac, rollout/turns_mean and rollout/trained_tokens_frac of a
+    multi-turn batch; {} for single-turn. Several processes: every rank calls it (ranks have equal numbers of
+    episodes, so per-episode means average over ranks exactly)."""
     if batch.info is None:
         return {}
     n = len(batch.info)
     metrics: dict[str, float] = {}
     keys = sorted({k for info in batch.info for k in info["stats"]})
     for key in keys:
-        metrics[f"tools/{key}_per_episode"] = sum(info["stats"].get(key, 0) for info in batch.info) / n
+        metrics[f"rollout/tools/{key}_per_episode"] = sum(info["stats"].get(key, 0) for info in batch.info) / n
     for finish in ("done", "max_turns", "turn_length", "budget"):
-        metrics[f"episode/{finish}_frac"] = sum(info["finish"] == finish for info in batch.info) / n
-    metrics["episode/turns_mean"] = sum(info["num_turns"] for info in batch.info) / n
+        metrics[f"rollout/{finish}_frac"] = sum(info["finish"] == finish for info in batch.info) / n
+    metrics["rollout/turns_mean"] = sum(info["num_turns"] for info in batch.info) / n
     # over every rank's tokens (each rank reports the global share; the metrics' mean over ranks keeps it)
     trained, total = runtime.all_sum(torch.stack([batch.train_mask.sum(), batch.completion_mask.sum()]).float())
-    metrics["episode/trained_tokens_frac"] = float(trained / total.clamp(min=1))
+    metrics["rollout/trained_tokens_frac"] = float(trained / total.clamp(min=1))
     return metrics
 
 
@@ -65,8 +76,13 @@ def sample_fields(batch: RolloutBatch, i: int) -> dict[str, Any]:
     if batch.info is None:
         return {"prompt": batch.prompts[i][-60:], "completion": batch.completions[i]}
     info = batch.info[i]
-    return {"prompt": batch.prompts[i], "completion": info["transcript"], "messages": info["messages"],
-            "turns": [list(span) for span in info["turns"]], "token_roles": token_roles(batch, i)}
+    return {
+        "prompt": batch.prompts[i],
+        "completion": info["transcript"],
+        "messages": info["messages"],
+        "turns": [list(span) for span in info["turns"]],
+        "token_roles": token_roles(batch, i),
+    }
 
 
 def token_roles(batch: RolloutBatch, i: int) -> list[list]:
@@ -87,12 +103,15 @@ def token_roles(batch: RolloutBatch, i: int) -> list[list]:
     return runs
 
 
-def evaluate_episodes(model, tokenizer, eval_rows: list[dict[str, Any]], config, dtype, env_factory,
-                      max_new_tokens: int | None = None):
+def evaluate_episodes(
+    model, tokenizer, eval_rows: list[dict[str, Any]], config, dtype, env_factory, max_new_tokens: int | None = None
+):
     """Greedy held-out accuracy of tool episodes (eval/accuracy) and their tool metrics: `lmrl eval
     metrics=[accuracy]` with the run's tool keys, on the same evaluator (so the two agree exactly)."""
     options = EvalOptions(max_new_tokens=max_new_tokens or config.max_new_tokens, num_samples=config.num_samples)
     evaluator = Evaluator(["accuracy"], eval_rows, options, "eval rows", turns=config.turn_options())
     metrics, samples = evaluator(model, tokenizer, dtype, env_factory=env_factory)
-    return {"eval/accuracy": metrics["accuracy"],
-            "eval/tool_calls_per_episode": metrics.get("tools/calls_per_episode", 0.0)}, samples
+    return {
+        "eval/accuracy": metrics["accuracy"],
+        "eval/tool_calls_per_episode": metrics.get("tools/calls_per_episode", 0.0),
+    }, samples

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from lmrl.parallel import runtime
+from lmrl.report.metric_names import configured_metric, current_name
 from lmrl.trainers import common, dist_checkpoint
 
 RECORD = "best.json"
@@ -21,7 +22,7 @@ RECORD = "best.json"
 
 def lower_is_better(metric: str, mode: str = "auto") -> bool:
     """mode "min"/"max" decide; "auto": lower for a loss or a cross-entropy (a name that starts with ``loss`` or whose
-    last part does, or whose last part is ``ce`` or ends with ``_ce``: loss/policy, eval/loss, eval/ptx_ce, val/ce),
+    last part does, or whose last part is ``ce`` or ends with ``_ce``: loss/policy, eval/loss, eval/ptx_ce, eval/ce),
     higher for everything else."""
     if mode != "auto":
         return mode == "min"
@@ -40,19 +41,23 @@ class BestKeeper:
     """Offers each evaluation's metrics; saves ``best/`` when ``metric`` improved."""
 
     def __init__(self, run_dir: Path, metric: str, mode: str = "auto"):
+        metric = configured_metric(metric, "keep_best")  # an old name (keep_best=val/ce) still works
         self.dir, self.metric, self.lower = Path(run_dir) / "best", metric, lower_is_better(metric, mode)
         record = self.dir / RECORD
         saved = json.loads(record.read_text()) if record.exists() else {}
-        self.value: float | None = saved.get("value") if saved.get("metric") == metric else None
+        same = current_name(str(saved.get("metric"))) == metric  # best.json of an older run: its old name
+        self.value: float | None = saved.get("value") if same else None
         self.step: int | None = saved.get("step") if self.value is not None else None
 
     def offer(self, run: common.Run, step: int, metrics: dict[str, float], model, tokenizer) -> bool:
         """Save the model as ``best/`` if ``metrics[metric]`` beats the best so far; True when it did. A metric the
         evaluation does not report fails with the names it does report (at the first evaluation, before training)."""
         if self.metric not in metrics:
-            raise ValueError(f"keep_best={self.metric!r}: the evaluation reports no such metric; it reports "
-                             f"{sorted(metrics)}. Fix: keep_best=<one of those> (eval_every > 0 evaluates during the "
-                             "run), or keep_best=null.")
+            raise ValueError(
+                f"keep_best={self.metric!r}: the evaluation reports no such metric; it reports "
+                f"{sorted(metrics)}. Fix: keep_best=<one of those> (eval_every > 0 evaluates during the "
+                "run), or keep_best=null."
+            )
         value = float(metrics[self.metric])
         if not is_better(value, self.value, self.lower):
             return False

@@ -13,7 +13,9 @@ from typing import Any
 from lmrl.config import ConfigError
 from lmrl.parallel.config import env_world_size
 
-STATE_FILE = "trainer_state.pt"  # the trainer state: a complete checkpoint has it (also lmrl.trainers.common.STATE_FILE)
+STATE_FILE = (
+    "trainer_state.pt"  # the trainer state: a complete checkpoint has it (also lmrl.trainers.common.STATE_FILE)
+)
 
 
 def saved_world(checkpoint: Path) -> int:
@@ -33,13 +35,17 @@ def check_world(checkpoint: Path, world: int) -> None:
     several and ``world`` = 1."""
     saved = saved_world(checkpoint)
     if saved == 1 and world > 1:
-        raise ConfigError(f"resume=true with {world} processes, but {checkpoint} was written by one process (its "
-                          "weights, no dcp/ shards). Fix: resume with nproc=1, or start a new multi-process run "
-                          f"from its weights: model={checkpoint} resume=false.")
+        raise ConfigError(
+            f"resume=true with {world} processes, but {checkpoint} was written by one process (its "
+            "weights, no dcp/ shards). Fix: resume with nproc=1, or start a new multi-process run "
+            f"from its weights: model={checkpoint} resume=false."
+        )
     if saved > 1 and world == 1:
-        raise ConfigError(f"resume=true with one process, but {checkpoint} was written by {saved} processes (dcp/ "
-                          f"shards). Fix: resume with nproc={saved} (any nproc > 1 reshards them), or start a new "
-                          f"run from final/ once it exists.")
+        raise ConfigError(
+            f"resume=true with one process, but {checkpoint} was written by {saved} processes (dcp/ "
+            f"shards). Fix: resume with nproc={saved} (any nproc > 1 reshards them), or start a new "
+            f"run from final/ once it exists."
+        )
 
 
 def check_resume_world(config: Any) -> None:

@@ -133,8 +133,7 @@ def write_run_config(run: Run, config: TrainConfig, setup: Any = None) -> None:
     after a resumed checkpoint has loaded, so a refused resume leaves the run's config.yaml as it was."""
     if not runtime.is_main():  # rank 0 alone writes to the run directory
         return
-    rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None,
-                        run.method)
+    rundir.write_config(run.dir, to_dict(config), precision_of(setup.dtype) if setup is not None else None, run.method)
 
 
 # --------------------------------------------------------------------------- seeding and RNG
@@ -150,17 +149,25 @@ def rng_state() -> dict[str, Any]:
     """The RNG states as plain data (ints, floats, strings, lists, tensors): loadable with weights_only=True."""
     version, words, gauss = random.getstate()
     key, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": {"version": version, "state": list(words), "gauss": gauss},
-            "numpy": {"key": key, "state": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "gauss": float(cached)},
-            "torch": torch.get_rng_state()}
+    return {
+        "python": {"version": version, "state": list(words), "gauss": gauss},
+        "numpy": {
+            "key": key,
+            "state": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     py, nps = state["python"], state["numpy"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    np.random.set_state((nps["key"], nps["state"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
-                         nps["gauss"]))
+    np.random.set_state(
+        (nps["key"], nps["state"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"], nps["gauss"])
+    )
     torch.set_rng_state(state["torch"])
 
 
@@ -176,7 +183,8 @@ def safe_load(path: Path) -> Any:
             f"{path} cannot be loaded safely: it holds pickled objects, and unpickling runs code "
             f"({str(exc).splitlines()[0][:200]}). It may be a checkpoint from an lmrl version that pickled RNG "
             f"states, or a crafted file. lmrl refuses to load it; resume from a newer checkpoint, or start a new run "
-            f"from its weights with model={path.parent}.") from None
+            f"from its weights with model={path.parent}."
+        ) from None
 
 
 def epoch_batch_indices(num_rows: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -223,8 +231,9 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig,
-                    total_steps: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int | None = None
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup + decay over ``total_steps`` optimizer steps (default ``config.max_steps``)."""
     total = total_steps or config.max_steps
     return torch.optim.lr_scheduler.LambdaLR(
@@ -303,8 +312,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any] | None = None,
-                    keep: int = 2) -> Path:
+def save_checkpoint(
+    run: Run, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any] | None = None, keep: int = 2
+) -> Path:
     """Write ``checkpoints/step-N`` atomically (tmp dir then rename) and prune to the newest ``keep``."""
     final = run.checkpoints_dir / f"step-{step}"
     tmp = run.checkpoints_dir / f".tmp-step-{step}"
@@ -314,8 +324,16 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
         save_model(model, tokenizer, tmp)
         if has_frozen_weights(model):  # LoRA: the adapters (and heads) by name, for an exact resume
             save_trainable(model, tmp)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng": rng_state(), "trainer": state or {}}, tmp / STATE_FILE)
+        torch.save(
+            {
+                "step": step,
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": rng_state(),
+                "trainer": state or {},
+            },
+            tmp / STATE_FILE,
+        )
     except (OSError, RuntimeError) as exc:  # a full disk, a quota, a lost mount: one paragraph, not a traceback
         if not is_write_failure(exc):
             raise
@@ -336,19 +354,25 @@ def is_write_failure(exc: BaseException) -> bool:
 def checkpoint_failed(run: Run, step: int, exc: BaseException) -> TrainingStopped:
     """The error of a checkpoint that could not be written: where, why, and that the previous one is intact."""
     previous = latest_checkpoint(run.dir)
-    kept = (f"the previous checkpoint {previous} is intact, and resume=true continues from it" if previous else
-            "there is no earlier checkpoint (resume=true starts again from step 0)")
+    kept = (
+        f"the previous checkpoint {previous} is intact, and resume=true continues from it"
+        if previous
+        else "there is no earlier checkpoint (resume=true starts again from step 0)"
+    )
     why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
     return TrainingStopped(
         f"Writing checkpoint step-{step} in {run.checkpoints_dir} failed: {why}. The partial checkpoint was removed; "
-        f"{kept}. Free space there (or keep fewer checkpoints: keep_checkpoints=1, save_every=...) and resume.")
+        f"{kept}. Free space there (or keep fewer checkpoints: keep_checkpoints=1, save_every=...) and resume."
+    )
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
     return safe_load(checkpoint / STATE_FILE)
 
 
-def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler, config: TrainConfig | None = None) -> dict[str, Any]:
+def restore_checkpoint(
+    checkpoint: Path, model, optimizer, scheduler, config: TrainConfig | None = None
+) -> dict[str, Any]:
     """Load weights, optimizer, scheduler and RNG from ``checkpoint``; returns the trainer's own state.
 
     With ``config``: keys changed since the checkpoint are printed, a changed ``lr`` is applied to the restored
@@ -368,8 +392,10 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler, config: Tr
     if "lr" in changes:
         rundir.apply_lr(optimizer, scheduler, *changes["lr"])
     if changes:
-        console.print("resume: changed since the checkpoint (applied): " + escape(", ".join(
-            f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())))
+        console.print(
+            "resume: changed since the checkpoint (applied): "
+            + escape(", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+        )
     return state["trainer"]
 
 
@@ -383,13 +409,17 @@ def load_full_weights(model, checkpoint: Path) -> None:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as exc:  # size mismatches
         first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc)[:200])
-        raise ValueError(f"Checkpoint {checkpoint} holds another model architecture ({first}). Resume with the "
-                         f"run's model and model_args (its config.yaml), or start a new run.") from None
+        raise ValueError(
+            f"Checkpoint {checkpoint} holds another model architecture ({first}). Resume with the "
+            f"run's model and model_args (its config.yaml), or start a new run."
+        ) from None
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
-        raise ValueError(f"Checkpoint {checkpoint} does not match the model: missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(unexpected)[:5]}. Resume with the run's model and model_args "
-                         f"(its config.yaml), or start a new run.")
+        raise ValueError(
+            f"Checkpoint {checkpoint} does not match the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}. Resume with the run's model and model_args "
+            f"(its config.yaml), or start a new run."
+        )
 
 
 def save_final(run: Run, model, tokenizer, merge_lora: bool = False, name: str = "final") -> Path:
@@ -404,4 +434,5 @@ def save_final(run: Run, model, tokenizer, merge_lora: bool = False, name: str =
         raise TrainingStopped(
             f"Writing the model to {run.dir / name} failed: {exc.strerror or exc}. "
             + (f"The checkpoint {previous} holds the trained weights; " if previous else "")
-            + "free space there and run again with resume=true to write it.") from None
+            + "free space there and run again with resume=true to write it."
+        ) from None

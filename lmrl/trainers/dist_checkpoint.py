@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -29,12 +30,22 @@ from lmrl.trainers import common
 from lmrl.trainers.common import STATE_FILE, Run, list_checkpoints, read_state, rng_state, safe_load, set_rng_state
 
 
+def write_failure(exc: BaseException) -> BaseException | None:
+    """The failed write behind a checkpoint error, or None: DCP gathers every rank's exception into a
+    `CheckpointException` (a BaseException, which `lmrl.cli` would print as a traceback)."""
+    if isinstance(exc, CheckpointException):
+        causes = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+        return next((c for c in causes if isinstance(c, BaseException) and common.is_write_failure(c)), None)
+    return exc if common.is_write_failure(exc) else None
+
+
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank}.pt"
 
 
-def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any] | None = None,
-                    keep: int = 2) -> Path:
+def save_checkpoint(
+    run: Run, step: int, model, tokenizer, optimizer, scheduler, state: dict[str, Any] | None = None, keep: int = 2
+) -> Path:
     """Every rank: its DCP shards and RNG; rank 0: the trainer state, the tokenizer, then the atomic rename."""
     final = run.checkpoints_dir / f"step-{step}"
     tmp = run.checkpoints_dir / f".tmp-step-{step}"
@@ -50,8 +61,13 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
         if runtime.is_main():
             tokenizer.save_pretrained(tmp)
             torch.save({"step": step, "scheduler": scheduler.state_dict(), "trainer": state or {}}, tmp / STATE_FILE)
-    except OSError as exc:
-        raise common.checkpoint_failed(run, step, exc) from None
+    except (OSError, RuntimeError, CheckpointException) as exc:
+        cause = write_failure(exc)
+        if cause is None:
+            raise
+        if runtime.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise common.checkpoint_failed(run, step, cause) from None
     if runtime.is_main():
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -64,8 +80,10 @@ def save_checkpoint(run: Run, step: int, model, tokenizer, optimizer, scheduler,
 def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """Load weights and optimizer state (DCP, resharded to this world size), scheduler and this rank's RNG."""
     if not (checkpoint / "dcp").is_dir():
-        raise FileNotFoundError(f"{checkpoint} is a single-process checkpoint (no dcp/); resume it with nproc=1, or "
-                                f"start a fresh multi-process run from its weights with model={checkpoint}.")
+        raise FileNotFoundError(
+            f"{checkpoint} is a single-process checkpoint (no dcp/); resume it with nproc=1, or "
+            f"start a fresh multi-process run from its weights with model={checkpoint}."
+        )
     model_state, optim_state = get_state_dict(model, optimizer)
     states = {"model": model_state, "optim": optim_state}
     dcp.load(states, checkpoint_id=str(checkpoint / "dcp"))

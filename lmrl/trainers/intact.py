@@ -58,7 +58,9 @@ def _dcp_problem(dcp_dir: Path) -> str | None:
     try:
         metadata = FileSystemReader(str(dcp_dir)).read_metadata()
     except Exception as exc:  # noqa: BLE001 - any failure to read the metadata makes the checkpoint unusable
-        return f"dcp/.metadata is cut or unreadable ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+        return (
+            f"dcp/.metadata is cut or unreadable ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+        )
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -83,13 +85,17 @@ def newest_intact(checkpoints: list[Path], state_file: str, notice: Callable[[st
                     n += 1
                     aside = bad.with_name(f"damaged-{bad.name}.{n}")
                 bad.rename(aside)
-                notice(f"resume: checkpoint {bad.name} is damaged: {reason}. Moved to {aside}; resuming from "
-                       f"{checkpoint.name} instead.")
+                notice(
+                    f"resume: checkpoint {bad.name} is damaged: {reason}. Moved to {aside}; resuming from "
+                    f"{checkpoint.name} instead."
+                )
             return checkpoint
         damaged.append((checkpoint, why))
     if damaged:
         listed = "; ".join(f"{bad.name}: {reason}" for bad, reason in damaged)
-        raise ValueError(f"resume=true: no checkpoint in {damaged[0][0].parent} is whole ({listed}). Nothing was "
-                         f"changed. Start a new run (overwrite=true, or another output_dir=...), or delete the damaged "
-                         f"checkpoints to start this one again from step 0.")
+        raise ValueError(
+            f"resume=true: no checkpoint in {damaged[0][0].parent} is whole ({listed}). Nothing was "
+            f"changed. Start a new run (overwrite=true, or another output_dir=...), or delete the damaged "
+            f"checkpoints to start this one again from step 0."
+        )
     return None

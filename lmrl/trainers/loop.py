@@ -36,6 +36,7 @@ import torch
 from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
 from lmrl.parallel import runtime
+from lmrl.report.metric_names import current_name
 from lmrl.rewards.errors import SKIPPED
 from lmrl.trainers import common, dist_checkpoint
 from lmrl.trainers.best import BestKeeper
@@ -144,9 +145,11 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     tracker = method.tracker = run.tracker  # the method may print and log samples during its steps
     title, extra = method.samples_title, dict(method.initial_metrics)
     if runtime.world() > 1 and not method.data_parallel:
-        raise ValueError(f"{type(method).__name__} does not run on several processes yet (nproc/torchrun); "
-                         "SFT, DPO (offline and online), distillation, reward models, online RL, self-play and "
-                         "pretrain do. Fix: nproc=1.")
+        raise ValueError(
+            f"{type(method).__name__} does not run on several processes yet (nproc/torchrun); "
+            "SFT, DPO (offline and online), distillation, reward models, online RL, self-play and "
+            "pretrain do. Fix: nproc=1."
+        )
     try:  # a failure before the first step (restore, the initial evaluation) also stops the bar and frees the lock
         initial, best = begin(config, method, run, extra, title)
     except BaseException:
@@ -197,7 +200,8 @@ def check_trained(skipped: int, steps: int) -> None:
         raise common.TrainingStopped(
             f"every one of the {steps} steps of this run was skipped because a reward function failed (the "
             "messages above say which and why): nothing was trained, so no final/ model is written. Fix the "
-            "reward function; on_reward_error=stop stops at its first failure.")
+            "reward function; on_reward_error=stop stops at its first failure."
+        )
 
 
 def begin(config: TrainConfig, method: Method, run: common.Run, extra: dict, title: str):
@@ -206,7 +210,7 @@ def begin(config: TrainConfig, method: Method, run: common.Run, extra: dict, tit
     initial: dict[str, float] = {}
     if run.checkpoint:
         state = restore(run.checkpoint, method, config)
-        initial = state.get("initial", {})
+        initial = {current_name(k): v for k, v in state.get("initial", {}).items()}  # an older run's names too
         method.load_state_dict(state)
     common.write_run_config(run, config, method.setup)
     best = BestKeeper(run.dir, config.keep_best, config.keep_best_mode) if config.keep_best else None
@@ -218,9 +222,10 @@ def begin(config: TrainConfig, method: Method, run: common.Run, extra: dict, tit
     return initial, best
 
 
-def evaluate(method: Method, step: int, run: common.Run,
-             best: BestKeeper | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The method's evaluation plus ``evals/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any. Several
+def evaluate(
+    method: Method, step: int, run: common.Run, best: BestKeeper | None = None
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The method's evaluation plus ``eval/metrics/<name>`` of the run's ``eval_metrics`` (`lmrl.eval`), if any. Several
     processes: rank 0 evaluates the unsharded model and every rank gets its result. ``best`` (keep_best): the model
     is saved as ``best/`` when the evaluation beats the best so far."""
     setup = method.setup
@@ -243,8 +248,16 @@ def save(run: common.Run, step: int, method: Method, initial: dict[str, float], 
         save_checkpoint, model = dist_checkpoint.save_checkpoint, method.checkpoint_module or method.model
     else:
         save_checkpoint, model = common.save_checkpoint, method.model
-    save_checkpoint(run, step, model, method.tokenizer, method.optimizer, method.scheduler,
-                    {"initial": initial, "config": to_dict(config), **method.state_dict()}, config.keep_checkpoints)
+    save_checkpoint(
+        run,
+        step,
+        model,
+        method.tokenizer,
+        method.optimizer,
+        method.scheduler,
+        {"initial": initial, "config": to_dict(config), **method.state_dict()},
+        config.keep_checkpoints,
+    )
 
 
 def restore(checkpoint, method: Method, config: TrainConfig) -> dict[str, Any]:

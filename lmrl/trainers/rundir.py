@@ -69,17 +69,21 @@ def check_writable(run_dir: Path) -> None:
     """Refuse a ``config.yaml`` lmrl did not write; create ``run_dir`` with a clear error if that fails."""
     path = foreign_config(run_dir)
     if path is not None:
-        raise FileExistsError(f"'{path}' was not written by lmrl (your recipe?) and lmrl never overwrites it. "
-                              f"Choose another output_dir=..., or move the file.")
+        raise FileExistsError(
+            f"'{path}' was not written by lmrl (your recipe?) and lmrl never overwrites it. "
+            f"Choose another output_dir=..., or move the file."
+        )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"'output_dir' {str(run_dir)!r} cannot be created: {exc.strerror}. "
-                          f"Choose a writable output_dir=...") from None
+        raise ConfigError(
+            f"'output_dir' {str(run_dir)!r} cannot be created: {exc.strerror}. Choose a writable output_dir=..."
+        ) from None
 
 
-def write_config(run_dir: Path, config_dict: dict[str, Any], precision: str | None = None,
-                 method: str | None = None) -> None:
+def write_config(
+    run_dir: Path, config_dict: dict[str, Any], precision: str | None = None, method: str | None = None
+) -> None:
     """``config.yaml`` (with `CONFIG_HEADER`) and, when known, the resolved precision and the run's method
     (`method_name`) in ``run.json``."""
     check_writable(run_dir)
@@ -117,7 +121,8 @@ def check_method(run_dir: Path, method: str) -> None:
         raise ConfigError(
             f"resume=true: output_dir '{run_dir}' holds a run of `lmrl {recorded}`, and this is `lmrl {method}`. A "
             f"resume continues a run with its own method. Choose another output_dir=... (to start from that run's "
-            f"weights: model={run_dir / 'final'}, or one of its checkpoints), or overwrite=true to replace it.")
+            f"weights: model={run_dir / 'final'}, or one of its checkpoints), or overwrite=true to replace it."
+        )
 
 
 def saved_config(checkpoint: Path, state: dict[str, Any]) -> dict[str, Any] | None:
@@ -141,8 +146,10 @@ def resume_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
     fixed = {k: change for k, change in changes.items() if k in FIXED_ON_RESUME}
     if fixed:
         diff = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
-        raise ConfigError(f"resume=true cannot change {diff}: the checkpoint's RNG and optimizer state hold them. "
-                          f"Resume with the run's values, or start a new run (another output_dir=...).")
+        raise ConfigError(
+            f"resume=true cannot change {diff}: the checkpoint's RNG and optimizer state hold them. "
+            f"Resume with the run's values, or start a new run (another output_dir=...)."
+        )
     return changes
 
 

@@ -90,7 +90,8 @@ def _open_locked(path: Path) -> int:
             raise RunDirInUse(
                 f"output_dir '{path.parent}' is in use by another lmrl run ({owner_text(owner)}): two runs in one "
                 f"directory would mix their metrics and checkpoints. Wait for it to finish or stop it, or choose "
-                f"another output_dir=...") from None
+                f"another output_dir=..."
+            ) from None
         except OSError as exc:  # a filesystem without locks: the owner record below still guards the directory
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
                 os.close(fd)
@@ -119,13 +120,15 @@ def acquire(run_dir: Path, notice=print) -> RunLock:
             os.close(fd)
             raise RunDirInUse(
                 f"output_dir '{run_dir}' is locked by an lmrl run on another host ({owner_text(owner)}). If that run "
-                f"no longer runs, delete {path}; otherwise choose another output_dir=...")
+                f"no longer runs, delete {path}; otherwise choose another output_dir=..."
+            )
         if isinstance(pid, int) and pid_alive(pid):
             os.close(fd)
             raise RunDirInUse(
                 f"output_dir '{run_dir}' is in use by another lmrl run ({owner_text(owner)}): two runs in one "
                 f"directory would mix their metrics and checkpoints. Wait for it to finish or stop it (if pid {pid} "
-                f"is not an lmrl run, delete {path}), or choose another output_dir=...")
+                f"is not an lmrl run, delete {path}), or choose another output_dir=..."
+            )
         notice(f"output_dir '{run_dir}': taking over the lock of a run that is gone ({owner_text(owner)}).")
     record = {"pid": os.getpid(), "host": host, "started": datetime.datetime.now().isoformat(timespec="seconds")}
     os.ftruncate(fd, 0)

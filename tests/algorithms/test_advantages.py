@@ -210,15 +210,21 @@ def test_gae_hand_example_with_terminal_and_padding():
     values = torch.tensor([[0.5, 0.6, 0.7], [1.0, 0.5, 50.0]], dtype=D)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
-    torch.testing.assert_close(adv.double(), torch.tensor([[0.21712, 0.246, 0.3], [0.53, 1.5, 0.0]], dtype=D), atol=1e-6, rtol=0)
-    torch.testing.assert_close(ret.double(), torch.tensor([[0.71712, 0.846, 1.0], [1.53, 2.0, 0.0]], dtype=D), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv.double(), torch.tensor([[0.21712, 0.246, 0.3], [0.53, 1.5, 0.0]], dtype=D), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        ret.double(), torch.tensor([[0.71712, 0.846, 1.0], [1.53, 2.0, 0.0]], dtype=D), atol=1e-6, rtol=0
+    )
 
 
 def test_gae_skips_masked_gaps_inside_a_sequence():
     # mask [1, 0, 1] (e.g. a tool output in the middle); the gap's r=7, V=9 are ignored.
     #   t2: d = 1 - 0.4 = 0.6                 A2 = 0.6
     #   t0: d = 0.9*0.4 - 0.2 = 0.16          A0 = 0.16 + 0.72*0.6 = 0.592
-    adv, ret = gae(torch.tensor([[0.0, 7.0, 1.0]]), torch.tensor([[0.2, 9.0, 0.4]]), torch.tensor([[1.0, 0.0, 1.0]]), 0.9, 0.8)
+    adv, ret = gae(
+        torch.tensor([[0.0, 7.0, 1.0]]), torch.tensor([[0.2, 9.0, 0.4]]), torch.tensor([[1.0, 0.0, 1.0]]), 0.9, 0.8
+    )
     torch.testing.assert_close(adv, torch.tensor([[0.592, 0.0, 0.6]]), atol=1e-6, rtol=0)
     torch.testing.assert_close(ret, torch.tensor([[0.792, 0.0, 1.0]]), atol=1e-6, rtol=0)
 

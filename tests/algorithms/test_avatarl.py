@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from lmrl.algorithms.avatarl import AvatarlOptions, avatarl_loss, avatarl_rewards
+from lmrl.algorithms.avatarl import AvatarlOptions, avatarl_rewards
+from lmrl.algorithms.avatarl_reinforce import avatarl_loss
 
 # --- The hand-built example: one position, V = 6, k = 2 ------------------------------
 # Student logits S = [3, 2, 0.5, 0, -1, -2]          -> student top-2 = {0, 1}
@@ -47,10 +48,13 @@ def random_inputs(batch=3, seq=40, vocab=12, seed=0):
     return student, critic, targets
 
 
-@pytest.mark.parametrize("threshold, expected", [
-    ("sum_over_size", [1.5, 0.0, 0.766518, 0.0, 0.657609]),
-    ("mean", [1.5, 0.0, 0.0, 0.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "threshold, expected",
+    [
+        ("sum_over_size", [1.5, 0.0, 0.766518, 0.0, 0.657609]),
+        ("mean", [1.5, 0.0, 0.0, 0.0, 0.0]),
+    ],
+)
 def test_hand_example_rewards(threshold, expected):
     student, critic, targets = hand_inputs()
     out = avatarl_rewards(student, critic, targets, top_k=2, epsilon=0.3, threshold=threshold)
@@ -66,8 +70,9 @@ def test_hand_example_unclamped_reward_is_scaled_share():
     # reward_clamp=None: r = 100·q̂ on kept tokens = [44.1554, -, 22.5639, 19.3580] (see header).
     student, critic, targets = hand_inputs()
     out = avatarl_rewards(student, critic, targets, top_k=2, epsilon=0.3, reward_clamp=None)
-    torch.testing.assert_close(out.rewards[0, 0], torch.tensor([44.1554, 0.0, 22.5639, 0.0, 19.3580]),
-                               atol=2e-4, rtol=0)
+    torch.testing.assert_close(
+        out.rewards[0, 0], torch.tensor([44.1554, 0.0, 22.5639, 0.0, 19.3580]), atol=2e-4, rtol=0
+    )
 
 
 def test_hand_example_default_epsilon():
@@ -217,8 +222,9 @@ def test_chunked_equals_unchunked(entropy_mode):
     for chunk_size in (None, 7, 1000):
         s = student.clone().requires_grad_(True)
         out = avatarl_rewards(s, critic, targets, top_k=5, chunk_size=chunk_size)
-        loss, stats = avatarl_loss(s, out.actions, out.mask, out.rewards, chunk_size=chunk_size,
-                                   entropy_mode=entropy_mode)
+        loss, stats = avatarl_loss(
+            s, out.actions, out.mask, out.rewards, chunk_size=chunk_size, entropy_mode=entropy_mode
+        )
         loss.backward()
         results.append((out, loss.detach(), s.grad, stats))
     ref = results[0]
@@ -279,7 +285,9 @@ def test_ignore_index_positions_contribute_nothing():
     pg_sum = sum(
         -(out.rewards[b, t] * torch.log_softmax(student[b, t], -1)[out.actions[b, t]]).sum() / out.active_size[b, t]
         - 0.01 * torch.distributions.Categorical(logits=student[b, t]).entropy()
-        for b in range(2) for t in range(10) if not ignored[b, t]
+        for b in range(2)
+        for t in range(10)
+        if not ignored[b, t]
     )
     assert loss.item() == pytest.approx(float(pg_sum) / 15, abs=1e-5)
 

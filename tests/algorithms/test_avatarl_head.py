@@ -42,7 +42,7 @@ def test_chunked_heads_equal_full_logits(entropy_mode, rows):
     torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(h.grad, 2.0 * ref_dh, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(w.grad, 2.0 * ref_dw, rtol=1e-10, atol=1e-12)
-    stats.pop("train/ce")
+    stats.pop("loss/ce")
     assert stats.keys() == ref_stats.keys()
     for key, value in ref_stats.items():
         assert stats[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key  # expected_reward: fp32 in the reference
@@ -54,7 +54,7 @@ def test_train_ce_is_the_cross_entropy_of_valid_positions():
     _, stats = avatarl_head_loss(h, w, hc, wc, targets, options, rows=4)
     valid = targets != -100
     expected = torch.nn.functional.cross_entropy((h @ w.T)[valid], targets[valid])
-    assert stats["train/ce"] == pytest.approx(expected.item(), rel=1e-10)
+    assert stats["loss/ce"] == pytest.approx(expected.item(), rel=1e-10)
 
 
 def test_a_critic_with_another_vocabulary_is_refused():

@@ -8,11 +8,13 @@ import torch
 from lmrl.algorithms.best_of_n import bon_expected, bon_kl_bound, bon_kl_empirical, select_best, select_top_k
 
 # 3 prompts x 4 samples, prompt-major: flat index = 4*i + j
-R = torch.tensor([
-    [0.1, 0.9, 0.5, 0.9],   # prompt 0: samples 1 and 3 tie at the top
-    [2.0, -1.0, 0.0, 1.0],  # prompt 1
-    [0.3, 0.3, 0.3, 0.3],   # prompt 2: all tied
-])
+R = torch.tensor(
+    [
+        [0.1, 0.9, 0.5, 0.9],  # prompt 0: samples 1 and 3 tie at the top
+        [2.0, -1.0, 0.0, 1.0],  # prompt 1
+        [0.3, 0.3, 0.3, 0.3],  # prompt 2: all tied
+    ]
+)
 
 
 def test_select_best_per_prompt_takes_the_argmax_and_the_earlier_of_ties():

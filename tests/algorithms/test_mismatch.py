@@ -107,13 +107,16 @@ def test_offpolicy_mask_negative_rows_is_deepseeks_rule():
         offpolicy_mask(LOG_RATIO, MASK, 0.3, rows="negative")
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"level": "seq"}, "level must be one of"),
-    ({"mode": "clip"}, "mode must be one of"),
-    ({"high": 0.0}, "must be > 0"),
-    ({"mode": "truncate", "low": 0.5}, "needs mode 'mask'"),
-    ({"mode": "mask", "high": 2.0, "low": 3.0}, "0 <= low <= high"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"level": "seq"}, "level must be one of"),
+        ({"mode": "clip"}, "mode must be one of"),
+        ({"high": 0.0}, "must be > 0"),
+        ({"mode": "truncate", "low": 0.5}, "needs mode 'mask'"),
+        ({"mode": "mask", "high": 2.0, "low": 3.0}, "0 <= low <= high"),
+    ],
+)
 def test_bad_options_raise_with_the_option_named(kw, match):
     with pytest.raises(ValueError, match=match):
         weights(**kw)
@@ -124,21 +127,21 @@ def test_policy_loss_multiplies_the_surrogate_and_keeps_the_normaliser():
     logp = torch.full((2, 3), -1.0, dtype=D, requires_grad=True)
     sampler = logp.detach() - LOG_RATIO.masked_fill(~MASK, 0.0)  # old_logp = logp: old - sampler = LOG_RATIO
     adv = torch.ones(2, dtype=D)
-    loss, stats = policy_loss("pg", logp, logp.detach(), adv, MASK, tis_cap=2.0, is_level="sequence",
-                              sampler_logp=sampler)
+    loss, stats = policy_loss(
+        "pg", logp, logp.detach(), adv, MASK, tis_cap=2.0, is_level="sequence", sampler_logp=sampler
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-8 / 5, abs=1e-12)
     torch.testing.assert_close(logp.grad, -torch.tensor([[2, 2, 2], [1, 1, 0]], dtype=D) / 5, atol=1e-12, rtol=0)
-    assert stats["tis/clip_frac"] == pytest.approx(0.6) and stats["tis/weight_max"] == pytest.approx(2.0)
+    assert stats["policy/tis_clip_frac"] == pytest.approx(0.6) and stats["policy/tis_weight_max"] == pytest.approx(2.0)
     # the off-policy mask alone (no IS weight): row 0 dropped, the normaliser stays 5 tokens
-    loss, stats = policy_loss("pg", logp, logp.detach(), adv, MASK, offpolicy_mask_threshold=0.3,
-                              sampler_logp=sampler)
+    loss, stats = policy_loss("pg", logp, logp.detach(), adv, MASK, offpolicy_mask_threshold=0.3, sampler_logp=sampler)
     assert loss.item() == pytest.approx(-2 / 5, abs=1e-12)
-    assert stats["offpolicy/masked_frac"] == pytest.approx(0.6) and "tis/weight_mean" not in stats
+    assert stats["policy/offpolicy_masked_frac"] == pytest.approx(0.6) and "policy/tis_weight_mean" not in stats
     # mode off: the loss of no correction, the weights logged
     base, _ = policy_loss("pg", logp, logp.detach(), adv, MASK)
     loss, stats = policy_loss("pg", logp, logp.detach(), adv, MASK, tis_cap=2.0, is_mode="off", sampler_logp=sampler)
-    assert loss.item() == base.item() and stats["tis/weight_max"] == pytest.approx(4.0)
+    assert loss.item() == base.item() and stats["policy/tis_weight_max"] == pytest.approx(4.0)
 
 
 def test_policy_loss_default_is_the_token_truncated_weight():
@@ -146,6 +149,8 @@ def test_policy_loss_default_is_the_token_truncated_weight():
     sampler = logp - LOG_RATIO.masked_fill(~MASK, 0.0)
     loss, stats = policy_loss("pg", logp, logp, torch.ones(2, dtype=D), MASK, tis_cap=2.0, sampler_logp=sampler)
     assert loss.item() == pytest.approx(-6.75 / 5, abs=1e-12)
-    assert stats["tis/weight_mean"] == pytest.approx(6.75 / 5) and stats["tis/clip_frac"] == pytest.approx(0.4)
+    assert stats["policy/tis_weight_mean"] == pytest.approx(6.75 / 5) and stats[
+        "policy/tis_clip_frac"
+    ] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="pass `sampler_logp`"):
         policy_loss("pg", logp, logp, torch.ones(2, dtype=D), MASK, offpolicy_mask_threshold=0.3)

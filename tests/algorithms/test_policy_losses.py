@@ -44,10 +44,12 @@ def test_ppo_clip_cases():
     loss, stats = policy_loss("ppo", logp, old, adv, torch.ones(5, 1))
     loss.backward()
     assert loss.item() == pytest.approx(-0.32, abs=1e-12)
-    torch.testing.assert_close(logp.grad, torch.tensor([[0.0], [0.0], [-2.2], [1.5], [-0.5]], dtype=D) / 5, atol=1e-12, rtol=0)
-    assert stats["clip_frac"] == pytest.approx(0.4)
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([[0.0], [0.0], [-2.2], [1.5], [-0.5]], dtype=D) / 5, atol=1e-12, rtol=0
+    )
+    assert stats["policy/clip_frac"] == pytest.approx(0.4)
     # ratio/mean = (1.5 + 0.5 + 1.1 + 1.5 + 0.5)/5 = 1.02, ratio/max = 1.5
-    assert stats["ratio/mean"] == pytest.approx(1.02) and stats["ratio/max"] == pytest.approx(1.5)
+    assert stats["policy/ratio_mean"] == pytest.approx(1.02) and stats["policy/ratio_max"] == pytest.approx(1.5)
 
 
 def test_ppo_asymmetric_clip():
@@ -61,7 +63,7 @@ def test_ppo_asymmetric_clip():
     loss.backward()
     assert loss.item() == pytest.approx((-1.25 + 0.8) / 2, abs=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.25 / 2], [0.0]], dtype=D), atol=1e-12, rtol=0)
-    assert stats["clip_frac"] == pytest.approx(0.5)
+    assert stats["policy/clip_frac"] == pytest.approx(0.5)
     logp = _leaf([[LOG(1.25)], [LOG(0.75)]])
     policy_loss("ppo", logp, old, adv, torch.ones(2, 1)).__getitem__(0).backward()
     torch.testing.assert_close(logp.grad, torch.zeros(2, 1, dtype=D), atol=1e-12, rtol=0)
@@ -93,8 +95,8 @@ def test_pg_value_and_gradient():
     assert loss.item() == pytest.approx(1 / 3, abs=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 3, -1 / 3], [1.0, 0.0]], dtype=D), atol=1e-12, rtol=0)
     # stats still see old_logp: log ratio -0.3 -> approx_kl = 0.5 * 0.09 = 0.045
-    assert stats["clip_frac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.045)
-    assert stats["ratio/mean"] == pytest.approx(math.exp(-0.3))
+    assert stats["policy/clip_frac"] == 0.0 and stats["policy/approx_kl"] == pytest.approx(0.045)
+    assert stats["policy/ratio_mean"] == pytest.approx(math.exp(-0.3))
 
 
 def test_per_token_advantages_are_used_per_token():
@@ -126,8 +128,8 @@ def test_gspo_sequence_ratio_value_and_gradient():
     assert loss.item() == pytest.approx(-1.6038566, abs=1e-7)
     want = torch.tensor([[-s0 / 6] * 3, [-s1 / 2, -s1 / 2, 0.0]], dtype=D)
     torch.testing.assert_close(logp.grad, want, atol=1e-12, rtol=0)
-    assert stats["seq_ratio/mean"] == pytest.approx((s0 + s1) / 2)
-    assert stats["seq_ratio/max"] == pytest.approx(s0)
+    assert stats["policy/seq_ratio_mean"] == pytest.approx((s0 + s1) / 2)
+    assert stats["policy/seq_ratio_max"] == pytest.approx(s0)
 
     # the same gradient by autograd through the direct sequence-level objective
     ref = logp.detach().clone().requires_grad_()
@@ -147,7 +149,7 @@ def test_gspo_default_clip_is_tight_and_zeroes_clipped_sequences():
     loss.backward()
     assert loss.item() == pytest.approx((-1.0004 + 0.9997) / 2, abs=1e-12)
     torch.testing.assert_close(logp.grad, torch.zeros(2, 2, dtype=D), atol=0, rtol=0)
-    assert stats["clip_frac"] == 1.0
+    assert stats["policy/clip_frac"] == 1.0
 
 
 def test_gspo_requires_per_sequence_advantages():
@@ -177,13 +179,13 @@ def test_cispo_gradient_is_clipped_weight_times_advantage():
     loss.backward()
     assert loss.item() == pytest.approx(2 * 2.78 / 3, abs=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.28, -0.5, -1.0]], dtype=D) * 2 / 3, atol=1e-12, rtol=0)
-    assert stats["clip_frac"] == pytest.approx(1 / 3)
+    assert stats["policy/clip_frac"] == pytest.approx(1 / 3)
     # clip_low = 0.2: w = [1.28, 0.8, 1] -> grad [-0.8533333, -0.5333333, -0.6666667]
     logp.grad = None
     loss, stats = policy_loss("cispo", logp, old, adv, torch.ones(1, 3), clip_low=0.2)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.28, -0.8, -1.0]], dtype=D) * 2 / 3, atol=1e-12, rtol=0)
-    assert stats["clip_frac"] == pytest.approx(2 / 3)
+    assert stats["policy/clip_frac"] == pytest.approx(2 / 3)
 
 
 # ----------------------------------------------------------------------------- TIS and KL
@@ -195,15 +197,17 @@ def test_tis_caps_weights_and_multiplies_the_policy_loss():
     logp = _leaf([[-1.0, -1.0, -1.0, -1.0]])
     old = logp.detach().clone().requires_grad_()
     sampler = old.detach() - torch.tensor([[LOG(3), LOG(0.5), 0.0, 15.0]], dtype=D)
-    loss, stats = policy_loss("pg", logp, old, torch.ones(1, dtype=D), torch.ones(1, 4), tis_cap=2.0, sampler_logp=sampler)
+    loss, stats = policy_loss(
+        "pg", logp, old, torch.ones(1, dtype=D), torch.ones(1, 4), tis_cap=2.0, sampler_logp=sampler
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-1.375, abs=1e-12)
     torch.testing.assert_close(logp.grad, -torch.tensor([[2.0, 0.5, 1.0, 2.0]], dtype=D) / 4, atol=1e-12, rtol=0)
     assert old.grad is None  # weights are detached
-    assert stats["tis/weight_mean"] == pytest.approx(1.375)
-    assert stats["tis/clip_frac"] == pytest.approx(0.5)
+    assert stats["policy/tis_weight_mean"] == pytest.approx(1.375)
+    assert stats["policy/tis_clip_frac"] == pytest.approx(0.5)
     # |gap| mean = (1.0986123 + 0.6931472 + 0 + 15)/4 = 4.1979399
-    assert stats["sampler_logp_gap"] == pytest.approx((LOG(3) + LOG(2) + 15) / 4)
+    assert stats["policy/sampler_logp_gap"] == pytest.approx((LOG(3) + LOG(2) + 15) / 4)
 
 
 def test_sampler_logp_without_cap_only_logs_the_gap():
@@ -211,7 +215,7 @@ def test_sampler_logp_without_cap_only_logs_the_gap():
     base, _ = policy_loss("ppo", logp, logp.detach(), adv, mask)
     loss, stats = policy_loss("ppo", logp, logp.detach(), adv, mask, sampler_logp=logp.detach() - 0.1)
     assert loss.item() == base.item()
-    assert stats["sampler_logp_gap"] == pytest.approx(0.1) and "tis/weight_mean" not in stats
+    assert stats["policy/sampler_logp_gap"] == pytest.approx(0.1) and "policy/tis_weight_mean" not in stats
 
 
 def test_kl_in_loss_k1_and_k3_hand_values():
@@ -221,7 +225,9 @@ def test_kl_in_loss_k1_and_k3_hand_values():
     ref = torch.tensor([[-1.5, -1.0]], dtype=D)
     zero = torch.zeros(1, dtype=D)
     logp = _leaf([[-1.0, -2.0]])
-    loss, stats = policy_loss("pg", logp, logp.detach(), zero, torch.ones(1, 2), kl_coef=0.1, ref_logp=ref, kl_estimator="k1")
+    loss, stats = policy_loss(
+        "pg", logp, logp.detach(), zero, torch.ones(1, 2), kl_coef=0.1, ref_logp=ref, kl_estimator="k1"
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.025, abs=1e-12) and stats["kl"] == pytest.approx(-0.25)
     torch.testing.assert_close(logp.grad, torch.tensor([[0.05, 0.05]], dtype=D), atol=1e-12, rtol=0)
@@ -271,8 +277,19 @@ def test_every_entry_shares_one_signature():
 def test_stats_are_python_floats():
     logp, adv, mask = _ragged()
     for name in POLICY_LOSSES:
-        _, stats = policy_loss(name, logp, logp.detach(), adv, mask, ref_logp=logp.detach(), tis_cap=2.0, sampler_logp=logp.detach())
-        assert {"clip_frac", "approx_kl", "ratio/mean", "ratio/max", "kl", "tis/weight_mean", "tis/clip_frac", "sampler_logp_gap"} <= set(stats)
+        _, stats = policy_loss(
+            name, logp, logp.detach(), adv, mask, ref_logp=logp.detach(), tis_cap=2.0, sampler_logp=logp.detach()
+        )
+        assert {
+            "policy/clip_frac",
+            "policy/approx_kl",
+            "policy/ratio_mean",
+            "policy/ratio_max",
+            "kl",
+            "policy/tis_weight_mean",
+            "policy/tis_clip_frac",
+            "policy/sampler_logp_gap",
+        } <= set(stats)
         assert all(type(v) is float for v in stats.values())
 
 
@@ -330,9 +347,9 @@ def test_dual_clip_and_two_sided_clip_bound_the_loss_of_negative_advantages(boun
     loss.backward()
     assert loss.item() == pytest.approx(1.35, abs=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0], [2.0], [0.0], [0.0]], dtype=D) / 4, atol=1e-12, rtol=0)
-    assert stats["clip_frac"] == pytest.approx(0.5)  # c) and d): the clipped branch is larger
+    assert stats["policy/clip_frac"] == pytest.approx(0.5)  # c) and d): the clipped branch is larger
     if "clip_ratio_c" in bound:
-        assert stats["clip_frac_lower"] == pytest.approx(0.25)  # a)
+        assert stats["policy/clip_frac_lower"] == pytest.approx(0.25)  # a)
     plain, _ = policy_loss("ppo", logp.detach(), old, adv, mask)
     assert plain.item() == pytest.approx(1.6, abs=1e-12)
 
@@ -350,12 +367,15 @@ def test_dual_clip_and_two_sided_clip_refuse_bounds_that_would_cut_the_band():
 # ----------------------------------------------------------------------------- entropy bonus, trained tokens
 
 
-@pytest.mark.parametrize("agg, value, grads", [
-    # H = [[1, 2], [3, pad]]: token_mean -0.1 * 6/3 = -0.2, dl/dH = -0.1/3 per token
-    ("token_mean", -0.2, [[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]]),
-    # seq_mean -0.1 * mean(1.5, 3) = -0.225; dl/dH = -0.1/(2*2) on row 0, -0.1/(1*2) on row 1
-    ("seq_mean", -0.225, [[-0.025, -0.025], [-0.05, 0.0]]),
-])
+@pytest.mark.parametrize(
+    "agg, value, grads",
+    [
+        # H = [[1, 2], [3, pad]]: token_mean -0.1 * 6/3 = -0.2, dl/dH = -0.1/3 per token
+        ("token_mean", -0.2, [[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]]),
+        # seq_mean -0.1 * mean(1.5, 3) = -0.225; dl/dH = -0.1/(2*2) on row 0, -0.1/(1*2) on row 1
+        ("seq_mean", -0.225, [[-0.025, -0.025], [-0.05, 0.0]]),
+    ],
+)
 def test_entropy_bonus_is_minus_coef_times_the_entropy_aggregated_like_the_loss(agg, value, grads):
     logp = _leaf([[-1.0, -2.0], [-0.5, float("-inf")]])
     entropy = _leaf([[1.0, 2.0], [3.0, 7.0]])  # 7.0 is padding
@@ -375,8 +395,9 @@ def test_train_tokens_zero_the_surrogate_elsewhere_and_keep_the_normaliser():
     # pg value -A per token; kept (0,0) with A=1 and (1,1) with A=2: (-1 - 2) / 4 tokens = -0.75
     logp = _leaf([[-1.0, -1.0], [-1.0, -1.0]])
     keep = torch.tensor([[True, False], [False, True]])
-    loss, stats = policy_loss("pg", logp, logp.detach(), torch.tensor([1.0, 2.0], dtype=D), torch.ones(2, 2),
-                              train_tokens=keep)
+    loss, stats = policy_loss(
+        "pg", logp, logp.detach(), torch.tensor([1.0, 2.0], dtype=D), torch.ones(2, 2), train_tokens=keep
+    )
     loss.backward()
-    assert loss.item() == pytest.approx(-0.75, abs=1e-12) and stats["entropy/trained_frac"] == pytest.approx(0.5)
+    assert loss.item() == pytest.approx(-0.75, abs=1e-12) and stats["policy/entropy_trained_frac"] == pytest.approx(0.5)
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, 0.0], [0.0, -0.5]], dtype=D), atol=1e-12, rtol=0)

@@ -54,9 +54,7 @@ def test_dpo_hand_values():
 
 
 def test_dpo_default_beta_is_0_1():
-    torch.testing.assert_close(
-        preference_loss("dpo", paired_batch()), preference_loss("dpo", paired_batch(), beta=0.1)
-    )
+    torch.testing.assert_close(preference_loss("dpo", paired_batch()), preference_loss("dpo", paired_batch(), beta=0.1))
 
 
 def test_dpo_gradient_raises_chosen_and_lowers_rejected():
@@ -144,9 +142,7 @@ def test_simpo_needs_no_reference_and_is_length_normalised():
     batch = paired_batch()
     no_ref = {k: v for k, v in batch.items() if not k.startswith("ref_")}
     doubled = {k: 2 * v for k, v in batch.items()}
-    torch.testing.assert_close(
-        preference_loss("simpo", no_ref), preference_loss("simpo", doubled), **TOL
-    )
+    torch.testing.assert_close(preference_loss("simpo", no_ref), preference_loss("simpo", doubled), **TOL)
     assert not torch.allclose(preference_loss("dpo", batch), preference_loss("dpo", doubled))
 
 
@@ -304,19 +300,25 @@ def test_kto_rejects_bad_labels_and_missing_reference_point():
 def test_preference_stats_hand_values():
     # β = 0.5 on paired_batch(): r̂_c = 0.5·(1, −1) = (0.5, −0.5), r̂_r = 0.5·(−1, 1) = (−0.5, 0.5)
     # plus a third pair with u_c = 3, u_r = 1: r̂_c = 1.5, r̂_r = 0.5 (chosen −2, rejected −4)
-    third = {"chosen": -2.0, "rejected": -4.0, "ref_chosen": -5.0, "ref_rejected": -5.0,
-             "chosen_len": 1, "rejected_len": 1}
+    third = {
+        "chosen": -2.0,
+        "rejected": -4.0,
+        "ref_chosen": -5.0,
+        "ref_rejected": -5.0,
+        "chosen_len": 1,
+        "rejected_len": 1,
+    }
     batch = {k: torch.cat([v, v.new_tensor([third[k]])]) for k, v in paired_batch().items()}
     stats = preference_stats(batch, beta=0.5)
     # rewards/chosen = (0.5 − 0.5 + 1.5)/3 = 0.5; rewards/rejected = (−0.5 + 0.5 + 0.5)/3 = 1/6
     # margin = (1 − 1 + 1)/3 = 1/3; accuracy = 2/3; logps = (−5 −10 −2)/3, (−8 −9 −4)/3 = −7
     expected = {
-        "rewards/chosen": 0.5,
-        "rewards/rejected": 1 / 6,
-        "rewards/margin": 1 / 3,
-        "rewards/accuracy": 2 / 3,
-        "logps/chosen": -17 / 3,
-        "logps/rejected": -7.0,
+        "policy/reward_chosen": 0.5,
+        "policy/reward_rejected": 1 / 6,
+        "policy/reward_margin": 1 / 3,
+        "policy/reward_accuracy": 2 / 3,
+        "policy/logp_chosen": -17 / 3,
+        "policy/logp_rejected": -7.0,
     }
     assert stats.keys() == expected.keys()
     for key, value in expected.items():
@@ -328,10 +330,10 @@ def test_preference_stats_reference_free():
     # rewards/chosen = −3.75, rewards/rejected = −4.25, margin 0.5, accuracy 1/2
     batch = {k: v for k, v in paired_batch().items() if not k.startswith("ref_")}
     stats = preference_stats(batch, beta=0.5, reference_free=True)
-    assert stats["rewards/chosen"] == pytest.approx(-3.75, abs=1e-9)
-    assert stats["rewards/rejected"] == pytest.approx(-4.25, abs=1e-9)
-    assert stats["rewards/margin"] == pytest.approx(0.5, abs=1e-9)
-    assert stats["rewards/accuracy"] == pytest.approx(0.5, abs=1e-9)
+    assert stats["policy/reward_chosen"] == pytest.approx(-3.75, abs=1e-9)
+    assert stats["policy/reward_rejected"] == pytest.approx(-4.25, abs=1e-9)
+    assert stats["policy/reward_margin"] == pytest.approx(0.5, abs=1e-9)
+    assert stats["policy/reward_accuracy"] == pytest.approx(0.5, abs=1e-9)
     with pytest.raises(ValueError, match="ref_chosen"):
         preference_stats(batch, beta=0.5)
 

@@ -47,17 +47,25 @@ def test_parts_weighted_by_their_global_share_add_up_to_the_whole_batchs_aggrega
     total = sum(global_share(mode, mask[i], tokens, rows) * aggregate(x[i], mask[i], mode, max_len=5) for i in parts)
     # the whole batch's aggregate over its trained rows; by hand for each mode
     m = mask.bool()
-    by_hand = {"token_mean": (x * mask).sum() / mask.sum(),
-               "seq_mean": ((x * mask).sum(1)[m.any(1)] / mask.sum(1)[m.any(1)]).sum() / rows,
-               "seq_sum_norm": (x * mask).sum() / 5 / rows}[mode]
+    by_hand = {
+        "token_mean": (x * mask).sum() / mask.sum(),
+        "seq_mean": ((x * mask).sum(1)[m.any(1)] / mask.sum(1)[m.any(1)]).sum() / rows,
+        "seq_sum_norm": (x * mask).sum() / 5 / rows,
+    }[mode]
     torch.testing.assert_close(total, by_hand)
 
 
 def test_preference_losses_declare_what_the_trainer_provides():
     from lmrl.algorithms import PREFERENCE_LOSSES
 
-    traits = {name: {k for k in ("unpaired", "needs_scores", "running_delta", "reference_free")
-                     if PREFERENCE_LOSSES.trait(name, k, False)} for name in PREFERENCE_LOSSES}
+    traits = {
+        name: {
+            k
+            for k in ("unpaired", "needs_scores", "running_delta", "reference_free")
+            if PREFERENCE_LOSSES.trait(name, k, False)
+        }
+        for name in PREFERENCE_LOSSES
+    }
     assert traits["kto"] == {"unpaired"} and traits["odpo"] == {"needs_scores"} and traits["bco"] == {"running_delta"}
     assert traits["simpo"] == traits["orpo"] == {"reference_free"} and traits["dpo"] == set()
 
@@ -66,8 +74,12 @@ def test_running_delta_is_the_mean_of_beta_u_over_chosen_and_rejected():
     from lmrl.algorithms import RunningDelta
 
     delta = RunningDelta()
-    batch = {"chosen": torch.tensor([1.0, 2.0, 9.0]), "ref_chosen": torch.tensor([0.5, 0.5, 0.0]),
-             "rejected": torch.tensor([0.0, 1.0, 9.0]), "ref_rejected": torch.tensor([1.0, 0.0, 0.0])}
+    batch = {
+        "chosen": torch.tensor([1.0, 2.0, 9.0]),
+        "ref_chosen": torch.tensor([0.5, 0.5, 0.0]),
+        "rejected": torch.tensor([0.0, 1.0, 9.0]),
+        "ref_rejected": torch.tensor([1.0, 0.0, 0.0]),
+    }
     delta.update(batch, beta=0.1, rows=2)  # the third pair is padding
     # u: chosen 0.5, 1.5; rejected -1.0, 1.0 -> beta * sum = 0.2 over 4 completions
     assert delta.state_dict() == pytest.approx((0.2, 4)) and delta.value == pytest.approx(0.05)
@@ -83,13 +95,27 @@ def test_no_trainer_tests_a_registry_entrys_name():
     names = set(ADVANTAGES) | set(POLICY_LOSSES) | set(PREFERENCE_LOSSES) | set(REWARD_MODEL_LOSSES)
     trainers = Path(__file__).resolve().parents[2] / "lmrl" / "trainers"
     found = []
-    for file in ("online.py", "rl_update.py", "rl_config.py", "dpo_common.py", "dpo_config.py", "preference.py",
-                 "online_dpo.py", "reward.py", "reward_config.py"):
+    for file in (
+        "rl/trainer.py",
+        "rl/update.py",
+        "rl/config.py",
+        "dpo/common.py",
+        "dpo/config.py",
+        "dpo/trainer.py",
+        "dpo/online.py",
+        "reward/trainer.py",
+        "reward/config.py",
+    ):
         for node in ast.walk(ast.parse((trainers / file).read_text())):
             if isinstance(node, ast.Compare):
                 values = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
-                values += [e.value for c in node.comparators if isinstance(c, (ast.Tuple, ast.List))
-                           for e in c.elts if isinstance(e, ast.Constant)]
+                values += [
+                    e.value
+                    for c in node.comparators
+                    if isinstance(c, (ast.Tuple, ast.List))
+                    for e in c.elts
+                    if isinstance(e, ast.Constant)
+                ]
                 found += [f"{file}: {ast.unparse(node)}" for v in values if v in names]
     assert found == []
 

@@ -160,11 +160,13 @@ def test_bad_inputs_raise_clear_errors():
         column = torch.zeros(2, 1)
         reward_model_loss("bt", {"chosen_scores": column, "rejected_scores": column})
     with pytest.raises(ValueError, match="margin"):
-        reward_model_loss("bt", {"chosen_scores": t(1.0, 2.0), "rejected_scores": t(0.0, 0.0),
-                                 "margin": t(1.0, 2.0, 3.0)})
+        reward_model_loss(
+            "bt", {"chosen_scores": t(1.0, 2.0), "rejected_scores": t(0.0, 0.0), "margin": t(1.0, 2.0, 3.0)}
+        )
     with pytest.raises(ValueError, match="permutation"):
-        reward_model_loss("plackett_luce", {"scores": t(1.0, 2.0, 3.0).unsqueeze(0),
-                                            "ranking": torch.tensor([[0, 0, 1]])})
+        reward_model_loss(
+            "plackett_luce", {"scores": t(1.0, 2.0, 3.0).unsqueeze(0), "ranking": torch.tensor([[0, 0, 1]])}
+        )
     with pytest.raises(ValueError, match="K >= 2"):
         reward_model_loss("bt_kwise", {"scores": t(1.0).unsqueeze(0)})
     with pytest.raises(ValueError, match="0 or 1"):

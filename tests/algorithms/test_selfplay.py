@@ -70,11 +70,15 @@ def test_malformed_queries_get_the_fixed_reward_and_share_the_baseline():
     # A_Ch = c + 0.625 = [0.125, -0.375, 0.625, -0.375]; A_Sol = [0.5, -0.5, 0, 0]
     valid = torch.tensor([True, False, True, False])
     out = selfplay_advantages(torch.tensor([1, 0, 0, 0], dtype=D), 2, valid=valid, malformed_reward=-1.0)
-    torch.testing.assert_close(out.challenger, torch.tensor([0.125, -0.375, 0.625, -0.375], dtype=D), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        out.challenger, torch.tensor([0.125, -0.375, 0.625, -0.375], dtype=D), rtol=0, atol=1e-12
+    )
     torch.testing.assert_close(out.solver, torch.tensor([0.5, -0.5, 0, 0], dtype=D), rtol=0, atol=1e-12)
     # malformed_reward = -3: c = [-0.5, -3, 0, -3], mean -1.625, A_Ch = [1.125, -1.375, 1.625, -1.375]
     out = selfplay_advantages(torch.tensor([1, 0, 0, 0], dtype=D), 2, valid=valid, malformed_reward=-3.0)
-    torch.testing.assert_close(out.challenger, torch.tensor([1.125, -1.375, 1.625, -1.375], dtype=D), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        out.challenger, torch.tensor([1.125, -1.375, 1.625, -1.375], dtype=D), rtol=0, atol=1e-12
+    )
 
 
 def test_all_queries_malformed_gives_zero_challenger_advantage_and_no_solver_rows():
@@ -100,8 +104,12 @@ def test_pieces_match_a_loop_reference_on_random_batches():
         out = selfplay_advantages(torch.tensor(r, dtype=D), g, torch.tensor(q, dtype=D))
         torch.testing.assert_close(out.solver, torch.tensor(sol, dtype=D), rtol=0, atol=1e-12)
         torch.testing.assert_close(out.challenger, torch.tensor(ch_adv, dtype=D), rtol=0, atol=1e-12)
-        torch.testing.assert_close(challenger_rewards(torch.tensor(r, dtype=D), g, torch.tensor(q, dtype=D)),
-                                   torch.tensor(ch, dtype=D), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            challenger_rewards(torch.tensor(r, dtype=D), g, torch.tensor(q, dtype=D)),
+            torch.tensor(ch, dtype=D),
+            rtol=0,
+            atol=1e-12,
+        )
 
 
 def test_query_values_and_challenger_rewards_are_means_over_the_group():
@@ -110,19 +118,22 @@ def test_query_values_and_challenger_rewards_are_means_over_the_group():
     torch.testing.assert_close(challenger_rewards(R, 3, RQ), torch.tensor([13 / 3, 2 / 3], dtype=D), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: solver_advantages(R, 4), "cannot be split into groups of G=4"),
-    (lambda: solver_advantages(R.view(3, 2), 2), "must be a 1-D tensor"),
-    (lambda: solver_advantages(torch.tensor([1.0, float("nan")]), 2), "NaN or inf"),
-    (lambda: solver_advantages(R, 2, RQ[:4]), "self_rewards"),
-    (lambda: solver_advantages(R, 2, baseline="mean"), "baseline"),
-    (lambda: solver_advantages(R, 1, scale="std"), "G >= 2"),
-    (lambda: solver_advantages(R, 2, scale="group"), "scale"),
-    (lambda: challenger_advantages(torch.tensor([1.0]), scale="std"), "N >= 2"),
-    (lambda: challenger_advantages(torch.zeros(0)), "non-empty"),
-    (lambda: selfplay_advantages(R, 2, valid=torch.tensor([True, False, True])), "valid queries"),
-    (lambda: selfplay_advantages(R, 2, valid=torch.tensor([1, 1, 1])), "bool tensor"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: solver_advantages(R, 4), "cannot be split into groups of G=4"),
+        (lambda: solver_advantages(R.view(3, 2), 2), "must be a 1-D tensor"),
+        (lambda: solver_advantages(torch.tensor([1.0, float("nan")]), 2), "NaN or inf"),
+        (lambda: solver_advantages(R, 2, RQ[:4]), "self_rewards"),
+        (lambda: solver_advantages(R, 2, baseline="mean"), "baseline"),
+        (lambda: solver_advantages(R, 1, scale="std"), "G >= 2"),
+        (lambda: solver_advantages(R, 2, scale="group"), "scale"),
+        (lambda: challenger_advantages(torch.tensor([1.0]), scale="std"), "N >= 2"),
+        (lambda: challenger_advantages(torch.zeros(0)), "non-empty"),
+        (lambda: selfplay_advantages(R, 2, valid=torch.tensor([True, False, True])), "valid queries"),
+        (lambda: selfplay_advantages(R, 2, valid=torch.tensor([1, 1, 1])), "bool tensor"),
+    ],
+)
 def test_bad_input_is_refused_with_a_clear_message(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -28,7 +28,7 @@ def test_clipped_value_loss_hand_values():
     loss, stats = value_loss(v, OLD, RET, MASK)
     loss.backward()
     assert loss.item() == pytest.approx(0.3175, abs=1e-12)
-    assert stats["vf_clip_frac"] == pytest.approx(0.5)  # 2 of 4 tokens
+    assert stats["value/clip_frac"] == pytest.approx(0.5)  # 2 of 4 tokens
     assert stats["value/mean"] == pytest.approx(5.7 / 4)  # (1 + 1.2 + 3 + 0.5)/4 = 1.425
     assert stats["value/returns_mean"] == pytest.approx(6.5 / 4)  # (2 + 1 + 2.5 + 1)/4 = 1.625
     # grad: (v - G) * 1/(N |a_i|) on unclipped tokens, 0 on clipped ones; at the tie the two
@@ -44,7 +44,7 @@ def test_unclipped_value_loss():
     loss, stats = value_loss(v, OLD, RET, MASK, clip=None)
     loss.backward()
     assert loss.item() == pytest.approx(0.17, abs=1e-12)
-    assert stats["vf_clip_frac"] == 0.0
+    assert stats["value/clip_frac"] == 0.0
     want = torch.tensor([[-1 / 6, 0.2 / 6, 0.5 / 6], [-0.25, 0.0, 0.0]], dtype=D)
     torch.testing.assert_close(v.grad, want, atol=1e-12, rtol=0)
 
@@ -80,7 +80,7 @@ def test_value_loss_inside_band_is_exactly_unclipped():
     assert float((v - old).abs().max()) < 0.2
     loss, stats = value_loss(v, old, ret, mask, clip=0.2)
     plain, _ = value_loss(v, old, ret, mask, clip=None)
-    assert stats["vf_clip_frac"] == 0.0
+    assert stats["value/clip_frac"] == 0.0
     assert loss.item() == plain.item()
 
 
@@ -95,5 +95,5 @@ def test_value_loss_clip_frac_hand_values():
     old = torch.tensor([[100.0, 100.0, 100.0, 100.0]])
     ret = torch.tensor([[99.0, 99.0, 98.0, 102.0]])
     loss, stats = value_loss(v, old, ret, torch.ones(1, 4), clip=0.5, agg="token_mean")
-    assert stats["vf_clip_frac"] == 0.5
+    assert stats["value/clip_frac"] == 0.5
     assert loss.item() == 1.2578125

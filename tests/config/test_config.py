@@ -18,7 +18,9 @@ def test_overrides_parse_yaml_scalars_and_dotted_keys():
 
 
 def test_load_config_coerces_types():
-    config = load_config(TrainConfig, None, ["lr=1e-4", "max_steps=5.0", "model_args.hidden_size=64", "report_to=tensorboard"])
+    config = load_config(
+        TrainConfig, None, ["lr=1e-4", "max_steps=5.0", "model_args.hidden_size=64", "report_to=tensorboard"]
+    )
     assert config.lr == pytest.approx(1e-4) and isinstance(config.lr, float)
     assert config.max_steps == 5 and isinstance(config.max_steps, int)
     assert config.model_args == {"hidden_size": 64}
@@ -87,8 +89,16 @@ def test_trl_names_are_read_as_lmrl_keys_with_a_notice():
 
     config = from_dict(
         RLConfig,
-        {"learning_rate": "2e-5", "num_generations": 4, "max_completion_length": 64, "gradient_accumulation_steps": 2,
-         "beta": 0.05, "max_grad_norm": 0.5, "warmup_steps": 3, "lr_scheduler_type": "constant_with_warmup"},
+        {
+            "learning_rate": "2e-5",
+            "num_generations": 4,
+            "max_completion_length": 64,
+            "gradient_accumulation_steps": 2,
+            "beta": 0.05,
+            "max_grad_norm": 0.5,
+            "warmup_steps": 3,
+            "lr_scheduler_type": "constant_with_warmup",
+        },
         notify=notices.append,
     )
     assert (config.lr, config.samples_per_prompt, config.max_new_tokens, config.grad_accum) == (2e-5, 4, 64, 2)

@@ -10,9 +10,12 @@ import pytest
 from lmrl import cli
 from lmrl.config import ConfigError, Section, from_dict
 
-COUNT_KEYS = [(verb, f.name) for verb, v in cli.VERBS.items()
-              for f in dataclasses.fields(getattr(importlib.import_module(v.module), v.config))
-              if f.name.endswith(("batch_size", "_per_step", "_per_prompt")) and f.type in ("int", int)]
+COUNT_KEYS = [
+    (verb, f.name)
+    for verb, v in cli.VERBS.items()
+    for f in dataclasses.fields(getattr(importlib.import_module(v.module), v.config))
+    if f.name.endswith(("batch_size", "_per_step", "_per_prompt")) and f.type in ("int", int)
+]
 
 
 def config_class(verb):
@@ -41,16 +44,32 @@ def test_output_dir_that_is_or_is_under_a_file_fails_in_the_config(tmp_path, ver
 
 
 def test_bad_task_args_are_a_clear_error_not_a_traceback(tmp_path, capsys):
-    assert cli.main(["sft", "task_args.digits=abc", f"output_dir={tmp_path / 'run'}", "max_steps=1",
-                     "model_args.hidden_size=32", "model_args.num_hidden_layers=1",
-                     "model_args.num_attention_heads=2", "model_args.intermediate_size=64"]) == 2
+    assert (
+        cli.main(
+            [
+                "sft",
+                "task_args.digits=abc",
+                f"output_dir={tmp_path / 'run'}",
+                "max_steps=1",
+                "model_args.hidden_size=32",
+                "model_args.num_hidden_layers=1",
+                "model_args.num_attention_heads=2",
+                "model_args.intermediate_size=64",
+            ]
+        )
+        == 2
+    )
     out = capsys.readouterr().out
     assert "task_args.digits" in out and "must be an integer" in out
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-TEMPERATURE_VERBS = [verb for verb, v in cli.VERBS.items() if verb != "generate"  # generate: 0 means greedy
-                     and "temperature" in {f.name for f in dataclasses.fields(config_class(verb))}]
+TEMPERATURE_VERBS = [
+    verb
+    for verb, v in cli.VERBS.items()
+    if verb != "generate"  # generate: 0 means greedy
+    and "temperature" in {f.name for f in dataclasses.fields(config_class(verb))}
+]
 
 
 @pytest.mark.parametrize("verb", TEMPERATURE_VERBS)
@@ -93,8 +112,12 @@ def test_nan_in_a_config_built_in_python_names_the_key():
         config_class("sft")(lr=float("nan"))
 
 
-TRAIN_ROWS_VERBS = [verb for verb in cli.VERBS if "train_rows" in {f.name for f in dataclasses.fields(config_class(verb))}
-                    and issubclass(config_class(verb), Section)]
+TRAIN_ROWS_VERBS = [
+    verb
+    for verb in cli.VERBS
+    if "train_rows" in {f.name for f in dataclasses.fields(config_class(verb))}
+    and issubclass(config_class(verb), Section)
+]
 
 
 @pytest.mark.parametrize("verb", TRAIN_ROWS_VERBS)
@@ -111,7 +134,9 @@ def test_the_lmrl_command_imports_modules_from_the_current_folder(tmp_path, monk
     from lmrl import cli
     from lmrl.rewards.registry import load_reward
 
-    (tmp_path / "my_rewards_here.py").write_text("def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "my_rewards_here.py").write_text(
+        "def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     with pytest.raises(ValueError, match="no module named 'my_rewards_here'"):

@@ -72,7 +72,9 @@ def test_chatml_template_rejects_bad_order(tok, msgs):
 
 def test_validate_messages_accepts_good_orders():
     validate_messages([user("a"), assistant("b")], "row 1")
-    validate_messages([{"role": "system", "content": "s"}, user("a"), assistant("b"), user("c"), assistant("d")], "row 1")
+    validate_messages(
+        [{"role": "system", "content": "s"}, user("a"), assistant("b"), user("c"), assistant("d")], "row 1"
+    )
     validate_messages([user("a")], "prompt", require_assistant_last=False)
 
 
@@ -81,11 +83,15 @@ def test_validate_messages_accepts_good_orders():
     [
         ([assistant("b"), user("a")], "['assistant', 'user']"),
         ([user("a"), user("b"), assistant("c")], "['user', 'user', 'assistant']"),
-        ([user("a"), assistant("b"), {"role": "system", "content": "s"}, user("c"), assistant("d")],
-         "['user', 'assistant', 'system', 'user', 'assistant']"),
+        (
+            [user("a"), assistant("b"), {"role": "system", "content": "s"}, user("c"), assistant("d")],
+            "['user', 'assistant', 'system', 'user', 'assistant']",
+        ),
         ([user("a"), assistant("b"), user("c")], "['user', 'assistant', 'user']"),  # must end with assistant
-        ([{"role": "system", "content": "s"}, {"role": "system", "content": "t"}, user("a"), assistant("b")],
-         "['system', 'system', 'user', 'assistant']"),
+        (
+            [{"role": "system", "content": "s"}, {"role": "system", "content": "t"}, user("a"), assistant("b")],
+            "['system', 'system', 'user', 'assistant']",
+        ),
         ([{"role": "system", "content": "s"}], "['system']"),
     ],
 )
@@ -170,7 +176,12 @@ def test_render_prompt_needs_user_last(tok):
 def test_bpe_segment_alignment():
     sentences = ["the answer is forty two", "what is six times seven", "the user asks the assistant"] * 4
     bpe = build_bpe_tokenizer(sentences, vocab_size=320)
-    msgs = [user("what is six times seven"), assistant("the answer is forty two"), user("again"), assistant("forty two")]
+    msgs = [
+        user("what is six times seven"),
+        assistant("the answer is forty two"),
+        user("again"),
+        assistant("forty two"),
+    ]
     ids, labels = tokenize_conversation(bpe, msgs)
     assert bpe.decode(ids) == bpe.apply_chat_template(msgs, tokenize=False)
     # the learned runs are exactly the separately tokenized "content<|im_end|>" segments

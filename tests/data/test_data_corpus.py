@@ -13,7 +13,7 @@ def test_builtin_corpus_is_large_printable_english():
     assert len(text) > 300_000
     assert all(ch == "\n" or 32 <= ord(ch) < 127 for ch in text)
     assert 'The "if" statement is used for conditional execution' in text
-    assert text.startswith("The \"assert\" statement")  # topics joined in sorted key order: "assert" first
+    assert text.startswith('The "assert" statement')  # topics joined in sorted key order: "assert" first
     assert builtin_corpus() is text  # cached
 
 

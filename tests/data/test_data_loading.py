@@ -9,7 +9,11 @@ import pytest
 
 from lmrl.data.loading import check_completion, detect_format, load_rows, require_columns
 
-ROWS = [{"prompt": "1+1=", "completion": "2"}, {"prompt": "2+2=", "completion": "4"}, {"prompt": "3+3=", "completion": "6"}]
+ROWS = [
+    {"prompt": "1+1=", "completion": "2"},
+    {"prompt": "2+2=", "completion": "4"},
+    {"prompt": "3+3=", "completion": "6"},
+]
 
 
 def write_jsonl(path, rows, extra_lines=()):

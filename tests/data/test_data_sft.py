@@ -30,8 +30,16 @@ def test_prompt_completion_rows_chat(tok):
 
 
 def test_messages_rows_train_on_last(tok):
-    rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                          {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+                {"role": "assistant", "content": "d"},
+            ]
+        }
+    ]
     (all_,), _ = build_sft_examples(rows, tok, 128, train_on="all")
     (last,), _ = build_sft_examples(rows, tok, 128, train_on="last")
     assert all_.input_ids == last.input_ids

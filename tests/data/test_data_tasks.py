@@ -11,9 +11,33 @@ from lmrl.data.tasks import TASKS, extract_answer, get_task, make_rows, split_of
 from lmrl.data.tasks.expr import evaluate, render, tree_value
 
 GARBAGE = [
-    "", " ", "\n\t", "\x00\x01", "<answer></answer>", "\\boxed{}", "__import__('os').system('ls')",
-    "9" * 5000, "(" * 500 + "1" + ")" * 500, "1/0", "1" + "*1" * 150, "∞", "²", "٣", "None", "[]",
-    "x=", "-", "+-1", "1 2 3", "sort", "<answer>", "(((", "lambda: 0", "0x10", "1e9", "True",
+    "",
+    " ",
+    "\n\t",
+    "\x00\x01",
+    "<answer></answer>",
+    "\\boxed{}",
+    "__import__('os').system('ls')",
+    "9" * 5000,
+    "(" * 500 + "1" + ")" * 500,
+    "1/0",
+    "1" + "*1" * 150,
+    "∞",
+    "²",
+    "٣",
+    "None",
+    "[]",
+    "x=",
+    "-",
+    "+-1",
+    "1 2 3",
+    "sort",
+    "<answer>",
+    "(((",
+    "lambda: 0",
+    "0x10",
+    "1e9",
+    "True",
 ]
 
 
@@ -174,7 +198,22 @@ def test_expression_evaluator():
     assert evaluate("7/2") == (Fraction(7, 2), [7, 2])
     assert evaluate("10-3-2") == (Fraction(5), [10, 3, 2])
     assert evaluate("7-2", ops="+") is None
-    for bad in ["1/0", "2**3", "-3", "3.0", "True", "x", "0x10", "1_0", "3//2", "abs(3)", "(1,2)", "", "1 +", "9" * 201]:
+    for bad in [
+        "1/0",
+        "2**3",
+        "-3",
+        "3.0",
+        "True",
+        "x",
+        "0x10",
+        "1_0",
+        "3//2",
+        "abs(3)",
+        "(1,2)",
+        "",
+        "1 +",
+        "9" * 201,
+    ]:
         assert evaluate(bad) is None, bad
 
 
@@ -201,7 +240,9 @@ def test_sorting_and_string_tasks_hand_cases():
     assert s.score("1 3 5", "1 3 5 9", {}) == 0.0
     assert s.score("1 3 9 5", "1 3 5 9", {}) == 0.0
     ex = get_task("sorting", descending=True).sample(random.Random(1))
-    assert ex.prompt.startswith("sort desc ") and ex.answer == " ".join(map(str, sorted(ex.meta["numbers"], reverse=True)))
+    assert ex.prompt.startswith("sort desc ") and ex.answer == " ".join(
+        map(str, sorted(ex.meta["numbers"], reverse=True))
+    )
     r = get_task("reverse")
     assert r.score("edcba", "edcba", {}) == 1.0 and r.score("abcde", "edcba", {}) == 0.0
     c = get_task("count")
@@ -272,9 +313,14 @@ def test_split_of_fraction():
 
 def test_registry_errors():
     assert set(TASKS) == {"arithmetic", "countdown", "sorting", "reverse", "count", "linear", "tool_arithmetic", "code"}
-    with pytest.raises(ValueError, match=r"unknown task 'aritmetic'; the tasks are \[.*\]\. Did you mean 'arithmetic'\?"):
+    with pytest.raises(
+        ValueError, match=r"unknown task 'aritmetic'; the tasks are \[.*\]\. Did you mean 'arithmetic'\?"
+    ):
         get_task("aritmetic")
-    with pytest.raises(ValueError, match=r"task 'countdown' has no parameter\(s\) \['digits'\]; its parameters are \['n_numbers', 'max_number', 'max_target', 'ops'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"task 'countdown' has no parameter\(s\) \['digits'\]; its parameters are \['n_numbers', 'max_number', 'max_target', 'ops'\]",
+    ):
         get_task("countdown", digits=2)
 
 

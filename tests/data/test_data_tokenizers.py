@@ -109,8 +109,12 @@ def test_load_tokenizer_adds_pad_and_chatml(tmp_path):
     raw.decoder = decoders.ByteLevel()
     raw.train_from_iterator(
         ["hello there", "general kenobi"],
-        trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+        trainers.BpeTrainer(
+            vocab_size=280,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
     )
     raw.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>").save_pretrained(tmp_path)

@@ -64,9 +64,19 @@ def test_sft_refuses_packing_for_a_model_that_attends_across_rows(tmp_path):
 
     from lmrl.config import load_config
     from lmrl.trainers.sft import trainer as sft
+
     model_dir = save_model_dir("opt-dropout", tmp_path / "opt")
-    config = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'run'}", f"model={model_dir}",
-                                               "max_tokens_per_microbatch=256", "train_rows=8", "precision=fp32"])
+    config = load_config(
+        sft.SFTConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"model={model_dir}",
+            "max_tokens_per_microbatch=256",
+            "train_rows=8",
+            "precision=fp32",
+        ],
+    )
     with pytest.raises(ValueError, match="OPTForCausalLM attends across packed rows"):
         sft.train(config)
     assert not (tmp_path / "run" / "final").exists()

@@ -53,12 +53,18 @@ def test_preference_rows_are_ranked_by_gold_score_and_deterministic():
     assert rows == prefs.preference_rows(200, split="train", seed=3, digits=1)
     assert rows != prefs.preference_rows(200, split="train", seed=4, digits=1)
     for r in rows:
-        c, rj = prefs.gold_score(r["prompt"], r["chosen"], r["meta"]), prefs.gold_score(r["prompt"], r["rejected"], r["meta"])
+        c, rj = (
+            prefs.gold_score(r["prompt"], r["chosen"], r["meta"]),
+            prefs.gold_score(r["prompt"], r["rejected"], r["meta"]),
+        )
         assert c > rj and r["chosen"] != r["rejected"]
         assert r["chosen_score"] == pytest.approx(c, abs=1e-8) and r["rejected_score"] == pytest.approx(rj, abs=1e-8)
         assert r["meta"]["answer"] == int(r["answer"]) == eval(r["prompt"].rstrip("="))
-    kinds = {("garbage" if not re.search(r"\d", t) else "text" if re.search(r"[a-z:=]", t) else "number")
-             for r in rows for t in (r["chosen"], r["rejected"])}
+    kinds = {
+        ("garbage" if not re.search(r"\d", t) else "text" if re.search(r"[a-z:=]", t) else "number")
+        for r in rows
+        for t in (r["chosen"], r["rejected"])
+    }
     assert kinds == {"garbage", "text", "number"}  # varying quality and length
 
 
@@ -118,7 +124,9 @@ def test_chat_style_rows_and_always_correct_pairs_the_correct_answer_with_a_wron
     chat = prefs.load_preference_rows("builtin:prefs", "train", 40, digits=2, style="chat")
     assert chat[0]["prompt"].startswith("What is ") and all(r["meta"]["style"] == "chat" for r in chat)
     for r in chat:  # ranked by the gold score of the answer in meta, the prompt being no expression
-        assert r["chosen_score"] == round(prefs.gold_score(r["prompt"], r["chosen"], r["meta"]), 9) > r["rejected_score"]
+        assert (
+            r["chosen_score"] == round(prefs.gold_score(r["prompt"], r["chosen"], r["meta"]), 9) > r["rejected_score"]
+        )
     default = prefs.preference_rows(200, seed=2)
     assert prefs.preference_rows(200, seed=2, always_correct=False) == default  # default rows unchanged
     assert any(not re.fullmatch(str(r["answer"]), r["chosen"]) for r in default)  # a ranking, not right vs wrong
@@ -148,8 +156,9 @@ def test_ranked_rows_are_ordered_best_first():
     assert g.completions == ("c", "a", "b") and g.scores is None
     g = prefs.parse_preference_row({"prompt": "p", "completions": ["a", "b", "c"], "scores": [0.5, 2, -1]}, "row 1")
     assert g.completions == ("b", "a", "c") and g.scores == (2.0, 0.5, -1.0)
-    g = prefs.parse_preference_row({"prompt": "p", "chosen": "a", "rejected": "b", "chosen_score": 5,
-                                    "rejected_score": 2}, "row 1")
+    g = prefs.parse_preference_row(
+        {"prompt": "p", "chosen": "a", "rejected": "b", "chosen_score": 5, "rejected_score": 2}, "row 1"
+    )
     assert g.completions == ("a", "b") and g.margin == 3.0  # Llama 2 margin: rating gap 5 - 2
     g = prefs.parse_preference_row({"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}, "row 1")
     assert g.margin == 0.5
@@ -157,8 +166,10 @@ def test_ranked_rows_are_ordered_best_first():
 
 def test_messages_rows_split_the_shared_prompt():
     user = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]
-    row = {"chosen": user + [{"role": "assistant", "content": "4"}],
-           "rejected": user + [{"role": "assistant", "content": "5"}]}
+    row = {
+        "chosen": user + [{"role": "assistant", "content": "4"}],
+        "rejected": user + [{"role": "assistant", "content": "5"}],
+    }
     g = prefs.parse_preference_row(row, "row 1")
     assert g.prompt == user
     assert g.completions == ([{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "5"}])
@@ -179,28 +190,53 @@ ASSIST = {"role": "assistant", "content": "4"}
 @pytest.mark.parametrize(
     "row, message",
     [
-        ({"prompt": "p", "chosen": "a"}, r"row 2 of d\.jsonl: preference rows need `chosen` and `rejected` \(missing \['rejected'\]"),
+        (
+            {"prompt": "p", "chosen": "a"},
+            r"row 2 of d\.jsonl: preference rows need `chosen` and `rejected` \(missing \['rejected'\]",
+        ),
         ({"prompt": "p", "answer": "a"}, r"missing \['chosen', 'rejected'\]; found columns \['answer', 'prompt'\]"),
         ({"prompt": "p", "chosen": "same", "rejected": "same"}, "row 2 of d.jsonl: chosen and rejected are identical"),
         ({"prompt": "p", "chosen": "a", "rejected": ""}, r"row 2 of d\.jsonl \(rejected\): empty completion"),
         ({"prompt": "p", "chosen": None, "rejected": "b"}, "`chosen` is missing"),
-        ({"prompt": "p", "completions": ["a", "b", "c"], "ranking": [0, [1, 2]]}, r"`ranking` has tied completions \[1, 2\]"),
+        (
+            {"prompt": "p", "completions": ["a", "b", "c"], "ranking": [0, [1, 2]]},
+            r"`ranking` has tied completions \[1, 2\]",
+        ),
         ({"prompt": "p", "completions": ["a", "b", "c"], "ranking": [2, 0]}, r"exactly once; missing \[1\]"),
         ({"prompt": "p", "completions": ["a", "b", "c"], "ranking": [2, 0, 0]}, r"missing \[1\], repeated \[0\]"),
         ({"prompt": "p", "completions": ["a", "b", "c"], "ranking": [0, 1, 5]}, r"indices in 0\.\.2"),
         ({"prompt": "p", "completions": ["a", "b", "c"], "scores": [1, 2, 1]}, "completions 0 and 2 are tied"),
         ({"prompt": "p", "completions": ["a"], "scores": [1]}, ">= 2 completions"),
         ({"completions": ["a", "b"], "scores": [1, 2]}, "ranked rows need a `prompt`"),
-        ({"chosen": [USER, ASSIST], "rejected": [{"role": "user", "content": "3+3="}, ASSIST]},
-         r"different prompts .* differ at message 0: chosen '2\+2=' vs rejected '3\+3='"),
-        ({"chosen": [USER, ASSIST], "rejected": [{"role": "system", "content": "x"}, USER, ASSIST]},
-         "differ at message 0"),
+        (
+            {"chosen": [USER, ASSIST], "rejected": [{"role": "user", "content": "3+3="}, ASSIST]},
+            r"different prompts .* differ at message 0: chosen '2\+2=' vs rejected '3\+3='",
+        ),
+        (
+            {"chosen": [USER, ASSIST], "rejected": [{"role": "system", "content": "x"}, USER, ASSIST]},
+            "differ at message 0",
+        ),
         ({"chosen": [USER, ASSIST], "rejected": [ASSIST]}, r"row 2 of d\.jsonl \(rejected\): bad role order"),
         ({"prompt": "p", "chosen": "a", "rejected": "b", "margin": "big"}, "margin must be a finite number"),
     ],
-    ids=["missing-rejected", "missing-both", "identical", "empty", "null", "ranking-tie", "ranking-missing",
-         "ranking-repeated", "ranking-range", "scores-tie", "one-completion", "ranked-no-prompt",
-         "messages-prefix-mismatch", "messages-prefix-length", "messages-bad-roles", "bad-margin"],
+    ids=[
+        "missing-rejected",
+        "missing-both",
+        "identical",
+        "empty",
+        "null",
+        "ranking-tie",
+        "ranking-missing",
+        "ranking-repeated",
+        "ranking-range",
+        "scores-tie",
+        "one-completion",
+        "ranked-no-prompt",
+        "messages-prefix-mismatch",
+        "messages-prefix-length",
+        "messages-bad-roles",
+        "bad-margin",
+    ],
 )
 def test_bad_preference_rows_name_the_row(row, message):
     good = {"prompt": "p", "chosen": "a", "rejected": "b"}
@@ -238,8 +274,11 @@ def test_tokenize_matches_generation_layout(tok):
 
 
 def test_tokenize_multi_turn_completion_masks_the_user_turn(tok):
-    completion = [{"role": "assistant", "content": "4"}, {"role": "user", "content": "and?"},
-                  {"role": "assistant", "content": "5"}]
+    completion = [
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": "5"},
+    ]
     t = prefs.tokenize(tok, "2+2=", completion, chat=True)
     text = tok.decode(list(t.completion_ids))
     assert text.startswith("4<|im_end|>") and text.endswith("5<|im_end|>")
@@ -271,8 +310,11 @@ def test_collate_sequences_and_completions_by_hand():
 
 
 def test_conversational_prompt_and_completions(tok):
-    row = {"prompt": [{"role": "user", "content": "2+2="}], "chosen": [{"role": "assistant", "content": "4"}],
-           "rejected": [{"role": "assistant", "content": "5"}]}
+    row = {
+        "prompt": [{"role": "user", "content": "2+2="}],
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+    }
     g = prefs.parse_preference_row(row, "row 1")
     assert prefs.tokenize(tok, g.prompt, g.completions[0]) == prefs.tokenize(tok, "2+2=", "4")
 
@@ -280,7 +322,8 @@ def test_conversational_prompt_and_completions(tok):
 def test_completion_rows_and_export(tmp_path):
     rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "q", "completions": ["c", "d", "e"]}]
     assert prefs.completion_rows(rows) == [{"prompt": "p", "completion": c} for c in "ab"] + [
-        {"prompt": "q", "completion": c} for c in "cde"]
+        {"prompt": "q", "completion": c} for c in "cde"
+    ]
     assert prefs.export_rows("builtin:prefs-sft", str(tmp_path / "s.jsonl"), n=5, seed=1) == 10
     written = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
     pairs = prefs.preference_rows(5, seed=1)

@@ -55,10 +55,29 @@ def test_rl_runs_on_a_reasoning_gym_task_with_its_verifier(tmp_path):
     from lmrl.config import load_config
     from lmrl.tracking import read_jsonl
     from lmrl.trainers.rl import trainer as online
-    online.train(load_config(online.RLConfig, None, [
-        f"output_dir={tmp_path}", "dataset=rg:chain_sum", "task_args={min_terms: 2, max_terms: 2}", "precision=fp32",
-        "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
-        "train_rows=32", "eval_rows=8", "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=4",
-        "max_steps=2", "eval_every=2", "save_every=0", "log_every=1", "rewards=[task]"]))
+
+    online.train(
+        load_config(
+            online.RLConfig,
+            None,
+            [
+                f"output_dir={tmp_path}",
+                "dataset=rg:chain_sum",
+                "task_args={min_terms: 2, max_terms: 2}",
+                "precision=fp32",
+                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+                "train_rows=32",
+                "eval_rows=8",
+                "prompts_per_step=2",
+                "samples_per_prompt=2",
+                "max_new_tokens=4",
+                "max_steps=2",
+                "eval_every=2",
+                "save_every=0",
+                "log_every=1",
+                "rewards=[task]",
+            ],
+        )
+    )
     rows = read_jsonl(tmp_path / "metrics.jsonl")
-    assert "eval/accuracy" in rows[0] and [r["step"] for r in rows if "rewards/task/mean" in r] == [1, 2]
+    assert "eval/accuracy" in rows[0] and [r["step"] for r in rows if "reward/task/mean" in r] == [1, 2]

@@ -19,8 +19,12 @@ from lmrl.rollout.tools import calculator
 
 TOOLS = [calculator().schema()]
 CALL = get_parser("hermes").format([ToolCall("calculator", {"expression": "12*34"})])
-CONV = [{"role": "user", "content": "12*34="}, {"role": "assistant", "content": CALL},
-        {"role": "tool", "content": "408"}, {"role": "assistant", "content": "408"}]
+CONV = [
+    {"role": "user", "content": "12*34="},
+    {"role": "assistant", "content": CALL},
+    {"role": "tool", "content": "408"},
+    {"role": "assistant", "content": "408"},
+]
 
 
 @pytest.fixture(params=["char", "bpe"])
@@ -29,11 +33,18 @@ def tok(request):
     return ensure_tool_template(t)
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
-    [{"role": "system", "content": " be brief "}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-     {"role": "user", "content": "c"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+        [
+            {"role": "system", "content": " be brief "},
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ],
+    ],
+)
 @pytest.mark.parametrize("gen", [True, False])
 def test_the_tool_template_renders_tool_free_chats_exactly_like_chatml(messages, gen):
     plain = build_char_tokenizer()
@@ -80,9 +91,20 @@ def test_tokens_between_turns_continue_the_sequence_exactly(tok):
 
 
 def test_sft_examples_from_openai_tool_call_rows(tok):
-    row = {"messages": [CONV[0], {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "12*34"}'}}]},
-        CONV[2], CONV[3]]}
+    row = {
+        "messages": [
+            CONV[0],
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "12*34"}'}}
+                ],
+            },
+            CONV[2],
+            CONV[3],
+        ]
+    }
     ctx = ToolContext(TOOLS, get_parser("hermes"))
     (ex,), _ = build_sft_examples([row], tok, 512, tool_context=ctx)
     assert (ex.input_ids, ex.labels) == tokenize_tool_conversation(tok, CONV, TOOLS)
@@ -95,8 +117,10 @@ def test_plain_chats_tokenize_as_before(tok):
     assert tokenize_tool_conversation(tok, msgs, None) == tokenize_conversation(tok, msgs)
 
 
-@pytest.mark.parametrize("roles", [["assistant"], ["user", "tool", "assistant"], ["user", "assistant", "tool"],
-                                   ["user", "critic", "assistant"]])
+@pytest.mark.parametrize(
+    "roles",
+    [["assistant"], ["user", "tool", "assistant"], ["user", "assistant", "tool"], ["user", "critic", "assistant"]],
+)
 def test_bad_role_orders_are_refused(roles):
     with pytest.raises(ValueError, match="bad role order"):
         validate_tool_messages([{"role": r, "content": "x"} for r in roles], "row 1")
@@ -104,8 +128,9 @@ def test_bad_role_orders_are_refused(roles):
 
 def test_a_template_that_refuses_tool_messages_fails_with_the_fix():
     tok = build_char_tokenizer()
-    tok.chat_template = CHATML_TEMPLATE.replace("{{ bos_token", "{{ raise_exception('no tools') if messages|length "
-                                                "> 2 else '' }}{{ bos_token")
+    tok.chat_template = CHATML_TEMPLATE.replace(
+        "{{ bos_token", "{{ raise_exception('no tools') if messages|length > 2 else '' }}{{ bos_token"
+    )
     with pytest.raises(ValueError, match="CHATML_TOOLS_TEMPLATE"):
         ensure_tool_template(tok)
 

@@ -21,8 +21,11 @@ def test_tokens_and_ngrams_by_hand():
 
 
 def test_row_texts_reads_messages_and_skips_answers():
-    row = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "yo"}],
-           "answer": "secret", "meta": {"x": "y"}}
+    row = {
+        "messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "yo"}],
+        "answer": "secret",
+        "meta": {"x": "y"},
+    }
     assert row_texts(row) == ["hi there", "yo"]
 
 
@@ -57,8 +60,17 @@ def test_decontaminate_command_finds_planted_rows(tmp_path, capsys):
     for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "report.json"
-    assert main(["decontaminate", f"train={tmp_path / 'train.jsonl'}", f"eval={tmp_path / 'test.jsonl'}",
-                 f"output_file={out}"]) == 0
+    assert (
+        main(
+            [
+                "decontaminate",
+                f"train={tmp_path / 'train.jsonl'}",
+                f"eval={tmp_path / 'test.jsonl'}",
+                f"output_file={out}",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["contaminated_indices"] == [5, 17] and report["contaminated_rows"] == 2
     assert "2 of 50 eval rows" in capsys.readouterr().out

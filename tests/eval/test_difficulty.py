@@ -16,24 +16,45 @@ from lmrl.eval.difficulty import FilterConfig, spread
 
 def test_spread_counts_each_bin():
     assert spread([0, 0, 0.1, 0.2, 0.5, 0.8, 0.9, 1, 1, 1], 0.2, 0.8) == {
-        "0 (never)": 2, "(0, 0.2)": 1, "[0.2, 0.8] kept": 3, "(0.8, 1)": 1, "1 (always)": 3}
+        "0 (never)": 2,
+        "(0, 0.2)": 1,
+        "[0.2, 0.8] kept": 3,
+        "(0.8, 1)": 1,
+        "1 (always)": 3,
+    }
     assert spread([0.0, 1.0], 0.0, 1.0)["[0, 1] kept"] == 2  # the bounds are inclusive
 
 
 def test_filter_keeps_the_rows_in_range_with_their_columns(tmp_path, monkeypatch):
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "task": "arithmetic", "meta": {"a": a, "b": b}}
-            for a, b in ((1, 1), (2, 5), (3, 3), (4, 4))]
+    rows = [
+        {"prompt": f"{a}+{b}=", "answer": str(a + b), "task": "arithmetic", "meta": {"a": a, "b": b}}
+        for a, b in ((1, 1), (2, 5), (3, 3), (4, 4))
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ScriptedEngine.script = {"1+1=": ["2", "2", "2", "2"],  # 4/4: always solved, dropped
-                             "2+5=": ["7", "6", "6", "6"],  # 1/4 = 0.25: kept
-                             "3+3=": ["6", "6", "6", "5"],  # 3/4: kept
-                             "4+4=": ["1", "2", "3", "4"]}  # 0/4: never solved, dropped
+    ScriptedEngine.script = {
+        "1+1=": ["2", "2", "2", "2"],  # 4/4: always solved, dropped
+        "2+5=": ["7", "6", "6", "6"],  # 1/4 = 0.25: kept
+        "3+3=": ["6", "6", "6", "5"],  # 3/4: kept
+        "4+4=": ["1", "2", "3", "4"],
+    }  # 0/4: never solved, dropped
     monkeypatch.setattr(runner, "HFEngine", ScriptedEngine)
     out = tmp_path / "kept.jsonl"
-    assert main(["filter", f"dataset={data}", "samples=4", "min_pass=0.2", "max_pass=0.8", "precision=fp32",
-                 f"output_file={out}", "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, "
-                 "num_attention_heads: 2}"]) == 0
+    assert (
+        main(
+            [
+                "filter",
+                f"dataset={data}",
+                "samples=4",
+                "min_pass=0.2",
+                "max_pass=0.8",
+                "precision=fp32",
+                f"output_file={out}",
+                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+            ]
+        )
+        == 0
+    )
     kept = load_rows(str(out))
     assert [(r["prompt"], r["pass_rate"]) for r in kept] == [("2+5=", 0.25), ("3+3=", 0.75)]
     assert kept[0]["meta"] == {"a": 2, "b": 5}  # every column survives, so the task's verifier still scores it
@@ -54,9 +75,21 @@ def test_an_empty_result_names_the_bound_that_emptied_it_and_keeps_the_rates(tmp
     ScriptedEngine.script = {"1+1=": ["2", "2", "2", "2"], "2+2=": ["4", "4", "4", "1"]}  # pass rates 1 and 0.75
     monkeypatch.setattr(runner, "HFEngine", ScriptedEngine)
     out = tmp_path / "kept.jsonl"
-    assert main(["filter", f"dataset={data}", "samples=4", "min_pass=0.1", "max_pass=0.5", "precision=fp32",
-                 f"output_file={out}", "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, "
-                 "num_attention_heads: 2}"]) == 2
+    assert (
+        main(
+            [
+                "filter",
+                f"dataset={data}",
+                "samples=4",
+                "min_pass=0.1",
+                "max_pass=0.5",
+                "precision=fp32",
+                f"output_file={out}",
+                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+            ]
+        )
+        == 2
+    )
     message = " ".join(capsys.readouterr().out.split())
     assert "max_pass=0.5 emptied it (all 2 rows are above)" in message, message
     assert not out.exists()

@@ -20,16 +20,19 @@ from lmrl.eval.metrics import (
 from lmrl.eval.spec import parse_metrics
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (5, 2, 1, 2 / 5),                 # one draw: c/n
-    (5, 2, 2, 1 - 3 / 10),            # 1 - C(3,2)/C(5,2) = 1 - 3/10
-    (4, 1, 2, 1 - 3 / 6),             # 1 - C(3,2)/C(4,2)
-    (10, 3, 5, 1 - 21 / 252),         # 1 - C(7,5)/C(10,5)
-    (5, 0, 3, 0.0),                   # c = 0: never
-    (5, 5, 5, 1.0),                   # k = n with every sample right
-    (5, 1, 5, 1.0),                   # k = n: the one right sample is always drawn
-    (6, 2, 5, 1.0),                   # n - c < k: a right one is always drawn
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 2, 1, 2 / 5),  # one draw: c/n
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (4, 1, 2, 1 - 3 / 6),  # 1 - C(3,2)/C(4,2)
+        (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+        (5, 0, 3, 0.0),  # c = 0: never
+        (5, 5, 5, 1.0),  # k = n with every sample right
+        (5, 1, 5, 1.0),  # k = n: the one right sample is always drawn
+        (6, 2, 5, 1.0),  # n - c < k: a right one is always drawn
+    ],
+)
 def test_pass_at_k_by_hand(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
@@ -39,13 +42,16 @@ def test_pass_at_k_equals_enumeration_of_subsets():
     for k in range(1, len(samples) + 1):
         subsets = list(combinations(samples, k))
         assert pass_at_k(len(samples), sum(samples), k) == pytest.approx(
-            sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
+            sum(any(s) for s in subsets) / len(subsets), abs=1e-12
+        )
         assert pass_hat_k(len(samples), sum(samples), k) == pytest.approx(
-            sum(all(s) for s in subsets) / len(subsets), abs=1e-12)
+            sum(all(s) for s in subsets) / len(subsets), abs=1e-12
+        )
 
 
-@pytest.mark.parametrize("n, c, k, expected", [(5, 2, 2, 1 / 10), (5, 5, 5, 1.0), (5, 4, 5, 0.0), (4, 0, 1, 0.0),
-                                               (4, 3, 2, 3 / 6)])
+@pytest.mark.parametrize(
+    "n, c, k, expected", [(5, 2, 2, 1 / 10), (5, 5, 5, 1.0), (5, 4, 5, 0.0), (4, 0, 1, 0.0), (4, 3, 2, 3 / 6)]
+)
 def test_pass_hat_k_by_hand(n, c, k, expected):
     assert pass_hat_k(n, c, k) == pytest.approx(expected)
 
@@ -61,10 +67,10 @@ def test_majority_vote_by_hand():
     assert majority_answer([None, None]) is None
     answers = ["7", "8", "8", "7", "7"]
     right = [a == "7" for a in answers]
-    assert maj_at_k(answers, right, 1) == 1.0   # first sample only: "7", right
-    assert maj_at_k(answers, right, 3) == 0.0   # 7, 8, 8 -> "8", wrong
-    assert maj_at_k(answers, right, 4) == 1.0   # 7, 8, 8, 7: tie, first seen "7"
-    assert maj_at_k(answers, right, 5) == 1.0   # k = n: 3 votes for "7"
+    assert maj_at_k(answers, right, 1) == 1.0  # first sample only: "7", right
+    assert maj_at_k(answers, right, 3) == 0.0  # 7, 8, 8 -> "8", wrong
+    assert maj_at_k(answers, right, 4) == 1.0  # 7, 8, 8, 7: tie, first seen "7"
+    assert maj_at_k(answers, right, 5) == 1.0  # k = n: 3 votes for "7"
     assert maj_at_k(["1", "1", "2"], [False, False, False], 3) == 0.0  # c = 0
     assert maj_at_k([None, None], [False, False], 2) == 0.0
 

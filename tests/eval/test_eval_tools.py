@@ -35,9 +35,17 @@ def test_bad_counts_fail():
 
 # `lmrl eval` with tools: the training-time tool loop, and the same numbers as training's held-out tool eval.
 
-TOOL_KEYS = ["dataset=task:tool_arithmetic", "task_args={digits: 2}", "tools=[calculator]", "tool_parser=pythonic",
-             "max_turns=2", "max_total_tokens=60", "max_new_tokens=24", "model_args={hidden_size: 32, "
-             "num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}", "precision=fp32"]
+TOOL_KEYS = [
+    "dataset=task:tool_arithmetic",
+    "task_args={digits: 2}",
+    "tools=[calculator]",
+    "tool_parser=pythonic",
+    "max_turns=2",
+    "max_total_tokens=60",
+    "max_new_tokens=24",
+    "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+    "precision=fp32",
+]
 
 
 def _eval_and_training_eval(tmp_path, *overrides):
@@ -48,8 +56,10 @@ def _eval_and_training_eval(tmp_path, *overrides):
     from lmrl.models.setup import ModelSetup
     from lmrl.rollout.tool_config import build_env_factory
     from lmrl.trainers.rl import trainer as online
-    config = load_config(eval_cli.EvalConfig, None, [*TOOL_KEYS, "rows=6", f"output_file={tmp_path / 'e.json'}",
-                                                     *overrides])
+
+    config = load_config(
+        eval_cli.EvalConfig, None, [*TOOL_KEYS, "rows=6", f"output_file={tmp_path / 'e.json'}", *overrides]
+    )
     metrics = eval_cli.run(config)
     rl = load_config(online.RLConfig, None, [*TOOL_KEYS, "eval_rows=6", f"output_dir={tmp_path / 'rl'}"])
     model, tokenizer = ModelSetup.from_config(rl).policy()
@@ -62,8 +72,9 @@ def test_eval_with_tools_runs_episodes_scored_like_training(tmp_path, monkeypatc
     from lmrl.eval import runner
 
     monkeypatch.setattr(runner, "HFEngine", CalculatorPolicy)  # calls the calculator, answers right on even a
-    metrics, saved, trained, _, rows = _eval_and_training_eval(tmp_path, "metrics=[accuracy,pass@2,pass^2]",
-                                                               "samples=4")
+    metrics, saved, trained, _, rows = _eval_and_training_eval(
+        tmp_path, "metrics=[accuracy,pass@2,pass^2]", "samples=4"
+    )
     even = sum(int(r["prompt"].split("*")[0]) % 2 == 0 for r in rows) / len(rows)
     assert 0 < even < 1 and metrics["accuracy"] == pytest.approx(even)  # without tools: 0 (the call is no answer)
     assert metrics["tools/calls_per_episode"] == 1.0 and metrics["tools/call_errors_per_episode"] == 0.0

@@ -16,16 +16,35 @@ from lmrl.config import load_config  # noqa: E402
 from lmrl.eval import cli as eval_cli  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-MODEL = ["model_args.hidden_size=64", "model_args.num_hidden_layers=2", "model_args.intermediate_size=128",
-         "model_args.num_attention_heads=2"]  # head size 32 (vLLM's CPU attention)
+MODEL = [
+    "model_args.hidden_size=64",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=128",
+    "model_args.num_attention_heads=2",
+]  # head size 32 (vLLM's CPU attention)
 
 
 def evaluate(tmp_path, engine):
     out = tmp_path / f"{engine}.json"
-    config = load_config(eval_cli.EvalConfig, None, [
-        "model=builtin:tiny", *MODEL, "precision=fp32", "dataset=task:arithmetic", "task_args.digits=1", "rows=12",
-        "metrics=[accuracy,pass@4]", "max_new_tokens=8", "num_samples=12", f"engine={engine}",
-        "vllm_kv_cache_gb=0.0625", "vllm_max_model_len=128", f"output_file={out}"])
+    config = load_config(
+        eval_cli.EvalConfig,
+        None,
+        [
+            "model=builtin:tiny",
+            *MODEL,
+            "precision=fp32",
+            "dataset=task:arithmetic",
+            "task_args.digits=1",
+            "rows=12",
+            "metrics=[accuracy,pass@4]",
+            "max_new_tokens=8",
+            "num_samples=12",
+            f"engine={engine}",
+            "vllm_kv_cache_gb=0.0625",
+            "vllm_max_model_len=128",
+            f"output_file={out}",
+        ],
+    )
     metrics = eval_cli.run(config)
     return metrics, json.loads(out.read_text())["samples"]
 

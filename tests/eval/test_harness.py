@@ -15,13 +15,18 @@ from lmrl.eval.harness import flat_metrics, run_harness, write_task
 from lmrl.eval.loglik import choice_logprobs
 from lmrl.models import load_model, save_model
 
-lm_eval = pytest.importorskip("lm_eval", reason="the eval extra (pip install -e '.[eval]')") \
-    if not os.environ.get("CI") else __import__("lm_eval")
+lm_eval = (
+    pytest.importorskip("lm_eval", reason="the eval extra (pip install -e '.[eval]')")
+    if not os.environ.get("CI")
+    else __import__("lm_eval")
+)
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
-ROWS = [{"prompt": "2+3=", "choices": ["5", "6", "7"], "answer": 0},
-        {"prompt": "4+4=", "choices": ["7", "8", "19"], "answer": 1},
-        {"prompt": "9-1=", "choices": ["8", "10"], "answer": 0}]
+ROWS = [
+    {"prompt": "2+3=", "choices": ["5", "6", "7"], "answer": 0},
+    {"prompt": "4+4=", "choices": ["7", "8", "19"], "answer": 1},
+    {"prompt": "9-1=", "choices": ["8", "10"], "answer": 0},
+]
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +61,22 @@ def test_lmrl_eval_runs_harness_tasks(checkpoint, tmp_path):
     data = tmp_path / "mc.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     out = tmp_path / "eval.json"
-    assert main(["eval", f"model={checkpoint}", f"dataset={data}", "metrics=[loglik]", "chat=false",
-                 "harness_tasks=[lmrl_tiny_mc]", f"harness_include={tmp_path / 'tasks'}", "precision=fp32",
-                 f"output_file={out}"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                f"model={checkpoint}",
+                f"dataset={data}",
+                "metrics=[loglik]",
+                "chat=false",
+                "harness_tasks=[lmrl_tiny_mc]",
+                f"harness_include={tmp_path / 'tasks'}",
+                "precision=fp32",
+                f"output_file={out}",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads(out.read_text())["metrics"]
     assert metrics["loglik/acc"] == pytest.approx(metrics["harness/lmrl_tiny_mc/acc"])
 

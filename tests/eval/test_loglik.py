@@ -11,9 +11,11 @@ from lmrl.eval.loglik import batch_logprobs, choice_logprobs, evaluate_choices
 from lmrl.models import load_model
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
-ROWS = [{"prompt": "2+3=", "choices": ["5", "6", "17"], "answer": "5"},
-        {"prompt": "14+41=", "choices": ["55", "56"], "answer": 0},
-        {"prompt": "9-1=", "choices": ["8", "10", "-8", "7"], "answer": 3}]
+ROWS = [
+    {"prompt": "2+3=", "choices": ["5", "6", "17"], "answer": "5"},
+    {"prompt": "14+41=", "choices": ["55", "56"], "answer": 0},
+    {"prompt": "9-1=", "choices": ["8", "10", "-8", "7"], "answer": 3},
+]
 
 
 def test_batched_rows_equal_single_rows_and_a_manual_sum():

@@ -29,9 +29,14 @@ def record(arch: str, check: str, **values) -> None:
             f.write(json.dumps({"arch": arch, "check": check, **values}, default=str) + "\n")
 
 
-LABELS = {"test_grpo_runs_with_every_speed_up_used_and_final_loads_in_transformers": "rl grpo, final/ loads",
-          "test_lora_grpo_with_gradient_checkpointing": "rl grpo lora + checkpointing",
-          "test_ppo": "rl ppo", "test_sft": "sft", "test_dpo": "dpo", "test_eval": "eval"}
+LABELS = {
+    "test_grpo_runs_with_every_speed_up_used_and_final_loads_in_transformers": "rl grpo, final/ loads",
+    "test_lora_grpo_with_gradient_checkpointing": "rl grpo lora + checkpointing",
+    "test_ppo": "rl ppo",
+    "test_sft": "sft",
+    "test_dpo": "dpo",
+    "test_eval": "eval",
+}
 
 
 def render(lines: list[dict]) -> str:
@@ -45,8 +50,10 @@ def render(lines: list[dict]) -> str:
         elif "gap" in line:
             gaps[line["arch"]] = max(gaps.get(line["arch"], 0.0), float(line["gap"]))
     checks = list(dict.fromkeys(c for row in outcomes.values() for c in row))
-    out = ["| architecture | " + " | ".join(LABELS.get(c, c) for c in checks) + " | max fp32 sampler/learner gap |",
-           "|---" * (len(checks) + 2) + "|"]
+    out = [
+        "| architecture | " + " | ".join(LABELS.get(c, c) for c in checks) + " | max fp32 sampler/learner gap |",
+        "|---" * (len(checks) + 2) + "|",
+    ]
     for arch, row in outcomes.items():
         cells = [("✓" if all(row[c]) else "✗") if c in row else "" for c in checks]
         out.append(f"| {arch} | " + " | ".join(cells) + f" | {gaps.get(arch, float('nan')):.1e} |")
@@ -57,13 +64,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
         env = {**os.environ, "LMRL_SUPPORT_TABLE": str(results)}
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "slow or not slow", *TESTS], cwd=ROOT,
-                               env=env)
+        code = subprocess.call(
+            [sys.executable, "-m", "pytest", "-q", "-m", "slow or not slow", *TESTS], cwd=ROOT, env=env
+        )
         lines = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
     import transformers
 
-    table = (render(lines) + "\n\nMade by `python tests/models/support_table.py` with transformers "
-             f"{transformers.__version__}.")
+    table = (
+        render(lines) + "\n\nMade by `python tests/models/support_table.py` with transformers "
+        f"{transformers.__version__}."
+    )
     text = DOC.read_text()
     head, rest = text.split(BEGIN)
     DOC.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END)[1])

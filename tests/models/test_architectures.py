@@ -47,15 +47,22 @@ def prepared(arch: str, option: str, tokenizer):
 def sample(model, tokenizer, record: bool):
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("12+34=", "7+8=", "123+456+7=")]
     params = SamplingParams(max_new_tokens=12, temperature=1.0)  # 10-13 prompt + 12 tokens: past the 8-token windows
-    return HFEngine(model, tokenizer).generate(prompts, params, n=3, generator=torch.Generator().manual_seed(0),
-                                               record_linear_outputs=record)
+    return HFEngine(model, tokenizer).generate(
+        prompts, params, n=3, generator=torch.Generator().manual_seed(0), record_linear_outputs=record
+    )
 
 
 def learner_logprobs(model, batch, option: str, usage: dict | None = None):
     return completion_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.prompt_ids.shape[1],
         share_prompts=option in ("share_prompts", "reuse_sampling_forward", "gradient_checkpointing", "lora"),
-        linear_outputs=batch.linear_outputs, chunk_mb=1e-4 if option == "chunked_head" else 128, usage=usage)
+        linear_outputs=batch.linear_outputs,
+        chunk_mb=1e-4 if option == "chunked_head" else 128,
+        usage=usage,
+    )
 
 
 def layer_calls(model) -> tuple[dict[str, int], list]:

@@ -128,8 +128,9 @@ def test_grouped_query_attention_is_grouped_by_the_kernel_not_repeated(autocast)
     ours.sum().backward()
     theirs.sum().backward()
     for mine, reference in zip((q, k, v), plain):
-        torch.testing.assert_close(mine.grad.float(), reference.grad, rtol=1e-2 if autocast else 1e-5,
-                                   atol=1e-2 if autocast else 1e-6)
+        torch.testing.assert_close(
+            mine.grad.float(), reference.grad, rtol=1e-2 if autocast else 1e-5, atol=1e-2 if autocast else 1e-6
+        )
 
 
 def test_decoding_keeps_hfs_own_grouping():

@@ -30,8 +30,15 @@ def tiny_tokenizer_lists() -> tuple[list[str], list[str]]:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     texts = ["What is 12+34? Answer with the number only.", "12 + 34 = 46.", "The answer is 7."] * 5
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=SPECIALS,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     state = json.loads(bpe.to_str())["model"]
     tokens = sorted(state["vocab"], key=state["vocab"].get)
     merges = [m if isinstance(m, str) else " ".join(m) for m in state["merges"]]
@@ -40,16 +47,28 @@ def tiny_tokenizer_lists() -> tuple[list[str], list[str]]:
 
 def permute_for_gguf(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's q/k row order (interleaved rotary halves), which transformers' reader undoes."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
 
 
 def write_tiny_gguf(path, arch: str = "llama", seed: int = 0) -> LlamaForCausalLM:
     """A random tiny Llama written as an F32 GGUF with its tokenizer and ChatML template; returns the model."""
     tokens, merges = tiny_tokenizer_lists()
-    config = LlamaConfig(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=0,
-                         eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=len(tokens),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     writer = gguf.GGUFWriter(str(path), arch)
@@ -116,11 +135,28 @@ def test_a_gguf_file_or_its_folder_loads_the_written_weights_and_tokenizer(tiny,
 
 def test_sft_on_a_gguf_model_saves_a_final_that_plain_transformers_loads(tiny, tmp_path):
     from lmrl.trainers.sft import trainer as sft
+
     path, reference = tiny
-    config = load_config(sft.SFTConfig, None, [
-        f"model={path}", f"output_dir={tmp_path / 'run'}", "precision=fp32", "dataset=task:arithmetic",
-        "task_args.digits=1", "train_rows=16", "eval_rows=4", "batch_size=4", "max_steps=2", "lr=1e-2",
-        "warmup_steps=0", "eval_every=0", "save_every=0", "log_every=1"])
+    config = load_config(
+        sft.SFTConfig,
+        None,
+        [
+            f"model={path}",
+            f"output_dir={tmp_path / 'run'}",
+            "precision=fp32",
+            "dataset=task:arithmetic",
+            "task_args.digits=1",
+            "train_rows=16",
+            "eval_rows=4",
+            "batch_size=4",
+            "max_steps=2",
+            "lr=1e-2",
+            "warmup_steps=0",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+        ],
+    )
     sft.train(config)
     final = tmp_path / "run" / "final"
     model = AutoModelForCausalLM.from_pretrained(final)  # plain transformers, no lmrl, no gguf_file
@@ -128,8 +164,9 @@ def test_sft_on_a_gguf_model_saves_a_final_that_plain_transformers_loads(tiny, t
     assert not hasattr(model.config, "quantization_config")
     ids = tokenizer("12+34=", add_special_tokens=False)["input_ids"]
     assert not torch.allclose(logits(model, ids), logits(reference, ids))  # trained: the weights moved
-    assert "<|im_start|>user\nhi<|im_end|>" in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
-                                                                             tokenize=False)
+    assert "<|im_start|>user\nhi<|im_end|>" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
 
 
 # --------------------------------------------------------------------------- start-up errors
@@ -170,14 +207,18 @@ def test_a_file_that_is_no_gguf_is_named(tmp_path):
 
 def test_without_the_gguf_package_the_fix_is_pip_install_gguf(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
-    with pytest.raises(ImportError, match=r"tiny.gguf' is a GGUF file; reading it needs the gguf package\. Fix: "
-                                          r"pip install gguf"):
+    with pytest.raises(
+        ImportError,
+        match=r"tiny.gguf' is a GGUF file; reading it needs the gguf package\. Fix: "
+        r"pip install gguf",
+    ):
         load_model_and_tokenizer(str(tiny[0]))
 
 
 def test_a_model_folder_without_tokenizer_asks_for_tokenizer(tmp_path):
-    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2)).save_pretrained(tmp_path)
+    LlamaForCausalLM(
+        LlamaConfig(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    ).save_pretrained(tmp_path)
     with pytest.raises(ValueError) as info:
         load_model_and_tokenizer(str(tmp_path))
     msg = str(info.value)
@@ -213,9 +254,14 @@ def test_smollm2_answers_a_chat_question_greedily():
 
     def answer(question: str) -> str:
         ids = torch.tensor([encode_prompt(tokenizer, question)])
-        out = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
-        return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     assert "Paris" in answer("What is the capital of France?")
     reply = answer("What is 3+4? Answer with the number only.")  # measured: '3 + 4 = 7'

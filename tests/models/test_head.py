@@ -16,8 +16,17 @@ from lmrl.trainers.sft.trainer import token_cross_entropy
 
 def qwen(vocab=3000, tied=True, seed=0):
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=tied,
+        )
+    )
 
 
 def grads(model):
@@ -46,8 +55,9 @@ def test_head_logprobs_equal_a_direct_log_softmax_in_values_and_gradients(bias):
     direct.sum().backward()
     g_direct = (hidden.grad.clone(), head.weight.grad.clone())
     hidden.grad, head.weight.grad = None, None
-    chunked, entropy = head_logprobs(hidden, head, targets, temperature=0.7, chunk_mb=4 * 50 * 4 / 2**20,
-                                     return_entropy=True)  # 4 positions per chunk: 6 chunks, the last one short
+    chunked, entropy = head_logprobs(
+        hidden, head, targets, temperature=0.7, chunk_mb=4 * 50 * 4 / 2**20, return_entropy=True
+    )  # 4 positions per chunk: 6 chunks, the last one short
     chunked.sum().backward()
     torch.testing.assert_close(chunked, direct)
     torch.testing.assert_close((hidden.grad, head.weight.grad), g_direct)
@@ -80,8 +90,10 @@ def test_fused_head_reuses_one_set_of_chunk_buffers_per_call(autocast):
         made.append(args)
         return buffers(*args, **kwargs)
 
-    with mock.patch.object(head_module, "_ChunkBuffers", counted), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with (
+        mock.patch.object(head_module, "_ChunkBuffers", counted),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+    ):
         chunked = head_logprobs(hidden, head, targets, temperature=0.7, chunk_mb=4 * 50 * 4 / 2**20)  # 11 chunks
         chunked.sum().backward()
     assert len(made) == 2  # one set for the forward, one for the backward
@@ -100,8 +112,10 @@ def test_fused_head_under_bf16_autocast_matches_the_checkpointed_chunks():
     for fused in (True, False):
         h = hidden.clone().requires_grad_(True)
         head.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16), \
-                mock.patch("lmrl.models.head.fusable", lambda _head, fused=fused: fused):
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            mock.patch("lmrl.models.head.fusable", lambda _head, fused=fused: fused),
+        ):
             logp, entropy = head_logprobs(h, head, targets, chunk_mb=8 * 300 * 4 / 2**20, return_entropy=True)
         (logp * torch.linspace(-1, 1, 45).view(5, 9)).sum().backward()
         runs.append((logp, entropy, h.grad, head.weight.grad.clone()))
@@ -122,8 +136,9 @@ def test_completion_logprobs_chunked_equal_unchunked(share_prompts, tied):
     runs = {}
     for chunk_mb in (1000.0, 0.05):  # one chunk / 4 positions of 3000 fp32 logits per chunk
         model.zero_grad()
-        logp, ent = completion_logprobs(model, ids, mask, 8, return_entropy=True, share_prompts=share_prompts,
-                                        chunk_mb=chunk_mb, temperature=0.9)
+        logp, ent = completion_logprobs(
+            model, ids, mask, 8, return_entropy=True, share_prompts=share_prompts, chunk_mb=chunk_mb, temperature=0.9
+        )
         (logp * torch.arange(1, 7)[:, None]).sum().backward()
         runs[chunk_mb] = (logp.detach(), ent, grads(model))
     (a, ea, ga), (b, eb, gb) = runs.values()
@@ -163,9 +178,9 @@ def test_pretrain_cross_entropy_and_validation_chunked_equal_unchunked():
         stats = train_step(model, None, windows, "ce", AvatarlOptions(), 2, None, step=1, chunk_mb=chunk_mb)
         out[chunk_mb] = (stats, grads(model), validation_stats(model, windows, 3, None, chunk_mb))
     (sa, ga, va), (sb, gb, vb) = out.values()
-    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-5) and sa["train/ce"] == pytest.approx(sa["loss"])
+    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-5) and sa["loss/ce"] == pytest.approx(sa["loss"])
     assert_same_grads(ga, gb)
-    assert va == pytest.approx(vb, rel=1e-5) and va["val/ce"] == pytest.approx(sa["loss"], rel=1e-5)
+    assert va == pytest.approx(vb, rel=1e-5) and va["eval/ce"] == pytest.approx(sa["loss"], rel=1e-5)
 
 
 def test_pretrain_avatarl_chunked_equals_full_logits():
@@ -177,8 +192,9 @@ def test_pretrain_avatarl_chunked_equals_full_logits():
     out = {}
     for chunk_mb in (1000.0, 0.1):  # full logits / 2 positions of student + critic logits per chunk
         model.zero_grad()
-        stats = train_step(model, critic, windows, "avatarl", AvatarlOptions(top_k=4), 2, None, step=1,
-                           chunk_mb=chunk_mb)
+        stats = train_step(
+            model, critic, windows, "avatarl", AvatarlOptions(top_k=4), 2, None, step=1, chunk_mb=chunk_mb
+        )
         out[chunk_mb] = (stats, grads(model))
     (sa, ga), (sb, gb) = out.values()
     inputs, targets = windows[:, :-1], windows[:, 1:]
@@ -193,9 +209,9 @@ def test_pretrain_avatarl_chunked_equals_full_logits():
 def test_dpo_sequence_log_probs_take_the_configured_chunk(monkeypatch):
     import lmrl.models.head as head
     from lmrl.trainers.dpo import common as dpo_common
+
     seen = []
-    monkeypatch.setattr(head, "head_logprobs", lambda *a, **kw: seen.append(kw["chunk_mb"]) or
-                        torch.zeros(a[2].shape))
+    monkeypatch.setattr(head, "head_logprobs", lambda *a, **kw: seen.append(kw["chunk_mb"]) or torch.zeros(a[2].shape))
     model = qwen()
     seq = dpo_common.prefs.Tokenized(prompt_ids=[5, 6, 7], completion_ids=[8, 9, 10, 11], learn=[1, 1, 1, 1])
     ref = dpo_common.Reference(model=model, chunk_mb=0.05)
@@ -224,8 +240,9 @@ def test_scaled_and_soft_capped_heads_match_the_full_logits():
         z = z if softcap is None else torch.tanh(z / softcap) * softcap
         expected = torch.log_softmax(z / 0.7, -1).gather(-1, targets[:, None])[:, 0]
         grad_expected = torch.autograd.grad(expected.sum(), hidden)[0]
-        got = head_logprobs(hidden, head, targets, temperature=0.7, chunk_mb=50 * 4 * 2 / 2**20, scale=scale,
-                            softcap=softcap)  # chunks of 2 rows
+        got = head_logprobs(
+            hidden, head, targets, temperature=0.7, chunk_mb=50 * 4 * 2 / 2**20, scale=scale, softcap=softcap
+        )  # chunks of 2 rows
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(torch.autograd.grad(got.sum(), hidden)[0], grad_expected, atol=1e-5, rtol=1e-5)
 
@@ -233,8 +250,9 @@ def test_scaled_and_soft_capped_heads_match_the_full_logits():
 def test_selective_log_softmax_and_entropy_still_match_the_definitions():
     logits = torch.randn(4, 5, 11)
     index = torch.randint(0, 11, (4, 5))
-    torch.testing.assert_close(selective_log_softmax(logits, index),
-                               torch.log_softmax(logits, -1).gather(-1, index[..., None])[..., 0])
+    torch.testing.assert_close(
+        selective_log_softmax(logits, index), torch.log_softmax(logits, -1).gather(-1, index[..., None])[..., 0]
+    )
     p = logits.softmax(-1)
     torch.testing.assert_close(entropy_from_logits(logits), -(p * p.log()).sum(-1))
 
@@ -267,8 +285,16 @@ def _measure(fn, queue):
 def _big_vocab_step(chunk_mb):
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=151_936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, tie_word_embeddings=True))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=151_936,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     ids = torch.randint(0, 151_936, (16, 136))  # 16 rows x 128 completion tokens: full fp32 logits = 1.2 GB
     logp = completion_logprobs(model, ids, torch.ones_like(ids), 8, chunk_mb=chunk_mb)
     logp.mean().backward()
@@ -290,12 +316,30 @@ def _big_vocab_avatarl_step(chunk_mb):
     models = []
     for seed in (0, 1):  # student, critic
         torch.manual_seed(seed)
-        models.append(LlamaForCausalLM(LlamaConfig(vocab_size=151_936, hidden_size=16, intermediate_size=32,
-                                                   num_hidden_layers=1, num_attention_heads=2,
-                                                   tie_word_embeddings=True)))
+        models.append(
+            LlamaForCausalLM(
+                LlamaConfig(
+                    vocab_size=151_936,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    tie_word_embeddings=True,
+                )
+            )
+        )
     windows = torch.randint(0, 151_936, (4, 129))  # 512 positions: full fp32 logits = 311 MB per model
-    train_step(models[0], models[1].requires_grad_(False), windows, "avatarl", AvatarlOptions(), 1, None, step=1,
-               chunk_mb=chunk_mb)
+    train_step(
+        models[0],
+        models[1].requires_grad_(False),
+        windows,
+        "avatarl",
+        AvatarlOptions(),
+        1,
+        None,
+        step=1,
+        chunk_mb=chunk_mb,
+    )
 
 
 def test_avatarl_with_a_151936_token_vocabulary_trains_within_a_bound_set_by_the_chunk():

@@ -73,7 +73,9 @@ def test_load_model_keeps_only_the_first_line_of_the_hub_error(monkeypatch):
 
 
 def test_local_directory_without_weights_names_the_directory(tmp_path):
-    LlamaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8).save_pretrained(tmp_path)
+    LlamaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8).save_pretrained(
+        tmp_path
+    )
     with pytest.raises(FileNotFoundError) as info:
         load_model(str(tmp_path))
     msg = str(info.value)
@@ -104,8 +106,16 @@ def test_a_tokenizer_without_chat_template_gets_chatml_and_the_model_rows_for_it
     raw = Tokenizer(models.WordLevel({"<unk>": 0, "<eos>": 1, "hello": 2}, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", unk_token="<unk>").save_pretrained(tmp_path)
-    LlamaForCausalLM(LlamaConfig(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=3,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(tmp_path)
     model, tokenizer = load_model_and_tokenizer(str(tmp_path))
     assert len(tokenizer) == 5 and model.get_input_embeddings().num_embeddings == 5
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=True)

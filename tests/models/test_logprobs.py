@@ -20,8 +20,14 @@ PAD = 0
 def tiny_llama(vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=128, pad_token_id=PAD,
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
     )
     return LlamaForCausalLM(config).eval()
 
@@ -29,7 +35,9 @@ def tiny_llama(vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
 def tiny_gpt2(vocab: int = 97, seed: int = 0) -> GPT2LMHeadModel:
     """Absolute position embeddings: wrong position_ids change every logit (with RoPE a per-row offset cancels)."""
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD)).eval()
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD)
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +120,9 @@ def test_completion_logprobs_equal_unpadded_per_row_forward(arch, model, gpt2, t
     seqs = [torch.randint(1, 97, (p + c,), generator=gen).tolist() for p, c in zip(prompt_lens, completion_lens)]
     ids, mask = left_padded(seqs, completion_lens, pad_prompt_to=6, pad_completion_to=5)
     with torch.no_grad():
-        logp, entropy = completion_logprobs(model, ids, mask, completion_start=6, temperature=temperature, return_entropy=True)
+        logp, entropy = completion_logprobs(
+            model, ids, mask, completion_start=6, temperature=temperature, return_entropy=True
+        )
         assert logp.shape == (3, 5) and entropy.shape == (3, 5)
         for r, (seq, c) in enumerate(zip(seqs, completion_lens)):
             # Reference: the row alone, no padding; token at position k is predicted by the logits at k-1.
@@ -198,8 +208,9 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, 
     results = []
     for share in (False, True):
         model.zero_grad()
-        logp, entropy = completion_logprobs(model, ids, mask, start, temperature=0.8, return_entropy=True,
-                                            share_prompts=share)
+        logp, entropy = completion_logprobs(
+            model, ids, mask, start, temperature=0.8, return_entropy=True, share_prompts=share
+        )
         (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         results.append((logp.detach(), entropy, grads))
@@ -240,8 +251,9 @@ def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, ch
     outs = {}
     for packed in (False, True):
         model.zero_grad(set_to_none=True)
-        logp, entropy = completion_logprobs(model, ids, mask, p, temperature=0.7, return_entropy=True,
-                                            chunk_mb=chunk_mb, packed=packed)
+        logp, entropy = completion_logprobs(
+            model, ids, mask, p, temperature=0.7, return_entropy=True, chunk_mb=chunk_mb, packed=packed
+        )
         logp.sum().backward()
         outs[packed] = (logp.detach(), entropy, {k: v.grad.clone() for k, v in model.named_parameters()})
     torch.testing.assert_close(outs[True][0], outs[False][0], rtol=0, atol=1e-5)

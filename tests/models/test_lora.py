@@ -19,18 +19,27 @@ from lmrl.trainers.sft import trainer as sft
 
 pytest.importorskip("peft")
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2", "precision=fp32", "device=cpu",
-        # a random base with the usual 0.02 init has logits of at most ~0.6 through its frozen embeddings, so no
-        # adapter could make a prediction sharp; a pretrained base is not like that, a 0.3 init is closer to it
-        "model_args.initializer_range=0.3"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "precision=fp32",
+    "device=cpu",
+    # a random base with the usual 0.02 init has logits of at most ~0.6 through its frozen embeddings, so no
+    # adapter could make a prediction sharp; a pretrained base is not like that, a 0.3 init is closer to it
+    "model_args.initializer_range=0.3",
+]
 LORA = ["lora_r=4", "lora_alpha=8"]
 
 
 def test_only_adapters_train_and_the_reference_is_the_base_with_adapters_off():
-    setup = ModelSetup("builtin:tiny", model_args={"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
-                                                   "num_attention_heads": 2}, precision="fp32",
-                       lora=ModelSetup.from_config(load_config(sft.SFTConfig, None, LORA)).lora)
+    setup = ModelSetup(
+        "builtin:tiny",
+        model_args={"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2},
+        precision="fp32",
+        lora=ModelSetup.from_config(load_config(sft.SFTConfig, None, LORA)).lora,
+    )
     policy, tok = setup.policy()
     reference = setup.frozen(None, tok)
     assert is_peft(policy) and isinstance(reference, BaseModelView)
@@ -55,9 +64,26 @@ def test_only_adapters_train_and_the_reference_is_the_base_with_adapters_off():
 
 
 def test_lora_sft_learns_changes_only_adapters_and_final_loads(tmp_path):
-    cfg = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'run'}", *TINY, *LORA, "task_args.digits=1",
-                                            "train_rows=200", "eval_rows=20", "max_steps=40", "batch_size=16",
-                                            "lr=1e-2", "lora_r=8", "eval_every=0", "save_every=0", "log_every=1", "merge_lora=true"])
+    cfg = load_config(
+        sft.SFTConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            *TINY,
+            *LORA,
+            "task_args.digits=1",
+            "train_rows=200",
+            "eval_rows=20",
+            "max_steps=40",
+            "batch_size=16",
+            "lr=1e-2",
+            "lora_r=8",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+            "merge_lora=true",
+        ],
+    )
     result = sft.train(cfg)
     assert result["eval/loss"] < 0.7 * result["initial/eval/loss"], result
     final = Path(cfg.output_dir) / "final"
@@ -88,15 +114,35 @@ def test_lora_grpo_learns_and_trains_only_adapters(tmp_path, monkeypatch):
         before = {n: p.detach().clone() for n, p in parts.model.named_parameters()}
         stats = real_update(parts, *args, **kwargs)
         seen.setdefault("changed", set()).update(
-            n for n, p in parts.model.named_parameters() if not torch.equal(p, before[n]))
+            n for n, p in parts.model.named_parameters() if not torch.equal(p, before[n])
+        )
         return stats
 
     monkeypatch.setattr(online, "update", spy)
-    config = load_config(online.RLConfig, None, [
-        f"output_dir={tmp_path / 'grpo'}", *TINY, "task_args.digits=1", "train_rows=64", "eval_rows=8",
-        "prompts_per_step=4", "samples_per_prompt=4", "max_new_tokens=6", "rewards=[test_lora_digits]",
-        "eval_every=0", "save_every=0", "log_every=1", "sample_every=100", "max_steps=20", "lora_r=8",
-        "lora_alpha=16", "lr=3e-2", "kl_coef=0.01"])
+    config = load_config(
+        online.RLConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'grpo'}",
+            *TINY,
+            "task_args.digits=1",
+            "train_rows=64",
+            "eval_rows=8",
+            "prompts_per_step=4",
+            "samples_per_prompt=4",
+            "max_new_tokens=6",
+            "rewards=[test_lora_digits]",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+            "sample_every=100",
+            "max_steps=20",
+            "lora_r=8",
+            "lora_alpha=16",
+            "lr=3e-2",
+            "kl_coef=0.01",
+        ],
+    )
     online.train(config)
     assert seen["changed"] and all("lora_" in n for n in seen["changed"])
     rows = read_jsonl(Path(config.output_dir) / "metrics.jsonl")
@@ -106,19 +152,45 @@ def test_lora_grpo_learns_and_trains_only_adapters(tmp_path, monkeypatch):
 
 
 def test_lora_dpo_learns(tmp_path):
-    cfg = load_config(preference.DPOConfig, None, [
-        f"output_dir={tmp_path / 'dpo'}", *TINY, *LORA, "data_args.digits=1", "train_rows=48", "eval_rows=16",
-        "batch_size=8", "eval_every=0", "save_every=0", "log_every=1", "eval_max_new_tokens=4", "max_steps=15",
-        "lr=2e-2", "precompute_ref=false"])
+    cfg = load_config(
+        preference.DPOConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'dpo'}",
+            *TINY,
+            *LORA,
+            "data_args.digits=1",
+            "train_rows=48",
+            "eval_rows=16",
+            "batch_size=8",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+            "eval_max_new_tokens=4",
+            "max_steps=15",
+            "lr=2e-2",
+            "precompute_ref=false",
+        ],
+    )
     preference.train(cfg)
     rows = [r for r in read_jsonl(Path(cfg.output_dir) / "metrics.jsonl") if "loss" in r and r["step"] > 0]
     assert rows[0]["loss"] == pytest.approx(0.693147, abs=1e-5)  # the reference is exactly the initial policy
-    assert rows[-1]["rewards/accuracy"] >= 0.75 and rows[-1]["loss"] < 0.6, rows[-1]
+    assert rows[-1]["policy/reward_accuracy"] >= 0.75 and rows[-1]["loss"] < 0.6, rows[-1]
 
 
 def test_lora_resume_is_exact(tmp_path):
-    args = [*TINY, *LORA, "task_args.digits=1", "train_rows=64", "eval_rows=8", "batch_size=8", "lr=1e-2",
-            "eval_every=0", "log_every=1", "max_steps=6"]
+    args = [
+        *TINY,
+        *LORA,
+        "task_args.digits=1",
+        "train_rows=64",
+        "eval_rows=8",
+        "batch_size=8",
+        "lr=1e-2",
+        "eval_every=0",
+        "log_every=1",
+        "max_steps=6",
+    ]
     whole = sft.train(load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'a'}", *args, "save_every=0"]))
     part = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'b'}", *args, "save_every=3"])
     import lmrl.trainers.sft.trainer as sft_module
@@ -139,13 +211,15 @@ def test_lora_resume_is_exact(tmp_path):
     finally:
         sft_module.train_step = original
     assert (tmp_path / "b" / "checkpoints" / "step-3" / "trainable.safetensors").exists()
-    resumed = sft.train(load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'b'}", *args, "save_every=3",
-                                                         "resume=true"]))
+    resumed = sft.train(
+        load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'b'}", *args, "save_every=3", "resume=true"])
+    )
     assert resumed["eval/loss"] == whole["eval/loss"]
     a = read_jsonl(tmp_path / "a" / "metrics.jsonl")
     b = read_jsonl(tmp_path / "b" / "metrics.jsonl")
-    assert [r["loss"] for r in a if r.get("step") == 6 and "loss" in r] == \
-           [r["loss"] for r in b if r.get("step") == 6 and "loss" in r]
+    assert [r["loss"] for r in a if r.get("step") == 6 and "loss" in r] == [
+        r["loss"] for r in b if r.get("step") == 6 and "loss" in r
+    ]
 
 
 def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_fewer_activations():
@@ -177,13 +251,16 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_fewer_activat
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["device=cuda"], "sees no CUDA GPU"),
-    (["device=gpu"], "'device' must be auto, cpu, cuda or cuda:N"),
-    (["lora_r=4", "lora_target_modules=[q_proj,qkv]"], r"\['qkv'\] are not linear layers of this model"),
-    (["lora_r=4", "load_in_4bit=true"], "load_in_4bit=true needs a CUDA GPU"),
-    (["merge_lora=true"], "merge_lora=true needs LoRA"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["device=cuda"], "sees no CUDA GPU"),
+        (["device=gpu"], "'device' must be auto, cpu, cuda or cuda:N"),
+        (["lora_r=4", "lora_target_modules=[q_proj,qkv]"], r"\['qkv'\] are not linear layers of this model"),
+        (["lora_r=4", "load_in_4bit=true"], "load_in_4bit=true needs a CUDA GPU"),
+        (["merge_lora=true"], "merge_lora=true needs LoRA"),
+    ],
+)
 def test_bad_placement_and_lora_input_fails_at_start_up(tmp_path, overrides, message, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises((ConfigError, ValueError)) as info:
@@ -196,8 +273,16 @@ def test_bad_placement_and_lora_input_fails_at_start_up(tmp_path, overrides, mes
 
 def test_the_linear_module_list_names_the_models_layers():
     model, _ = ModelSetup("builtin:tiny", precision="fp32").policy()
-    assert linear_module_names(model) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                                          "lm_head"]
+    assert linear_module_names(model) == [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "lm_head",
+    ]
 
 
 def test_device_auto_is_cpu_without_cuda(monkeypatch):
@@ -222,12 +307,18 @@ def test_lora_adapters_are_initialised_from_the_runs_seed_in_fresh_processes():
     import sys
 
     def checksum(global_seed: int, seed: int) -> str:
-        out = subprocess.run([sys.executable, "-c", ADAPTER_CHECKSUM, str(global_seed), str(seed)], check=True,
-                             capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        out = subprocess.run(
+            [sys.executable, "-c", ADAPTER_CHECKSUM, str(global_seed), str(seed)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        )
         return out.stdout.strip().splitlines()[-1]
 
     first = checksum(1, 7)
     assert checksum(2, 7) == first  # same seed: the same adapters, bit for bit
-    other = ModelSetup("builtin:tiny", seed=8, precision="fp32", device="cpu",
-                       lora=LoraSettings(4, 8, 0.0, ["all-linear"], False)).policy()[0]
+    other = ModelSetup(
+        "builtin:tiny", seed=8, precision="fp32", device="cpu", lora=LoraSettings(4, 8, 0.0, ["all-linear"], False)
+    ).policy()[0]
     assert repr(sum(float(p.double().sum()) for n, p in other.named_parameters() if "lora_A" in n)) != first

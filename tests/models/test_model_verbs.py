@@ -24,8 +24,18 @@ from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.sft import trainer as sft
 
 COMMON = ["precision=fp32", "device=cpu", "eval_every=0", "save_every=0", "log_every=1"]
-RL = ["sample_every=100", "task_args.digits=1", "train_rows=32", "eval_rows=4", "prompts_per_step=2",
-      "samples_per_prompt=3", "max_new_tokens=6", "rewards=[test_digit_share]", "lr=1e-3", "logprob_chunk_mb=0.0001"]
+RL = [
+    "sample_every=100",
+    "task_args.digits=1",
+    "train_rows=32",
+    "eval_rows=4",
+    "prompts_per_step=2",
+    "samples_per_prompt=3",
+    "max_new_tokens=6",
+    "rewards=[test_digit_share]",
+    "lr=1e-3",
+    "logprob_chunk_mb=0.0001",
+]
 
 
 def digit_share(prompts, completions, **kwargs):
@@ -54,9 +64,12 @@ def loads_and_generates(final) -> None:
 
 def rl_run(model_dir, run, *overrides) -> list[dict]:
     """Two steps of `lmrl rl` on ``model_dir``; the metrics of its training steps."""
-    online.train(load_config(online.RLConfig, None, [f"model={model_dir}", f"output_dir={run}", "max_steps=2",
-                                                     *COMMON, *RL, *overrides]))
-    return [r for r in read_jsonl(run / "metrics.jsonl") if "train/shared_prompts" in r]
+    online.train(
+        load_config(
+            online.RLConfig, None, [f"model={model_dir}", f"output_dir={run}", "max_steps=2", *COMMON, *RL, *overrides]
+        )
+    )
+    return [r for r in read_jsonl(run / "metrics.jsonl") if "update/shared_prompts" in r]
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
@@ -64,10 +77,10 @@ def test_grpo_runs_with_every_speed_up_used_and_final_loads_in_transformers(arch
     run = tmp_path / "grpo"
     rows = rl_run(model_dirs[arch], run, "algorithm=grpo")
     assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in rows), rows
-    assert all(r["train/shared_prompts"] == 1.0 and r["train/chunked_head"] == 1.0 for r in rows), rows
+    assert all(r["update/shared_prompts"] == 1.0 and r["update/chunked_head"] == 1.0 for r in rows), rows
     # every architecture reuses the sampler's outputs, GPT-2's Conv1D layers and dropout models (in eval mode) included
-    assert all(r["train/reused_sampling_forward"] > 0 for r in rows), rows
-    assert all(abs(r["sampler_logp_gap"]) < 1e-4 for r in rows if "sampler_logp_gap" in r), rows
+    assert all(r["update/reused_sampling_forward"] > 0 for r in rows), rows
+    assert all(abs(r["policy/sampler_logp_gap"]) < 1e-4 for r in rows if "policy/sampler_logp_gap" in r), rows
     loads_and_generates(run / "final")
 
 
@@ -76,12 +89,13 @@ def test_grpo_runs_with_every_speed_up_used_and_final_loads_in_transformers(arch
 LORA_DEFAULT = {"gpt2", "opt-dropout", "qwen3-moe", "gemma2"}
 
 
-@pytest.mark.parametrize("arch", [a if a in LORA_DEFAULT else pytest.param(a, marks=pytest.mark.slow)
-                                  for a in ARCHITECTURES])
+@pytest.mark.parametrize(
+    "arch", [a if a in LORA_DEFAULT else pytest.param(a, marks=pytest.mark.slow) for a in ARCHITECTURES]
+)
 def test_lora_grpo_with_gradient_checkpointing(arch, model_dirs, tmp_path):
     run = tmp_path / "lora"
     rows = rl_run(model_dirs[arch], run, "gradient_checkpointing=true", "lora_r=4", "lora_alpha=8", "merge_lora=true")
-    assert len(rows) == 2 and all(r["train/shared_prompts"] == 0.0 for r in rows), rows  # checkpointing: no sharing
+    assert len(rows) == 2 and all(r["update/shared_prompts"] == 0.0 for r in rows), rows  # checkpointing: no sharing
     loads_and_generates(run / "final")
 
 
@@ -97,21 +111,33 @@ def test_ppo(arch, model_dirs, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_sft(arch, model_dirs, tmp_path):
-    offline_run(sft.train, sft.SFTConfig, tmp_path / "sft", f"model={model_dirs[arch]}", "task_args.digits=1",
-                "logprob_chunk_mb=0.0001")
+    offline_run(
+        sft.train,
+        sft.SFTConfig,
+        tmp_path / "sft",
+        f"model={model_dirs[arch]}",
+        "task_args.digits=1",
+        "logprob_chunk_mb=0.0001",
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_dpo(arch, model_dirs, tmp_path):
-    offline_run(preference.train, preference.DPOConfig, tmp_path / "dpo", f"model={model_dirs[arch]}",
-                "data_args.digits=1")
+    offline_run(
+        preference.train, preference.DPOConfig, tmp_path / "dpo", f"model={model_dirs[arch]}", "data_args.digits=1"
+    )
 
 
 def offline_run(train, config_class, run, *overrides) -> None:
     """Two steps of an offline trainer: finite losses, and a final/ that plain transformers loads and runs."""
-    train(load_config(config_class, None, [f"output_dir={run}", "max_steps=2", "train_rows=16", "eval_rows=4",
-                                           "batch_size=4", *COMMON, *overrides]))
+    train(
+        load_config(
+            config_class,
+            None,
+            [f"output_dir={run}", "max_steps=2", "train_rows=16", "eval_rows=4", "batch_size=4", *COMMON, *overrides],
+        )
+    )
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert rows and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows), rows
     loads_and_generates(run / "final")
@@ -123,7 +149,21 @@ def test_eval(arch, model_dirs, tmp_path):
     from lmrl.cli import main
 
     out = tmp_path / "eval.json"
-    assert main(["eval", f"model={model_dirs[arch]}", "dataset=task:arithmetic", "task_args.digits=1", "rows=4",
-                 "metrics=[accuracy,pass@2]", "max_new_tokens=4", "precision=fp32", f"output_file={out}"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                f"model={model_dirs[arch]}",
+                "dataset=task:arithmetic",
+                "task_args.digits=1",
+                "rows=4",
+                "metrics=[accuracy,pass@2]",
+                "max_new_tokens=4",
+                "precision=fp32",
+                f"output_file={out}",
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert "accuracy" in json.dumps(result)

@@ -27,15 +27,36 @@ class Tok:
 
 def tiny_llama(**extra) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=128, pad_token_id=0, **extra))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            pad_token_id=0,
+            **extra,
+        )
+    )
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                                      pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            pad_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
 
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19]]  # unequal: left padding
@@ -51,8 +72,14 @@ def sample(model, stop_ids=tuple(range(3, 12)), max_new=8, compact=0.5):
 
 def logprobs_and_grads(model, batch, replay: bool):
     model.zero_grad(set_to_none=True)
-    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                               share_prompts=True, linear_outputs=batch.linear_outputs if replay else None)
+    logp = completion_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.prompt_ids.shape[1],
+        share_prompts=True,
+        linear_outputs=batch.linear_outputs if replay else None,
+    )
     weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
     (logp * weights).sum().backward()
     return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -157,8 +184,13 @@ def test_layers_reading_one_input_share_one_cast_of_it():
     every layer under autocast (one cast per layer, each layer's input gradient added in fp32)."""
     model = tiny_llama()
     engine = HFEngine(model, Tok(), autocast_dtype=torch.bfloat16)
-    batch = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(3,)), n=4,
-                            generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
+    batch = engine.generate(
+        PROMPTS,
+        SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(3,)),
+        n=4,
+        generator=torch.Generator().manual_seed(0),
+        record_linear_outputs=True,
+    )
     inputs = []
     apply = replay._ReplayedLinear.apply
 
@@ -167,8 +199,15 @@ def test_layers_reading_one_input_share_one_cast_of_it():
         return apply(x, weight, bias, recorded, x_low)
 
     with mock.patch.object(replay._ReplayedLinear, "apply", spy), torch.autocast("cpu", dtype=torch.bfloat16):
-        completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                            autocast_dtype=torch.bfloat16, share_prompts=True, linear_outputs=batch.linear_outputs)
+        completion_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.prompt_ids.shape[1],
+            autocast_dtype=torch.bfloat16,
+            share_prompts=True,
+            linear_outputs=batch.linear_outputs,
+        )
     layers = model.config.num_hidden_layers
     per_forward = 7 * layers + 1  # q, k, v, o, gate, up, down per layer, then the LM head
     assert len(inputs) == 2 * per_forward  # the prompt forward and the completion forward, every layer replayed
@@ -181,8 +220,15 @@ def test_layers_reading_one_input_share_one_cast_of_it():
     for record in (batch.linear_outputs, None):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                                       autocast_dtype=torch.bfloat16, share_prompts=True, linear_outputs=record)
+            logp = completion_logprobs(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.prompt_ids.shape[1],
+                autocast_dtype=torch.bfloat16,
+                share_prompts=True,
+                linear_outputs=record,
+            )
         (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[1].items():  # the replayed outputs are the sampler's (its KV cache): bf16 rounding apart

@@ -76,9 +76,15 @@ def read_metrics(run) -> list[dict]:
 def test_the_sft_recipe_runs_a_step_on_smollm2(tmp_path):
     """~1.5 min on 2 busy cores: load, held-out accuracy on 4 problems, one step, again, final/."""
     from lmrl.trainers.sft import trainer as sft
+
     path, run = smollm2(), tmp_path / "sft"
-    result = sft.train(recipe(SFTConfig, "sft/smollm2_arithmetic",
-                              [f"model={path}", f"output_dir={run}", "max_steps=1", "train_rows=16", "eval_rows=4"]))
+    result = sft.train(
+        recipe(
+            SFTConfig,
+            "sft/smollm2_arithmetic",
+            [f"model={path}", f"output_dir={run}", "max_steps=1", "train_rows=16", "eval_rows=4"],
+        )
+    )
     assert 0 <= result["initial/eval/accuracy"] <= 1 and 0 <= result["eval/accuracy"] <= 1
     assert any("loss" in m for m in read_metrics(run)) and (run / "final" / "config.json").is_file()
 
@@ -87,10 +93,15 @@ def test_the_sft_recipe_runs_a_step_on_smollm2(tmp_path):
 def test_the_dpo_recipe_runs_a_step_on_smollm2(tmp_path):
     """~1.5 min on 2 busy cores: load, π_ref log-probs, held-out reward stats and gold score, one step, final/."""
     from lmrl.trainers.dpo import trainer as preference
+
     path, run = smollm2(), tmp_path / "dpo"
-    result = preference.train(recipe(DPOConfig, "dpo/smollm2_arithmetic",
-                                     [f"model={path}", f"output_dir={run}", "max_steps=1", "train_rows=8",
-                                      "eval_rows=4", "eval_samples=1"]))
-    assert result["initial/eval/rewards/margin"] == 0.0  # the policy is π_ref before the first step
-    assert {"eval/rewards/accuracy", "eval/rewards/margin", "eval/gold_score_greedy"} <= set(result)
-    assert any("rewards/margin" in m for m in read_metrics(run)) and (run / "final" / "config.json").is_file()
+    result = preference.train(
+        recipe(
+            DPOConfig,
+            "dpo/smollm2_arithmetic",
+            [f"model={path}", f"output_dir={run}", "max_steps=1", "train_rows=8", "eval_rows=4", "eval_samples=1"],
+        )
+    )
+    assert result["initial/eval/reward_margin"] == 0.0  # the policy is π_ref before the first step
+    assert {"eval/reward_accuracy", "eval/reward_margin", "eval/gold_score_greedy"} <= set(result)
+    assert any("policy/reward_margin" in m for m in read_metrics(run)) and (run / "final" / "config.json").is_file()

@@ -8,8 +8,9 @@ from lmrl.models.support import check_causal_lm
 
 
 def test_an_encoder_loaded_as_a_causal_lm_is_refused():
-    bert = BertLMHeadModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                      intermediate_size=16))  # is_decoder=False: attends both ways
+    bert = BertLMHeadModel(
+        BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    )  # is_decoder=False: attends both ways
     with pytest.raises(ValueError, match=r"'my-bert' \(bert\) is not a causal LM") as info:
         check_causal_lm(bert, "my-bert")
     assert len(str(info.value).splitlines()) == 1 and "decoder-only causal LMs" in str(info.value)

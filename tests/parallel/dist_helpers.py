@@ -13,8 +13,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
 
 
 def digit_fraction(prompts, completions, **kwargs):
@@ -35,8 +39,15 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, timeout: float, fn, args) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     faulthandler.dump_traceback_later(timeout, exit=True)  # a hung collective: print every stack and fail
     from lmrl.parallel import runtime

@@ -17,9 +17,24 @@ from lmrl.config import load_config
 from lmrl.trainers.rl import trainer as online
 
 TESTS = Path(__file__).resolve().parent
-ARGS = ["algorithm=grpo", "precision=fp32", *TINY, "task_args.digits=1", "train_rows=64", "eval_rows=4",
-        "prompts_per_step=4", "samples_per_prompt=4", "max_new_tokens=8", "rewards=[dist_helpers:digit_fraction]",
-        "lr=1e-3", "max_steps=8", "eval_every=0", "save_every=1", "log_every=1", "check_contamination=false"]
+ARGS = [
+    "algorithm=grpo",
+    "precision=fp32",
+    *TINY,
+    "task_args.digits=1",
+    "train_rows=64",
+    "eval_rows=4",
+    "prompts_per_step=4",
+    "samples_per_prompt=4",
+    "max_new_tokens=8",
+    "rewards=[dist_helpers:digit_fraction]",
+    "lr=1e-3",
+    "max_steps=8",
+    "eval_every=0",
+    "save_every=1",
+    "log_every=1",
+    "check_contamination=false",
+]
 
 
 def children(pid: int) -> list[int]:
@@ -60,8 +75,13 @@ def test_kill_one_rank_stops_the_run_and_resume_continues_exactly(tmp_path):
 
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parents[1]), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lmrl", "rl", f"output_dir={out}", *ARGS, "nproc=2"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmrl", "rl", f"output_dir={out}", *ARGS, "nproc=2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 180
     while not (out / "checkpoints" / "step-1").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.005)

@@ -14,11 +14,15 @@ import pytest
 from test_kill_resume import ARGS, TESTS, alive, rank_pids
 
 ROOT = TESTS.parents[1]
-CHILD = ("import time\nfrom lmrl.parallel.runtime import die_with_parent\nassert die_with_parent()\n"
-         "print('ready', flush=True)\ntime.sleep(120)\n")
-PARENT = ("import subprocess, sys, time\n"
-          "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
-          "print(child.pid, flush=True)\nprint(child.stdout.readline().strip(), flush=True)\ntime.sleep(120)\n")
+CHILD = (
+    "import time\nfrom lmrl.parallel.runtime import die_with_parent\nassert die_with_parent()\n"
+    "print('ready', flush=True)\ntime.sleep(120)\n"
+)
+PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
+    "print(child.pid, flush=True)\nprint(child.stdout.readline().strip(), flush=True)\ntime.sleep(120)\n"
+)
 
 
 def wait_dead(pids: list[int], seconds: float) -> list[int]:
@@ -46,8 +50,12 @@ def test_a_process_that_asked_dies_with_its_parent():
 def test_killing_the_launcher_of_an_nproc_2_run_stops_its_ranks(tmp_path: Path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lmrl", "rl", f"output_dir={out}", *ARGS, "max_steps=200",
-                             "nproc=2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmrl", "rl", f"output_dir={out}", *ARGS, "max_steps=200", "nproc=2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 180
         while not (out / "checkpoints" / "step-1").exists() and time.time() < deadline and proc.poll() is None:

@@ -18,17 +18,33 @@ from lmrl.trainers.rl import trainer as online
 
 SLOW = pytest.mark.slow  # Ray and two actors that import torch: ~50-60 s a test on 2 shared cores
 
-ARGS = ["algorithm=grpo", "precision=fp32", *TINY, "task_args.digits=1", "train_rows=64", "eval_rows=4",
-        "prompts_per_step=4", "samples_per_prompt=4", "max_new_tokens=6", "rewards=[dist_helpers:digit_fraction]",
-        "lr=1e-2", "eval_every=0", "save_every=0", "log_every=1", "check_contamination=false", "placement=ray",
-        "rollout_workers=2"]
+ARGS = [
+    "algorithm=grpo",
+    "precision=fp32",
+    *TINY,
+    "task_args.digits=1",
+    "train_rows=64",
+    "eval_rows=4",
+    "prompts_per_step=4",
+    "samples_per_prompt=4",
+    "max_new_tokens=6",
+    "rewards=[dist_helpers:digit_fraction]",
+    "lr=1e-2",
+    "eval_every=0",
+    "save_every=0",
+    "log_every=1",
+    "check_contamination=false",
+    "placement=ray",
+    "rollout_workers=2",
+]
 
 
 @pytest.fixture(scope="module")
 def cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}}
+    )
     yield ray
     ray.shutdown()
 
@@ -46,8 +62,9 @@ def run_with(config, before_step=None):
 @SLOW
 def test_async_workers_learn_with_bounded_staleness_and_a_killed_worker_is_replaced(tmp_path, cluster):
     ray = cluster
-    config = load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'run'}", *ARGS, "async_steps=1",
-                                                 "max_steps=20"])
+    config = load_config(
+        online.RLConfig, None, [f"output_dir={tmp_path / 'run'}", *ARGS, "async_steps=1", "max_steps=20"]
+    )
 
     def kill_a_worker(method, step):
         if step == 8:
@@ -56,9 +73,9 @@ def test_async_workers_learn_with_bounded_staleness_and_a_killed_worker_is_repla
     run_with(config, kill_a_worker)
     metrics = [m for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in m]
     assert [m["step"] for m in metrics] == list(range(1, 21))  # the run went on to the end
-    assert max(m["async/staleness"] for m in metrics) == 1  # sampled ahead, never more than async_steps
-    assert metrics[0]["async/staleness"] == 0
-    restarts = [m["async/worker_restarts"] for m in metrics]
+    assert max(m["rollout/staleness"] for m in metrics) == 1  # sampled ahead, never more than async_steps
+    assert metrics[0]["rollout/staleness"] == 0
+    restarts = [m["rollout/worker_restarts"] for m in metrics]
     assert restarts[:7] == [0] * 7 and restarts[-1] == 1  # replaced once, after the kill
     rewards = [m["reward/mean"] for m in metrics]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -71,8 +88,11 @@ def test_a_worker_failing_repeatedly_stops_the_run_with_the_checkpoint_intact(tm
     ray = cluster
     from lmrl.rollout.ray import WorkersFailed
 
-    config = load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'run'}", *ARGS, "max_steps=6",
-                                                 "save_every=2", "worker_restarts=1"])
+    config = load_config(
+        online.RLConfig,
+        None,
+        [f"output_dir={tmp_path / 'run'}", *ARGS, "max_steps=6", "save_every=2", "worker_restarts=1"],
+    )
 
     def kill_every_time(method, step):
         if step >= 3:  # the replacement dies too (as one that runs out of memory at start-up would)
@@ -108,8 +128,13 @@ def test_resume_pushes_the_restored_weights_to_the_workers(tmp_path, cluster):
 
     with pytest.raises(KeyboardInterrupt):
         run_with(cut, stop_after_two)
-    run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *ARGS, "max_steps=4",
-                                                 "save_every=2", "resume=true"]))
+    run_with(
+        load_config(
+            online.RLConfig,
+            None,
+            [f"output_dir={tmp_path / 'cut'}", *ARGS, "max_steps=4", "save_every=2", "resume=true"],
+        )
+    )
     assert max_weight_diff(tmp_path / "full", tmp_path / "cut") < 1e-6
 
 
@@ -136,7 +161,7 @@ def test_async_resume_trains_on_the_batches_sampled_ahead_and_ends_exactly(tmp_p
     shutil.copytree(tmp_path / "cut", tmp_path / "resampled")
     run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'cut'}", *args, "resume=true"]))
     assert max_weight_diff(tmp_path / "full", tmp_path / "cut") < 1e-6
-    staleness = [m["async/staleness"] for m in read_jsonl(tmp_path / "cut" / "metrics.jsonl") if "reward/mean" in m]
+    staleness = [m["rollout/staleness"] for m in read_jsonl(tmp_path / "cut" / "metrics.jsonl") if "reward/mean" in m]
     assert staleness == [0, 1, 1, 1]  # step 3's batch kept its step-1 weights
     monkeypatch.setattr(RayRollouts, "load_state_dict", lambda self, state: None)
     run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'resampled'}", *args, "resume=true"]))
@@ -147,14 +172,21 @@ def test_a_batch_sampled_ahead_goes_through_a_checkpoint_unchanged(tmp_path):
     from lmrl.rollout.ray import batch_state
     from lmrl.rollout.types import RolloutBatch
 
-    batch = RolloutBatch(prompt_ids=torch.tensor([[0, 5], [0, 5]]), prompt_mask=torch.tensor([[0, 1], [0, 1]]),
-                         completion_ids=torch.tensor([[7, 8], [9, 0]]),
-                         completion_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
-                         sampler_logp=torch.tensor([[-0.5, -1.5], [-2.0, 0.0]]), truncated=torch.tensor([True, False]),
-                         finish_reason=["length", "stop"], prompts=["p", "p"], completions=["ab", "c"], group_size=2)
+    batch = RolloutBatch(
+        prompt_ids=torch.tensor([[0, 5], [0, 5]]),
+        prompt_mask=torch.tensor([[0, 1], [0, 1]]),
+        completion_ids=torch.tensor([[7, 8], [9, 0]]),
+        completion_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+        sampler_logp=torch.tensor([[-0.5, -1.5], [-2.0, 0.0]]),
+        truncated=torch.tensor([True, False]),
+        finish_reason=["length", "stop"],
+        prompts=["p", "p"],
+        completions=["ab", "c"],
+        group_size=2,
+    )
     torch.save({"ready": {3: [(batch_state(batch), 1)]}}, tmp_path / "state.pt")
     state = torch.load(tmp_path / "state.pt", weights_only=True)  # how checkpoints load
-    (restored, version), = state["ready"][3]
+    ((restored, version),) = state["ready"][3]
     back = RolloutBatch(**restored)
     assert version == 1 and back.completions == batch.completions and back.group_size == 2
     for name in ("prompt_ids", "completion_ids", "completion_mask", "sampler_logp", "truncated"):
@@ -173,5 +205,4 @@ def test_bad_ray_settings_fail_at_start_up(tmp_path):
     with pytest.raises(ConfigError, match="rollout_workers=3"):
         load_config(online.RLConfig, None, [f"output_dir={tmp_path}", "placement=ray", "rollout_workers=3"])
     with pytest.raises(ConfigError, match="tis_cap"):
-        load_config(online.RLConfig, None, [f"output_dir={tmp_path}", "placement=ray", "async_steps=1",
-                                            "tis_cap=null"])
+        load_config(online.RLConfig, None, [f"output_dir={tmp_path}", "placement=ray", "async_steps=1", "tis_cap=null"])

@@ -16,20 +16,29 @@ from lmrl.tracking import read_jsonl
 REFILL = [*DROPS, "dynamic_sampling=refill"]
 
 
-@pytest.mark.parametrize("overrides", [[*REFILL, "adv_scale=batch", "save_every=1"],
-                                       pytest.param([*REFILL, "max_refill_batches=0"], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*REFILL, "adv_scale=batch", "save_every=1"],
+        pytest.param([*REFILL, "max_refill_batches=0"], marks=pytest.mark.slow),
+    ],
+)
 def test_refill_rounds_agree_over_ranks_and_train_like_one_process(tmp_path, overrides):
     two_like_one(tmp_path, "grpo", "fsdp", *overrides)
-    one, two = ([m for m in read_jsonl(tmp_path / name / "metrics.jsonl") if "groups/kept_frac" in m]
-                for name in ("one", "two"))
+    one, two = (
+        [m for m in read_jsonl(tmp_path / name / "metrics.jsonl") if "rollout/refill_kept_frac" in m]
+        for name in ("one", "two")
+    )
     assert len(one) == len(two) == 3
     for a, b in zip(one, two):
-        for key in ("groups/refill_batches", "groups/kept_frac", "groups/filled_frac"):
+        for key in ("rollout/refill_batches", "rollout/refill_kept_frac", "rollout/refill_filled_frac"):
             assert a[key] == b[key], key
     if "max_refill_batches=0" in overrides:  # drop, with the advantages of the kept groups only
-        assert all(m["groups/refill_batches"] == 0 for m in one) and any(m["groups/filled_frac"] < 1 for m in one)
+        assert all(m["rollout/refill_batches"] == 0 for m in one) and any(
+            m["rollout/refill_filled_frac"] < 1 for m in one
+        )
         return
-    assert one[0]["groups/refill_batches"] > 0  # step 1's checkpoint holds a data position ahead of the step
+    assert one[0]["rollout/refill_batches"] > 0  # step 1's checkpoint holds a data position ahead of the step
     resumed = tmp_path / "resumed"
     shutil.copytree(tmp_path / "two", resumed)
     for gone in ("final", "checkpoints/step-2", "checkpoints/step-3"):

@@ -26,28 +26,52 @@ else:
 
 pytestmark = pytest.mark.vllm  # ~35-50 s each here (two engines start)
 MODEL = [k for k in TINY if "hidden_size" not in k and "intermediate" not in k] + [
-    "model_args.hidden_size=64", "model_args.intermediate_size=128"]  # head size 32: vLLM's CPU attention runs it
+    "model_args.hidden_size=64",
+    "model_args.intermediate_size=128",
+]  # head size 32: vLLM's CPU attention runs it
 
 
 def train(out: Path, parallel: str, *overrides) -> subprocess.CompletedProcess:
     """`lmrl rl nproc=2 ...` in a subprocess (the reward's module on its path)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    args = [f"output_dir={out}", f"parallel={parallel}", "engine=vllm", "precision=fp32", *MODEL, "task_args.digits=1",
-            "train_rows=32", "eval_rows=4", "prompts_per_step=4", "samples_per_prompt=4", "max_new_tokens=6",
-            "rewards=[dist_helpers:digit_fraction]", "eval_every=0", "save_every=0", "log_every=1", "lr=1e-2",
-            "max_steps=3", "sample_every=100", "vllm_kv_cache_gb=0.0625", "vllm_max_model_len=128",
-            "stop_on_sampler_logp_gap=true", "max_sampler_logp_gap=1e-3", *overrides]
-    return subprocess.run([sys.executable, "-m", "lmrl", "rl", "nproc=2", *args], env=env, capture_output=True,
-                          text=True, timeout=500)
+    args = [
+        f"output_dir={out}",
+        f"parallel={parallel}",
+        "engine=vllm",
+        "precision=fp32",
+        *MODEL,
+        "task_args.digits=1",
+        "train_rows=32",
+        "eval_rows=4",
+        "prompts_per_step=4",
+        "samples_per_prompt=4",
+        "max_new_tokens=6",
+        "rewards=[dist_helpers:digit_fraction]",
+        "eval_every=0",
+        "save_every=0",
+        "log_every=1",
+        "lr=1e-2",
+        "max_steps=3",
+        "sample_every=100",
+        "vllm_kv_cache_gb=0.0625",
+        "vllm_max_model_len=128",
+        "stop_on_sampler_logp_gap=true",
+        "max_sampler_logp_gap=1e-3",
+        *overrides,
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "lmrl", "rl", "nproc=2", *args], env=env, capture_output=True, text=True, timeout=500
+    )
 
 
-@pytest.mark.parametrize("parallel,overrides", [("fsdp", []), ("ddp", ["vllm_server=auto"])],
-                         ids=["colocated-fsdp", "server-ddp"])
+@pytest.mark.parametrize(
+    "parallel,overrides", [("fsdp", []), ("ddp", ["vllm_server=auto"])], ids=["colocated-fsdp", "server-ddp"]
+)
 def test_two_ranks_sample_with_engine_vllm_and_their_engines_follow_the_weights(tmp_path, parallel, overrides):
     done = train(tmp_path / "run", parallel, *overrides)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 3 and all(r["time/weight_sync_s"] > 0 for r in steps)
-    gaps = [r["sampler_logp_gap"] for r in steps if "sampler_logp_gap" in r]
+    gaps = [r["policy/sampler_logp_gap"] for r in steps if "policy/sampler_logp_gap" in r]
     assert gaps and max(gaps) < 1e-4, gaps  # every rank's engine samples the weights after each update

@@ -11,28 +11,54 @@ import yaml
 REWARDS = [0.1, 0.25, 0.4, 0.55, 0.61]
 KLS = [0.0, 0.02, 0.05, 0.11, 0.2]
 EVAL_ACC = {0: 0.12, 4: 0.345}
+NAMES = {"loss": "loss", "kl": "kl"}
+OLD_NAMES = {"loss": "loss", "kl": "kl"}
+"""The step metrics of `write_rl_run` under their current names and under the names of runs written earlier."""
 
 
-def write_rl_run(path: Path, lr: float = 1e-3, corrupt: bool = True) -> Path:
-    """A GRPO-like run: 5 steps of reward/kl/loss, evaluations at 0 and 4, samples, an eval file, checkpoints."""
+def write_rl_run(path: Path, lr: float = 1e-3, corrupt: bool = True, old_names: bool = False) -> Path:
+    """A GRPO-like run: 5 steps of reward/kl/loss, evaluations at 0 and 4, samples, an eval file, checkpoints.
+    ``old_names``: the metric names runs had before docs/metrics.md's namespaces (``loss``, ``kl``, ``lr``, ...)."""
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump({"model": "builtin:tiny", "algorithm": "grpo", "lr": lr,
-                                                      "max_steps": 4, "dataset": "task:arithmetic"}))
+    (path / "config.yaml").write_text(
+        yaml.safe_dump(
+            {"model": "builtin:tiny", "algorithm": "grpo", "lr": lr, "max_steps": 4, "dataset": "task:arithmetic"}
+        )
+    )
     lines = [json.dumps({"step": 0, "eval/accuracy": EVAL_ACC[0]})]
     for step, (reward, kl) in enumerate(zip(REWARDS, KLS)):
         if step:
-            lines.append(json.dumps({"step": step, "loss": 1.0 / step, "reward/mean": reward, "kl": kl,
-                                     "time_s": step * 1.5}))
+            names = OLD_NAMES if old_names else NAMES
+            lines.append(
+                json.dumps(
+                    {
+                        "step": step,
+                        names["loss"]: 1.0 / step,
+                        "reward/mean": reward,
+                        names["kl"]: kl,
+                        "time_s": step * 1.5,
+                    }
+                )
+            )
     if corrupt:
         lines.insert(2, '{"step": 2, "loss": ')  # a corrupt line: skipped and counted
     lines.append(json.dumps({"step": 4, "eval/accuracy": EVAL_ACC[4]}))
     (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    samples = [{"step": 4, "prompt": "12+34=", "completion": "46", "reward": 1.0, "rewards/task": 1.0},
-               {"step": 4, "prompt": "7-9=", "completion": "-3", "reward": 0.0, "rewards/task": 0.0}]
+    samples = [
+        {"step": 4, "prompt": "12+34=", "completion": "46", "reward": 1.0, "rewards/task": 1.0},
+        {"step": 4, "prompt": "7-9=", "completion": "-3", "reward": 0.0, "rewards/task": 0.0},
+    ]
     (path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     (path / "evals").mkdir()
-    (path / "evals" / "task_arithmetic.json").write_text(json.dumps(
-        {"model": str(path / "final"), "dataset": "task:arithmetic", "metrics": {"accuracy": 0.345, "pass@4": 0.6125}}))
+    (path / "evals" / "task_arithmetic.json").write_text(
+        json.dumps(
+            {
+                "model": str(path / "final"),
+                "dataset": "task:arithmetic",
+                "metrics": {"accuracy": 0.345, "pass@4": 0.6125},
+            }
+        )
+    )
     (path / "checkpoints" / "step-4").mkdir(parents=True)
     (path / "checkpoints" / "step-4" / "model.safetensors").write_bytes(b"\0" * 2_000_000)
     (path / "final").mkdir()
@@ -42,14 +68,27 @@ def write_rl_run(path: Path, lr: float = 1e-3, corrupt: bool = True) -> Path:
 def write_swarm_run(path: Path) -> Path:
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(yaml.safe_dump({"mode": "sim", "nodes": 2, "max_steps": 3}))
-    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s}) + "\n"
-                                                for s in (1, 2, 3)))
+    (path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward/mean": 0.1 * s}) + "\n" for s in (1, 2, 3))
+    )
     for n, (accepted, skipped) in enumerate([(7, 1), (5, 3)]):
         node = path / "nodes" / f"node-{n}"
         node.mkdir(parents=True)
-        node.joinpath("metrics.jsonl").write_text("".join(json.dumps(
-            {"step": s, "reward/mean": 0.2 * s + n, "cumulative_reward": 0.5 * s, "swarm/accepted": accepted * s,
-             "swarm/skipped": skipped * s}) + "\n" for s in (1, 2, 3)))
+        node.joinpath("metrics.jsonl").write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "step": s,
+                        "reward/mean": 0.2 * s + n,
+                        "reward/cumulative": 0.5 * s,
+                        "swarm/accepted": accepted * s,
+                        "swarm/skipped": skipped * s,
+                    }
+                )
+                + "\n"
+                for s in (1, 2, 3)
+            )
+        )
     return path
 
 
@@ -65,13 +104,35 @@ def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
-REAL_RL_ARGS = ["precision=fp32", "model_args.hidden_size=32", "model_args.num_hidden_layers=1",
-                "model_args.intermediate_size=64", "model_args.num_attention_heads=2", "task_args.digits=1",
-                "train_rows=16", "eval_rows=4", "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=4",
-                "eval_every=2", "max_steps=3", "log_every=1", "lr=1e-4", "lr_schedule=constant", "warmup_steps=0",
-                "kl_coef=0.01", "check_contamination=false"]
-GARBAGE = ['{"step": 4, "loss": NaN, "reward/mean": NaN}',  # bare NaN: Python reads it, strict JSON does not
-           '{"step": "four", "loss": 1.0}', '{"step": 4.5, "loss": 1.0}', '{"loss": 2.0}', '[1, 2]', 'not json']
+REAL_RL_ARGS = [
+    "precision=fp32",
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=1",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "task_args.digits=1",
+    "train_rows=16",
+    "eval_rows=4",
+    "prompts_per_step=2",
+    "samples_per_prompt=2",
+    "max_new_tokens=4",
+    "eval_every=2",
+    "max_steps=3",
+    "log_every=1",
+    "lr=1e-4",
+    "lr_schedule=constant",
+    "warmup_steps=0",
+    "kl_coef=0.01",
+    "check_contamination=false",
+]
+GARBAGE = [
+    '{"step": 4, "loss": NaN, "reward/mean": NaN}',  # bare NaN: Python reads it, strict JSON does not
+    '{"step": "four", "loss": 1.0}',
+    '{"step": 4.5, "loss": 1.0}',
+    '{"loss": 2.0}',
+    "[1, 2]",
+    "not json",
+]
 GARBAGE_SKIPPED = 5  # every line but the NaN one (a valid record with an integer step)
 CUT_LINE = '{"step": 6, "loss": 0.'
 

@@ -21,8 +21,15 @@ from lmrl.report.figures import ema
 from lmrl.report.html import ReportConfig, run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = Path(os.environ.get("LMRL_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts" / "browser"))
 
 try:
@@ -30,8 +37,13 @@ try:
 except ImportError:  # pragma: no cover - the browser-test extra is not installed
     sync_playwright = None
 
-missing = "playwright (pip install -e '.[browser-test]')" if sync_playwright is None else \
-    "chromium (apt-get install -y chromium)" if CHROMIUM is None else None
+missing = (
+    "playwright (pip install -e '.[browser-test]')"
+    if sync_playwright is None
+    else "chromium (apt-get install -y chromium)"
+    if CHROMIUM is None
+    else None
+)
 if missing and os.environ.get("CI"):
     raise RuntimeError(f"browser tests need {missing}; `make test` installs both")
 pytestmark = pytest.mark.skipif(missing is not None, reason=f"needs {missing}")
@@ -56,8 +68,9 @@ def page(browser):
 
 
 def plot_data(page, div_id: str) -> list[dict]:
-    return page.evaluate(f"document.getElementById('{div_id}').data.map(t => ({{name: t.name, x: Array.from(t.x), "
-                         f"y: Array.from(t.y)}}))")
+    return page.evaluate(
+        f"document.getElementById('{div_id}').data.map(t => ({{name: t.name, x: Array.from(t.x), y: Array.from(t.y)}}))"
+    )
 
 
 def test_report_in_browser(rl_run, page):
@@ -94,8 +107,9 @@ def test_dashboard_in_browser_updates_live(runs_dir, page):
             f.write(json.dumps({"step": 5, "loss": 0.123456, "reward/mean": 0.7, "kl": 0.3}) + "\n")
         page.wait_for_function("document.getElementById('plot-loss').data[0].y.includes(0.123456)", timeout=15_000)
         # the table refreshes on its own poll, which may come after the plot's
-        page.wait_for_function("document.querySelector(\"#runs-body tr[data-name='grpo-a']\").innerText"
-                               ".includes('0.1235')", timeout=15_000)
+        page.wait_for_function(
+            "document.querySelector(\"#runs-body tr[data-name='grpo-a']\").innerText.includes('0.1235')", timeout=15_000
+        )
         assert "0.1235" in page.inner_text("#runs-body tr[data-name='grpo-a']")
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         # the swarm view: nodes, rounds, accepted and rejected payloads
@@ -136,13 +150,17 @@ def test_a_real_rl_run_with_nan_metrics_in_the_report_and_the_dashboard(garbled_
 
 
 def line_path(page, div_id: str) -> str:
-    return page.evaluate(f"Array.from(document.querySelectorAll('#{div_id} .scatterlayer path.js-line'))"
-                         ".map(p => p.getAttribute('d')).join(' ')")
+    return page.evaluate(
+        f"Array.from(document.querySelectorAll('#{div_id} .scatterlayer path.js-line'))"
+        ".map(p => p.getAttribute('d')).join(' ')"
+    )
 
 
 def set_smoothing(page, value: float) -> None:
-    page.evaluate(f"(() => {{ const s = document.getElementById('smoothing'); s.value = '{value}'; "
-                  "s.dispatchEvent(new Event('input')); })()")
+    page.evaluate(
+        f"(() => {{ const s = document.getElementById('smoothing'); s.value = '{value}'; "
+        "s.dispatchEvent(new Event('input')); })()"
+    )
 
 
 def test_dashboard_keeps_zoom_and_hidden_lines_across_polls_and_smooths(runs_dir, page):

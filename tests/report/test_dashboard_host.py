@@ -18,9 +18,18 @@ def _status(port: int, host: str | None) -> int:
     return status
 
 
-@pytest.mark.parametrize("host, allowed", [("127.0.0.1:{port}", True), ("localhost:{port}", True),
-                                           ("[::1]:{port}", True), ("evil.example:{port}", False),
-                                           ("127.0.0.1", False), ("127.0.0.1:1", False), (None, False)])
+@pytest.mark.parametrize(
+    "host, allowed",
+    [
+        ("127.0.0.1:{port}", True),
+        ("localhost:{port}", True),
+        ("[::1]:{port}", True),
+        ("evil.example:{port}", False),
+        ("127.0.0.1", False),
+        ("127.0.0.1:1", False),
+        (None, False),
+    ],
+)
 def test_only_local_host_headers_are_served(tmp_path, host, allowed):
     server = serve(DashboardConfig(runs_dir=str(tmp_path), port=0))
     try:

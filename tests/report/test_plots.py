@@ -24,9 +24,14 @@ def test_ema_is_tensorboards_debiased_moving_average():
 
 
 def test_throughput_has_its_own_panel_not_an_axis_shared_with_0_1_metrics():
-    groups = metric_groups(["loss", "tokens_per_s", "grad_norm", "reward/mean", "samples_per_s", "time/train_s"])
-    assert groups == {"loss": ["loss"], "reward": ["reward/mean"], THROUGHPUT: ["tokens_per_s", "samples_per_s"],
-                      "other": ["grad_norm"], "time": ["time/train_s"]}
+    groups = metric_groups(["loss", "tokens_per_s", "optim/grad_norm", "reward/mean", "samples_per_s", "time/train_s"])
+    assert groups == {
+        "loss": ["loss"],
+        "reward": ["reward/mean"],
+        THROUGHPUT: ["tokens_per_s", "samples_per_s"],
+        "optim": ["optim/grad_norm"],
+        "time": ["time/train_s"],
+    }
 
 
 def test_a_run_keeps_its_colour_in_every_panel_and_single_metric_panels_are_labelled(tmp_path):

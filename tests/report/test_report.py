@@ -128,11 +128,15 @@ def test_report_and_dashboard_read_old_and_lossless_multi_turn_samples(tmp_path)
     from lmrl.report.dashboard import LiveRun, run_payload
 
     path = write_rl_run(tmp_path / "tools", corrupt=False)
-    new = {"step": 5, "prompt": "<|im_start|>user\n47*83=<|im_end|>\n<|im_start|>assistant\n",
-           "completion": "[calculator(expression='47*83')]<|im_end|>\n<|im_start|>tool\n3901<|im_end|>...",
-           "messages": [{"role": "user", "content": "47*83="}, {"role": "assistant", "content": "3901"}],
-           "turns": [[0, 33], [45, 50]], "token_roles": [["assistant", 1, 33], ["tool", 0, 12], ["assistant", 1, 5]],
-           "reward": 1.0}
+    new = {
+        "step": 5,
+        "prompt": "<|im_start|>user\n47*83=<|im_end|>\n<|im_start|>assistant\n",
+        "completion": "[calculator(expression='47*83')]<|im_end|>\n<|im_start|>tool\n3901<|im_end|>...",
+        "messages": [{"role": "user", "content": "47*83="}, {"role": "assistant", "content": "3901"}],
+        "turns": [[0, 33], [45, 50]],
+        "token_roles": [["assistant", 1, 33], ["tool", 0, 12], ["assistant", 1, 5]],
+        "reward": 1.0,
+    }
     with (path / "samples.jsonl").open("a") as f:  # old rows (prompt, completion, rewards) and a new one
         f.write(json.dumps(new) + "\n")
     html = run(ReportConfig(runs=[str(path)], output_file=str(tmp_path / "r.html"))).read_text()

@@ -7,11 +7,10 @@ import pytest
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.rewards import REWARDS, MissingColumnError, RewardSet, make_reward
-from lmrl.rewards.judge import (
+from lmrl.rewards.judge import PairwiseJudge, RubricJudge
+from lmrl.rewards.judge_text import (
     PAIRWISE_PROMPT,
     Criterion,
-    PairwiseJudge,
-    RubricJudge,
     aggregate_rubric,
     combine_verdicts,
     disagree,
@@ -26,19 +25,22 @@ from lmrl.rewards.judge import (
 TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2}
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Assistant A is more accurate. [[A]]", "A"),
-    ("[[B]]", "B"),
-    ("Both are equally good: [[C]]", "C"),
-    ("First I thought [[A]], but on reflection [[B]]", "B"),  # the LAST tag counts
-    ("verdict: [[ A ]]", "A"),  # spaces inside the brackets are allowed
-    ("verdict: [A]", None),  # single brackets are not a tag
-    ("verdict: [[a]]", None),  # lowercase is not a tag
-    ("[[D]]", None),
-    ("[[AB]]", None),
-    ("no verdict at all", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Assistant A is more accurate. [[A]]", "A"),
+        ("[[B]]", "B"),
+        ("Both are equally good: [[C]]", "C"),
+        ("First I thought [[A]], but on reflection [[B]]", "B"),  # the LAST tag counts
+        ("verdict: [[ A ]]", "A"),  # spaces inside the brackets are allowed
+        ("verdict: [A]", None),  # single brackets are not a tag
+        ("verdict: [[a]]", None),  # lowercase is not a tag
+        ("[[D]]", None),
+        ("[[AB]]", None),
+        ("no verdict at all", None),
+        ("", None),
+    ],
+)
 def test_parse_verdict(text, expected):
     assert parse_verdict(text) == expected
 
@@ -46,8 +48,8 @@ def test_parse_verdict(text, expected):
 # first: order (a, b); swapped: order (b, a), where "A" names answer b. Mapped back to (a, b) terms
 # swapped A -> B, B -> A, C -> C; a win needs both orders to agree, any other parsed pair is a tie.
 SWAP_TABLE = [
-    ("A", "B", "A"),   # (a,b) says a; (b,a) says its B = a         -> a in both orders
-    ("B", "A", "B"),   # (a,b) says b; (b,a) says its A = b         -> b in both
+    ("A", "B", "A"),  # (a,b) says a; (b,a) says its B = a         -> a in both orders
+    ("B", "A", "B"),  # (a,b) says b; (b,a) says its A = b         -> b in both
     ("A", "A", "tie"),  # a first, then b when b is first: position bias
     ("B", "B", "tie"),  # b second in both: position bias the other way
     ("A", "C", "tie"),
@@ -55,7 +57,10 @@ SWAP_TABLE = [
     ("B", "C", "tie"),
     ("C", "A", "tie"),
     ("C", "C", "tie"),
-    ("A", None, None), (None, "B", None), (None, None, None), ("C", None, None),
+    ("A", None, None),
+    (None, "B", None),
+    (None, None, None),
+    ("C", None, None),
 ]
 
 
@@ -71,14 +76,17 @@ def test_disagreement_is_position_bias():
     assert not disagree("A", None)
 
 
-@pytest.mark.parametrize("text, n, max_score, expected", [
-    ("good [[1: 8]] [[2: 3]]", 2, 10, [8.0, 3.0]),
-    ("[[1: 8]] later [[1:6]]", 2, 10, [6.0, None]),  # last tag of an id counts; criterion 2 missing
-    ("[[1: 11]] [[2: 10]] [[3: 0]]", 3, 10, [None, 10.0, 0.0]),  # out of range -> unparsed; bounds inclusive
-    ("[[1: -1]] [[2: 2.5]] [[4: 3]]", 3, 5, [None, 2.5, None]),  # negative out of range; id 4 > n ignored
-    ("[[0: 3]] [[2: x]]", 2, 10, [None, None]),
-    ("", 1, 10, [None]),
-])
+@pytest.mark.parametrize(
+    "text, n, max_score, expected",
+    [
+        ("good [[1: 8]] [[2: 3]]", 2, 10, [8.0, 3.0]),
+        ("[[1: 8]] later [[1:6]]", 2, 10, [6.0, None]),  # last tag of an id counts; criterion 2 missing
+        ("[[1: 11]] [[2: 10]] [[3: 0]]", 3, 10, [None, 10.0, 0.0]),  # out of range -> unparsed; bounds inclusive
+        ("[[1: -1]] [[2: 2.5]] [[4: 3]]", 3, 5, [None, 2.5, None]),  # negative out of range; id 4 > n ignored
+        ("[[0: 3]] [[2: x]]", 2, 10, [None, None]),
+        ("", 1, 10, [None]),
+    ],
+)
 def test_parse_rubric_scores(text, n, max_score, expected):
     assert parse_rubric_scores(text, n, max_score) == expected
 
@@ -100,15 +108,31 @@ def test_aggregate_rubric_by_hand():
 
 
 def test_parse_rubric_forms_and_errors():
-    crit = parse_rubric(["Correct", {"title": "Concise", "weight": 2, "description": "short"},
-                         {"criterion": "Rambles", "weight": -1}, Criterion("Polite", weight=0.5)])
-    assert crit == [Criterion("Correct"), Criterion("Concise", "short", 2.0), Criterion("Rambles", "", -1.0),
-                    Criterion("Polite", "", 0.5)]
+    crit = parse_rubric(
+        [
+            "Correct",
+            {"title": "Concise", "weight": 2, "description": "short"},
+            {"criterion": "Rambles", "weight": -1},
+            Criterion("Polite", weight=0.5),
+        ]
+    )
+    assert crit == [
+        Criterion("Correct"),
+        Criterion("Concise", "short", 2.0),
+        Criterion("Rambles", "", -1.0),
+        Criterion("Polite", "", 0.5),
+    ]
     assert parse_rubric('[{"title": "A", "weight": 3}]') == [Criterion("A", "", 3.0)]  # JSON string
     assert format_criteria(crit[1:3]) == "1. Concise: short\n2. Rambles (pitfall)"
-    for bad, match in [([], "non-empty list"), ("{", "valid JSON"), ([{"title": "A", "weight": 0}], "non-zero"),
-                       ([{"title": "A", "weight": "high"}], "give a number"), ([{"desc": "x"}], "criterion 1"),
-                       ([{"title": "A", "wieght": 2}], "unknown keys"), ([{"title": "A", "weight": -1}], "positive")]:
+    for bad, match in [
+        ([], "non-empty list"),
+        ("{", "valid JSON"),
+        ([{"title": "A", "weight": 0}], "non-zero"),
+        ([{"title": "A", "weight": "high"}], "give a number"),
+        ([{"desc": "x"}], "criterion 1"),
+        ([{"title": "A", "wieght": 2}], "unknown keys"),
+        ([{"title": "A", "weight": -1}], "positive"),
+    ]:
         with pytest.raises(ValueError, match=match):
             parse_rubric(bad)
 
@@ -117,8 +141,16 @@ def test_question_text_and_fill():
     chatml = "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\n7+5=<|im_end|>\n<|im_start|>assistant\n"
     assert question_text(chatml) == "7+5="
     assert question_text("7+5=") == "7+5="
-    assert question_text([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                          {"role": "user", "content": "7+5="}]) == "7+5="
+    assert (
+        question_text(
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"},
+                {"role": "user", "content": "7+5="},
+            ]
+        )
+        == "7+5="
+    )
     with pytest.raises(ValueError, match="user turn"):
         question_text([{"role": "system", "content": "x"}])
     # plain replacement: braces inside the texts survive (str.format would raise)
@@ -159,8 +191,9 @@ def answer(text, which):
 def test_pairwise_judge_fair_and_position_biased(tok, random_model):
     judge = PairwiseJudge(random_model, tok)
     # a fair judge that prefers the answer "12": wins in both orders, and ties when neither is "12"
-    asked = scripted(judge, lambda t: "[[A]]" if answer(t, "A") == "12" else
-                     ("[[B]]" if answer(t, "B") == "12" else "[[C]]"))
+    asked = scripted(
+        judge, lambda t: "[[A]]" if answer(t, "A") == "12" else ("[[B]]" if answer(t, "B") == "12" else "[[C]]")
+    )
     verdicts = judge.judge(["7+5=", "7+5=", "2+2="], ["12", "13", "5"], ["13", "12", "3"])
     assert verdicts == ["A", "B", "tie"]
     assert len(asked) == 6 and answer(asked[0], "A") == "12" and answer(asked[3], "A") == "13"  # swapped order
@@ -190,12 +223,17 @@ def test_pairwise_parse_failures_counted_per_judgement_and_pair(tok, random_mode
 
 
 def test_rubric_judge_scores_by_hand(tok, random_model):
-    rubric = RubricJudge(random_model, tok, [{"title": "Correct", "weight": 3}, "Concise",
-                                             {"title": "Rambles", "weight": -1}])
-    replies = iter(["ok [[1: 10]] [[2: 5]] [[3: 0]]",  # (3·1 + 1·.5 - 0) / 4 = 0.875
-                    "[[2: 10]] [[3: 10]]",  # criterion 1 missing: (1·1 - 1·1) / 1 = 0
-                    "[[3: 10]]",  # only the pitfall: no positive weight parsed -> fallback 0.0, failure
-                    "nothing"])  # -> fallback
+    rubric = RubricJudge(
+        random_model, tok, [{"title": "Correct", "weight": 3}, "Concise", {"title": "Rambles", "weight": -1}]
+    )
+    replies = iter(
+        [
+            "ok [[1: 10]] [[2: 5]] [[3: 0]]",  # (3·1 + 1·.5 - 0) / 4 = 0.875
+            "[[2: 10]] [[3: 10]]",  # criterion 1 missing: (1·1 - 1·1) / 1 = 0
+            "[[3: 10]]",  # only the pitfall: no positive weight parsed -> fallback 0.0, failure
+            "nothing",
+        ]
+    )  # -> fallback
     asked = scripted(rubric, lambda t: next(replies))
     scores = rubric(["7+5="] * 4, ["12", "12!", "twelve", "?"])
     assert scores == pytest.approx([0.875, 0.0, 0.0, 0.0], abs=1e-12)
@@ -219,8 +257,10 @@ def test_random_builtin_judge_fails_to_parse_and_is_counted_not_fatal(tok, rando
     judge = PairwiseJudge(random_model, tok, max_new_tokens=8)
     verdicts = judge.judge(["7+5=", "1+1="], ["12", "2"], ["13", "3"])
     assert len(judge.last_judgements) == 4
-    expected = [combine_verdicts(parse_verdict(x), parse_verdict(y))
-                for x, y in zip(judge.last_judgements[:2], judge.last_judgements[2:])]
+    expected = [
+        combine_verdicts(parse_verdict(x), parse_verdict(y))
+        for x, y in zip(judge.last_judgements[:2], judge.last_judgements[2:])
+    ]
     assert verdicts == expected == [None, None]
     assert judge.parse_failures == 4 and judge.failures == 2
     # greedy (temperature 0): judging again gives the same texts
@@ -232,15 +272,19 @@ def test_random_builtin_judge_fails_to_parse_and_is_counted_not_fatal(tok, rando
 def test_registered_judge_and_rubric_rewards_through_reward_set():
     assert {"judge", "rubric"} <= set(REWARDS)
     model_args = {"model": "builtin:tiny", "max_new_tokens": 4, "precision": "fp32"}
-    rs = RewardSet(["judge", "rubric"], reward_kwargs={"judge": {**model_args, "fallback": 0.25},
-                                                       "rubric": {**model_args, "criteria": ["Correct"],
-                                                                  "fallback": -1.0}})
+    rs = RewardSet(
+        ["judge", "rubric"],
+        reward_kwargs={
+            "judge": {**model_args, "fallback": 0.25},
+            "rubric": {**model_args, "criteria": ["Correct"], "fallback": -1.0},
+        },
+    )
     result = rs.compute(["7+5=", "1+1="], ["12", "2"], chosen=["12", "2"])
     # random judges: every verdict and grade fails -> the fallbacks, failures logged as rewards/<name>/...
     assert result.components["judge"].tolist() == [0.25, 0.25]
     assert result.components["rubric"].tolist() == [-1.0, -1.0]
-    assert result.metrics["rewards/judge/parse_failures"] == 4.0  # 2 pairs x 2 orders
-    assert result.metrics["rewards/rubric/parse_failures"] == 2.0
+    assert result.metrics["reward/judge/parse_failures"] == 4.0  # 2 pairs x 2 orders
+    assert result.metrics["reward/rubric/parse_failures"] == 2.0
     with pytest.raises(ValueError, match="Bad options for reward 'judge'"):
         make_reward("judge", model="builtin:tiny", refrence="chosen")
 

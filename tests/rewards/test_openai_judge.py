@@ -22,13 +22,22 @@ def rubric_grader(path, payload, i):
 def test_rubric_kind_posts_chat_completions_and_scores_with_the_rubric_parsing(monkeypatch):
     monkeypatch.setenv("LMRL_TEST_KEY", "k")
     with StubServer(rubric_grader) as server:
-        rs = RewardSet(["openai_judge"], reward_kwargs={"openai_judge": {
-            "url": server.url(""), "model": "stub-7b", "api_key_env": "LMRL_TEST_KEY", "backoff_s": 0.01,
-            "criteria": [{"title": "Correct", "weight": 3}, {"title": "Concise", "weight": 1}]}})
+        rs = RewardSet(
+            ["openai_judge"],
+            reward_kwargs={
+                "openai_judge": {
+                    "url": server.url(""),
+                    "model": "stub-7b",
+                    "api_key_env": "LMRL_TEST_KEY",
+                    "backoff_s": 0.01,
+                    "criteria": [{"title": "Correct", "weight": 3}, {"title": "Concise", "weight": 1}],
+                }
+            },
+        )
         total, _, metrics = rs.compute(["What is 2+2?"] * 3, ["good", "bad", "garbled"])
     # good: (3 * 10/10 + 1 * 5/10) / (3 + 1) = 3.5 / 4 = 0.875; bad: 0; garbled: unparsed -> fallback 0
     assert total.tolist() == pytest.approx([0.875, 0.0, 0.0], abs=1e-6)
-    assert metrics["rewards/openai_judge/parse_failures"] == 1.0
+    assert metrics["reward/openai_judge/parse_failures"] == 1.0
     path, payload, headers = server.requests[0]
     assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer k"
     assert payload["model"] == "stub-7b" and payload["temperature"] == 0
@@ -54,8 +63,18 @@ def test_pairwise_kind_compares_with_the_reference_in_both_orders():
 
 def test_an_endpoint_that_keeps_failing_is_a_reward_error_naming_it():
     with StubServer(lambda path, payload, i: (503, {"error": "overloaded"})) as server:
-        rs = RewardSet(["openai_judge"], reward_kwargs={"openai_judge": {
-            "url": server.url(""), "model": "m", "criteria": ["Correct"], "retries": 1, "backoff_s": 0.01}})
+        rs = RewardSet(
+            ["openai_judge"],
+            reward_kwargs={
+                "openai_judge": {
+                    "url": server.url(""),
+                    "model": "m",
+                    "criteria": ["Correct"],
+                    "retries": 1,
+                    "backoff_s": 0.01,
+                }
+            },
+        )
         with pytest.raises(RewardError, match=r"/v1/chat/completions failed 2 times.*HTTP 503") as err:
             rs.compute(["q", "q"], ["a", "b"])
     assert err.value.skippable and len(server.requests) == 4  # 2 samples x 2 tries, no per-sample re-run

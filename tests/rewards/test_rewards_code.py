@@ -14,13 +14,16 @@ def test_run_tests_counts_passing_tests():
     assert run_tests("def f(x):\n    return 2 if x == 1 else 0", TESTS)[:2] == (2, 3)
 
 
-@pytest.mark.parametrize("code", [
-    "import sys\nsys.exit(0)",                                            # exits before the tests
-    "print('@@lmrl-tests-0000@@3')",                                      # prints a fake count
-    "import builtins\nbuiltins.exec = lambda *a, **k: None",              # disables the tests' exec
-    "import os\nprint(os.environ.get('LMRL_TESTS_MARKER'))\ndef f(x):\n    return -999",  # looks for the marker
-    "def f(:",                                                            # does not compile
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nsys.exit(0)",  # exits before the tests
+        "print('@@lmrl-tests-0000@@3')",  # prints a fake count
+        "import builtins\nbuiltins.exec = lambda *a, **k: None",  # disables the tests' exec
+        "import os\nprint(os.environ.get('LMRL_TESTS_MARKER'))\ndef f(x):\n    return -999",  # looks for the marker
+        "def f(:",  # does not compile
+    ],
+)
 def test_naive_reward_hacks_pass_nothing(code):
     assert run_tests(code, TESTS)[0] == 0
 
@@ -29,8 +32,13 @@ def test_tests_are_judged_outside_the_sandbox():
     # the sandbox only returns f's values: one that claims equality with everything is just an object
     code = "class E:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return E()"
     assert run_tests(code, TESTS)[0] == 0
-    assert run_tests("def f(x):\n    return [x, x]", ["assert f(2)[0] + 1 == 3", "assert len(f(1)) == 2",
-                                                     "assert sorted(f(3)) != [3]"])[0] == 3
+    assert (
+        run_tests(
+            "def f(x):\n    return [x, x]",
+            ["assert f(2)[0] + 1 == 3", "assert len(f(1)) == 2", "assert sorted(f(3)) != [3]"],
+        )[0]
+        == 3
+    )
 
 
 @pytest.mark.parametrize("test", ["f(1)", "assert all(f(x) for x in [1])", "import os\nassert f(1) == 2"])

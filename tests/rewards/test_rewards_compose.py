@@ -28,17 +28,25 @@ def test_weighted_total_components_and_metric_names():
     torch.testing.assert_close(components["mixed"], torch.tensor([0.5, 0.5, -1.0, 2.0]), rtol=0, atol=0)
     assert list(components) == ["ones_zeros", "mixed"]
     assert set(metrics) == {
-        "rewards/ones_zeros/mean", "rewards/ones_zeros/std",
-        "rewards/mixed/mean", "rewards/mixed/std",
-        "reward/mean", "reward/std", "reward/errors",
+        "reward/ones_zeros/mean",
+        "reward/ones_zeros/std",
+        "reward/mixed/mean",
+        "reward/mixed/std",
+        "reward/mean",
+        "reward/std",
+        "reward/errors",
     }
     # a: mean 0.5, population std sqrt(4 * 0.25 / 4) = 0.5
     # b: mean (0.5 + 0.5 - 1 + 2)/4 = 0.5; deviations 0, 0, -1.5, 1.5 -> var 4.5/4 = 1.125, std 1.0606602
     # total: mean 2.4/4 = 0.6; deviations .5, -.5, .2, -.2 -> var 0.58/4 = 0.145, std 0.3807887
     expected = {
-        "rewards/ones_zeros/mean": 0.5, "rewards/ones_zeros/std": 0.5,
-        "rewards/mixed/mean": 0.5, "rewards/mixed/std": math.sqrt(1.125),
-        "reward/mean": 0.6, "reward/std": math.sqrt(0.145), "reward/errors": 0.0,
+        "reward/ones_zeros/mean": 0.5,
+        "reward/ones_zeros/std": 0.5,
+        "reward/mixed/mean": 0.5,
+        "reward/mixed/std": math.sqrt(1.125),
+        "reward/mean": 0.6,
+        "reward/std": math.sqrt(0.145),
+        "reward/errors": 0.0,
     }
     for key, value in expected.items():
         assert metrics[key] == pytest.approx(value, abs=1e-6), key
@@ -57,8 +65,8 @@ def test_default_weights_registry_specs_and_options():
 def test_last_stats_are_logged_per_reward():
     rs = RewardSet(["math"])
     _, _, metrics = rs.compute(["q", "q"], [r"\boxed{2}", "no idea"], answer=["2", "2"])
-    assert metrics["rewards/math/mean"] == 0.5
-    assert metrics["rewards/math/no_answer"] == 1.0 and metrics["rewards/math/errors"] == 0.0
+    assert metrics["reward/math/mean"] == 0.5
+    assert metrics["reward/math/no_answer"] == 1.0 and metrics["reward/math/errors"] == 0.0
 
 
 def test_tensor_output_is_accepted():
@@ -90,8 +98,7 @@ def test_functions_are_called_with_keywords():
 
 def test_user_function_by_spec_gets_keywords(tmp_path, monkeypatch):
     (tmp_path / "zz_trl_rewards.py").write_text(
-        "def brevity(completions, **kwargs):\n"
-        "    return [1.0 / (1 + len(c)) for c in completions]\n"
+        "def brevity(completions, **kwargs):\n    return [1.0 / (1 + len(c)) for c in completions]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     rs = RewardSet(["zz_trl_rewards:brevity"])

@@ -109,7 +109,7 @@ def test_normalize_standardises_each_function_before_the_weights():
     expected = [-1.5 / s + 0.5 * zb, -0.5 / s + 0.5 * zb, 0.5 / s - 0.5 * zb, 1.5 / s - 0.5 * zb]
     torch.testing.assert_close(total, torch.tensor(expected), rtol=0, atol=1e-6)
     # the components and their metrics stay unnormalised
-    assert components["b"].tolist() == [10.0, 10.0, 0.0, 0.0] and metrics["rewards/b/mean"] == 5.0
+    assert components["b"].tolist() == [10.0, 10.0, 0.0, 0.0] and metrics["reward/b/mean"] == 5.0
     assert metrics["reward/mean"] == pytest.approx(0.0, abs=1e-6)
 
 
@@ -124,8 +124,15 @@ def test_config_keys_and_from_config():
     assert RewardSection().reward_workers == 1 and not RewardSection().reward_normalize
     with pytest.raises(ConfigError, match="reward_workers"):
         RewardSection(reward_workers=0)
-    config = SimpleNamespace(rewards=["exact_match"], reward_weights=[], reward_kwargs={}, on_reward_error="stop",
-                             max_skipped_steps=3, reward_workers=4, reward_normalize=True)
+    config = SimpleNamespace(
+        rewards=["exact_match"],
+        reward_weights=[],
+        reward_kwargs={},
+        on_reward_error="stop",
+        max_skipped_steps=3,
+        reward_workers=4,
+        reward_normalize=True,
+    )
     rs = RewardSet.from_config(config)
     assert (rs.reward_workers, rs.reward_normalize, rs.on_reward_error, rs.max_skipped_steps) == (4, True, "stop", 3)
     with pytest.raises(ValueError, match="reward_workers"):

@@ -1,6 +1,5 @@
 """The HTTP reward server reward (`rewards=[http://host:port/path]`), against a local stub server."""
 
-
 import pytest
 import torch
 
@@ -19,16 +18,25 @@ def lengths(path, payload, i):
 def test_batch_is_one_post_with_the_json_columns_and_rewards_come_back_in_order():
     with StubServer(lengths) as server:
         rs = RewardSet([server.url("/score")], reward_kwargs={"score": FAST})
-        total, components, _ = rs.compute(PROMPTS, COMPLETIONS, answer=["1", "2", "3"], truncated=[False, True, False],
-                                          blob=[object(), object(), object()])
+        total, components, _ = rs.compute(
+            PROMPTS,
+            COMPLETIONS,
+            answer=["1", "2", "3"],
+            truncated=[False, True, False],
+            blob=[object(), object(), object()],
+        )
     assert rs.names == ["score"]
     torch.testing.assert_close(total, torch.tensor([1.0, 2.0, 3.0]), rtol=0, atol=0)
     assert len(server.requests) == 1
     path, payload, _ = server.requests[0]
     assert path == "/score"
     # the non-JSON column `blob` is left out; the others are sent as lists aligned with the completions
-    assert payload == {"prompts": PROMPTS, "completions": COMPLETIONS, "answer": ["1", "2", "3"],
-                       "truncated": [False, True, False]}
+    assert payload == {
+        "prompts": PROMPTS,
+        "completions": COMPLETIONS,
+        "answer": ["1", "2", "3"],
+        "truncated": [False, True, False],
+    }
 
 
 def test_batch_size_splits_the_batch_into_several_posts():
@@ -72,12 +80,15 @@ def test_a_client_error_is_not_retried():
     assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize(("body", "match"), [
-    ({"rewards": [1.0]}, "returned 1 rewards for 3 completions"),
-    (b'{"rewards": [1.0, NaN, 2.0]}', "returned nan at index 1"),
-    ({"rewards": [1.0, "x", 2.0]}, "returned 'x' at index 1"),
-    ({"score": 1.0}, "not {\"rewards\""),
-])
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ({"rewards": [1.0]}, "returned 1 rewards for 3 completions"),
+        (b'{"rewards": [1.0, NaN, 2.0]}', "returned nan at index 1"),
+        ({"rewards": [1.0, "x", 2.0]}, "returned 'x' at index 1"),
+        ({"score": 1.0}, 'not {"rewards"'),
+    ],
+)
 def test_a_wrong_reply_is_a_clear_error_naming_the_url(body, match):
     with StubServer(lambda path, payload, i: (200, body)) as server:
         rs = RewardSet([server.url()], reward_kwargs={"score": FAST})

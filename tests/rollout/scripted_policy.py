@@ -57,11 +57,18 @@ def scripted_batch(tokenizer, outs: list[list[int]], finish: list[str], group_si
         comp[i, : len(o)] = torch.tensor(o)
         mask[i, : len(o)] = 1
     prompt = torch.ones(len(outs), 1, dtype=torch.long)
-    return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt, completion_ids=comp, completion_mask=mask,
-                        sampler_logp=-0.5 * mask, truncated=torch.tensor([f == "length" for f in finish]),
-                        finish_reason=finish, prompts=["p"] * len(outs),
-                        completions=[tokenizer.decode(o, skip_special_tokens=True) for o in outs],
-                        group_size=group_size)
+    return RolloutBatch(
+        prompt_ids=prompt,
+        prompt_mask=prompt,
+        completion_ids=comp,
+        completion_mask=mask,
+        sampler_logp=-0.5 * mask,
+        truncated=torch.tensor([f == "length" for f in finish]),
+        finish_reason=finish,
+        prompts=["p"] * len(outs),
+        completions=[tokenizer.decode(o, skip_special_tokens=True) for o in outs],
+        group_size=group_size,
+    )
 
 
 class CalculatorPolicy:

@@ -32,8 +32,16 @@ def tiny_llama(vocab: int):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                        intermediate_size=128, max_position_embeddings=128)).eval()
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+        )
+    ).eval()
 
 
 @pytest.mark.parametrize("cls", [RLConfig, DPOConfig, RejectionConfig, SelfPlayConfig, SwarmConfig, GenerateConfig])
@@ -72,8 +80,12 @@ def test_a_head_size_the_cpu_backend_lacks_suggests_engine_hf():
     with pytest.raises(ConfigError, match="head sizes.*48.*engine=hf"):
         engines.check_architecture(cfg, {"Qwen2ForCausalLM"}, "cpu", HEADS)
     engines.check_architecture(cfg, {"Qwen2ForCausalLM"}, "cuda", HEADS)  # GPU kernels take other sizes
-    engines.check_architecture(Qwen2Config(hidden_size=384, num_attention_heads=6, architectures=["Qwen2ForCausalLM"]),
-                               {"Qwen2ForCausalLM"}, "cpu", HEADS)
+    engines.check_architecture(
+        Qwen2Config(hidden_size=384, num_attention_heads=6, architectures=["Qwen2ForCausalLM"]),
+        {"Qwen2ForCausalLM"},
+        "cpu",
+        HEADS,
+    )
 
 
 def test_a_too_short_max_model_len_fails_with_the_length_needed():
@@ -106,11 +118,13 @@ def test_stop_strings_replayed_after_generation_equal_the_hf_engines():
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["hello world", "2+2=", "abc", "The cat"]]
     free = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, temperature=0, stop_token_ids=()))
     stops = (free.completions[0][4:6], free.completions[2][9:10])
-    want = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, temperature=0, stop_token_ids=(),
-                                                   stop_strings=stops))
+    want = engine.generate(
+        prompts, SamplingParams(max_new_tokens=20, greedy=True, temperature=0, stop_token_ids=(), stop_strings=stops)
+    )
     assert "stop" in want.finish_reason
-    lengths, stopped = apply_stop_strings(engine._matcher(stops), free.completion_ids, free.completion_lengths,
-                                          ~free.truncated)
+    lengths, stopped = apply_stop_strings(
+        engine._matcher(stops), free.completion_ids, free.completion_lengths, ~free.truncated
+    )
     assert lengths.tolist() == want.completion_lengths.tolist()
     assert stopped.tolist() == (~want.truncated).tolist()
 
@@ -132,8 +146,9 @@ def test_lora_weights_are_pushed_under_the_base_models_names():
 def test_merged_lora_weights_equal_the_merged_model():
     peft = pytest.importorskip("peft")
     tok = char_tokenizer()
-    model = peft.get_peft_model(tiny_llama(len(tok)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                                      init_lora_weights=False))
+    model = peft.get_peft_model(
+        tiny_llama(len(tok)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     from lmrl.rollout.vllm_weights import merged_adapters
 
     with torch.no_grad(), merged_adapters(model):
@@ -208,15 +223,22 @@ def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command
     monkeypatch.setattr(engines, "require_vllm", lambda **_: pytest.fail("server mode must not need vLLM here"))
     tok = char_tokenizer()
     config = load_config(RLConfig, None, ["engine=vllm", f"vllm_server=127.0.0.1:{port}"])
-    with pytest.raises(ConfigError, match=rf"no vLLM server answers at http://127.0.0.1:{port}.*"
-                                          rf"lmrl vllm-serve port={port}.*vllm_server=auto"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"no vLLM server answers at http://127.0.0.1:{port}.*"
+        rf"lmrl vllm-serve port={port}.*vllm_server=auto",
+    ):
         engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams(max_new_tokens=8))
     for bad in ("localhost", "host:port", ":80"):
         with pytest.raises(ConfigError, match="vllm_server=.*host:port"):
             load_config(RLConfig, None, [f"vllm_server={bad}"])
     with pytest.raises(ConfigError, match="vllm_sleep=true applies to vLLM in this process"):
-        engines.vllm_options(load_config(RLConfig, None, ["engine=vllm", "vllm_server=h:1", "vllm_sleep=true"]),
-                             tiny_llama(len(tok)), None, SamplingParams(max_new_tokens=8))
+        engines.vllm_options(
+            load_config(RLConfig, None, ["engine=vllm", "vllm_server=h:1", "vllm_sleep=true"]),
+            tiny_llama(len(tok)),
+            None,
+            SamplingParams(max_new_tokens=8),
+        )
 
 
 def test_a_weight_push_is_split_into_parts_of_at_most_the_limit():

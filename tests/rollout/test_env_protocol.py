@@ -38,11 +38,14 @@ def test_a_conforming_environment_passes_through():
     assert env.step({"role": "assistant", "content": "2"}).done and env.stats == {"calls": 0} and env.tools == []
 
 
-@pytest.mark.parametrize(("cls", "call", "contract"), [
-    (TupleStep, "step", "must return a StepResult"),
-    (StringReset, "reset", "non-empty list of messages"),
-    (NoTools, "init", "must be a list of tool schemas"),
-])
+@pytest.mark.parametrize(
+    ("cls", "call", "contract"),
+    [
+        (TupleStep, "step", "must return a StepResult"),
+        (StringReset, "reset", "non-empty list of messages"),
+        (NoTools, "init", "must be a list of tool schemas"),
+    ],
+)
 def test_broken_environments_name_themselves_and_the_contract(cls, call, contract):
     with pytest.raises(ValueError, match=contract) as err:
         env = CheckedEnv(cls(), "mine:make")

@@ -68,9 +68,15 @@ def test_python_is_lmrl_s_interpreter_without_an_activated_venv(conn, monkeypatc
     assert _OPEN == open_before  # the running server is reused: started once, before the model loads
 
 
-@pytest.mark.parametrize("line, match", [("nosuchprogram serve", "'nosuchprogram' is not a program on PATH"),
-                                         ("python no_such_server.py", "'no_such_server.py' does not exist"),
-                                         ("python 'unclosed", "not a command line"), ("", "empty")])
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("nosuchprogram serve", "'nosuchprogram' is not a program on PATH"),
+        ("python no_such_server.py", "'no_such_server.py' does not exist"),
+        ("python 'unclosed", "not a command line"),
+        ("", "empty"),
+    ],
+)
 def test_bad_server_commands_fail_when_the_config_is_read(line, match):
     from lmrl.config import ConfigError, load_config
     from lmrl.eval.cli import EvalConfig
@@ -85,8 +91,15 @@ def test_a_server_that_dies_stops_lmrl_eval_before_the_model_loads(monkeypatch, 
     from lmrl.models.setup import ModelSetup
 
     monkeypatch.setattr(ModelSetup, "policy", lambda *a, **k: pytest.fail("the model loaded before the check"))
-    config = load_config(eval_cli.EvalConfig, None, ['mcp_servers=["python -c \'import sys; sys.exit(4)\'"]',
-                                                     "dataset=task:tool_arithmetic", "rows=2",
-                                                     f"output_file={tmp_path / 'e.json'}"])
+    config = load_config(
+        eval_cli.EvalConfig,
+        None,
+        [
+            "mcp_servers=[\"python -c 'import sys; sys.exit(4)'\"]",
+            "dataset=task:tool_arithmetic",
+            "rows=2",
+            f"output_file={tmp_path / 'e.json'}",
+        ],
+    )
     with pytest.raises(ConfigError, match="mcp_servers: MCP server .*did not start"):
         eval_cli.run(config)

@@ -27,14 +27,25 @@ def run(tok, replies, rows=None, box=None, **options):
     make = tool_env_factory(box or ToolBox([calculator(), ECHO], max_output_chars=30), HERMES)
     engine = ScriptedEngine(tok, replies)
     opts = dict(max_turns=4, max_total_tokens=400, parser=HERMES) | options
-    batch = run_episodes(engine, tok, [make(r) for r in rows], rows, SamplingParams(max_new_tokens=100),
-                         MultiTurnOptions(**opts), group_size=1)
+    batch = run_episodes(
+        engine,
+        tok,
+        [make(r) for r in rows],
+        rows,
+        SamplingParams(max_new_tokens=100),
+        MultiTurnOptions(**opts),
+        group_size=1,
+    )
     return batch, engine
 
 
 def row_tokens(batch, i):
     real = batch.completion_mask[i].bool()
-    return batch.completion_ids[i][real].tolist(), batch.loss_mask[i][real].tolist(), batch.sampler_logp[i][real].tolist()
+    return (
+        batch.completion_ids[i][real].tolist(),
+        batch.loss_mask[i][real].tolist(),
+        batch.sampler_logp[i][real].tolist(),
+    )
 
 
 def test_one_sequence_with_tool_outputs_attended_but_never_trained(tok):
@@ -48,8 +59,12 @@ def test_one_sequence_with_tool_outputs_attended_but_never_trained(tok):
     assert train == [1.0] * len(turn1) + [0.0] * len(between) + [1.0] * len(turn2)
     assert logp == [-0.5] * len(turn1) + [0.0] * len(between) + [-0.5] * len(turn2)
     # the prompt and everything after it is exactly what the chat template renders for the whole conversation
-    conv = [{"role": "user", "content": "0*0="}, {"role": "assistant", "content": CALL},
-            {"role": "tool", "content": "408"}, {"role": "assistant", "content": "408"}]
+    conv = [
+        {"role": "user", "content": "0*0="},
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "408"},
+    ]
     prompt = batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist()
     assert prompt == prompt_ids(tok, conv[:1], [calculator().schema(), ECHO.schema()])
     assert tok.decode(prompt + ids) + "\n" == render(tok, conv, [calculator().schema(), ECHO.schema()], False)
@@ -73,8 +88,14 @@ def test_call_tokens_are_masked_when_train_tool_calls_is_off(tok):
 
 
 def test_malformed_unknown_and_failing_calls_become_counted_error_observations(tok):
-    replies = [['<tool_call>{"name": "calc"}</tool_call>', "<tool_call>{oops</tool_call>",
-                '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>', "done"]]
+    replies = [
+        [
+            '<tool_call>{"name": "calc"}</tool_call>',
+            "<tool_call>{oops</tool_call>",
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>',
+            "done",
+        ]
+    ]
     batch, _ = run(tok, replies, max_total_tokens=2000)
     stats, transcript = batch.info[0]["stats"], batch.info[0]["transcript"]
     assert stats["unknown_tool"] == 1 and stats["parse_errors"] == 1 and stats["tool_errors"] == 1
@@ -107,7 +128,7 @@ def test_the_token_budget_cuts_and_flags_the_trajectory(tok):
 
 
 def test_a_turn_cut_at_its_token_limit_ends_the_episode(tok):
-    batch, _ = run(tok, [["<tool_call>{\"name\"..."]])
+    batch, _ = run(tok, [['<tool_call>{"name"...']])
     assert batch.info[0]["finish"] == "turn_length" and batch.truncated[0]
     assert batch.info[0]["transcript"].startswith("<tool_call>")
 
@@ -139,8 +160,14 @@ class CountingEnv:
 
 def test_a_user_environment_with_user_feedback_and_step_rewards(tok):
     rows = [{"prompt": "say yes"}]
-    batch = run_episodes(ScriptedEngine(tok, [["yes", "no", "yes"]]), tok, [CountingEnv()], rows,
-                         SamplingParams(max_new_tokens=20), MultiTurnOptions(max_turns=5))
+    batch = run_episodes(
+        ScriptedEngine(tok, [["yes", "no", "yes"]]),
+        tok,
+        [CountingEnv()],
+        rows,
+        SamplingParams(max_new_tokens=20),
+        MultiTurnOptions(max_turns=5),
+    )
     assert batch.info[0]["env_reward"] == 2.0 and batch.info[0]["finish"] == "done"
     assert "<|im_start|>user\nagain (2)<|im_end|>" in batch.info[0]["transcript"]
     ids, train, _ = row_tokens(batch, 0)

@@ -17,6 +17,7 @@ from lmrl.rollout.engines import ENGINES
 from lmrl.rollout.groups import LocalGroups
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.ray import RayRollouts
+from lmrl.rollout.vllm_async import ServerAhead
 from lmrl.rollout.vllm_engine import VLLMEngine
 from lmrl.trainers.rl import trainer as online
 
@@ -26,12 +27,23 @@ LMRL = Path(online.__file__).resolve().parents[1]
 
 def methods(proto) -> dict[str, list[str]]:
     """The protocol's methods and their parameter names (self excluded)."""
-    return {name: list(inspect.signature(fn).parameters)[1:] for name, fn in vars(proto).items()
-            if inspect.isfunction(fn) and not name.startswith("_")}
+    return {
+        name: list(inspect.signature(fn).parameters)[1:]
+        for name, fn in vars(proto).items()
+        if inspect.isfunction(fn) and not name.startswith("_")
+    }
 
 
-@pytest.mark.parametrize("cls, proto", [(HFEngine, protocol.Engine), (VLLMEngine, protocol.Engine),
-                                        (LocalGroups, protocol.GroupSampler), (RayRollouts, protocol.GroupSampler)])
+@pytest.mark.parametrize(
+    "cls, proto",
+    [
+        (HFEngine, protocol.Engine),
+        (VLLMEngine, protocol.Engine),
+        (LocalGroups, protocol.GroupSampler),
+        (RayRollouts, protocol.GroupSampler),
+        (ServerAhead, protocol.GroupSampler),
+    ],
+)
 def test_every_sampler_has_the_protocols_methods_with_its_parameters(cls, proto):
     for name, params in methods(proto).items():
         fn = getattr(cls, name, None)

@@ -21,14 +21,24 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def tiny_llama(vocab: int, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
     )
     return LlamaForCausalLM(config).eval()
 
@@ -36,7 +46,16 @@ def tiny_llama(vocab: int, seed: int = 0) -> LlamaForCausalLM:
 def tiny_gpt2(vocab: int, seed: int = 0) -> GPT2LMHeadModel:
     """Absolute position embeddings: wrong position_ids change every logit (with RoPE a per-row offset cancels)."""
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -65,8 +84,12 @@ def hf_greedy(model, prompts, max_new_tokens, eos):
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = model.generate(
-        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-        pad_token_id=PAD, eos_token_id=eos,
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=PAD,
+        eos_token_id=eos,
     )
     return out[:, width:]
 
@@ -97,7 +120,9 @@ def test_greedy_matches_hf_generate_with_left_padding(arch, model, gpt2, prompts
 def test_sampler_logp_matches_one_forward_recompute(arch, model, gpt2, tok, prompts, temperature):
     model = {"llama": model, "gpt2": gpt2}[arch]
     engine = HFEngine(model, tok)
-    params = SamplingParams(max_new_tokens=24, temperature=temperature, stop_token_ids=(EOS, tok.convert_tokens_to_ids("e")))
+    params = SamplingParams(
+        max_new_tokens=24, temperature=temperature, stop_token_ids=(EOS, tok.convert_tokens_to_ids("e"))
+    )
     batch = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(0))
     assert batch.completion_mask.sum() > 0
     with torch.no_grad():
@@ -115,7 +140,10 @@ def test_greedy_sampler_logp_and_top_k1_top_p_equal_greedy(model, tok, prompts):
         logp = completion_logprobs(model, greedy.input_ids, greedy.attention_mask, greedy.prompt_ids.shape[1], 0.7)
     mask = greedy.completion_mask.bool()
     assert torch.allclose(greedy.sampler_logp[mask], logp[mask], atol=1e-4)
-    for params in (SamplingParams(max_new_tokens=16, temperature=0.7, top_k=1), SamplingParams(max_new_tokens=16, temperature=0.7, top_p=1e-6)):
+    for params in (
+        SamplingParams(max_new_tokens=16, temperature=0.7, top_k=1),
+        SamplingParams(max_new_tokens=16, temperature=0.7, top_p=1e-6),
+    ):
         sampled = engine.generate(prompts, params, generator=torch.Generator().manual_seed(5))
         assert torch.equal(sampled.completion_ids, greedy.completion_ids)
         assert torch.allclose(sampled.sampler_logp, greedy.sampler_logp, atol=1e-6)
@@ -133,7 +161,9 @@ def test_prompt_major_layout_and_determinism(model, tok, prompts):
             real = a.prompt_ids[r][a.prompt_mask[r].bool()].tolist()
             assert real == p and a.prompts[r] == TEXTS[i]
     assert torch.equal(a.completion_ids, b.completion_ids) and a.completions == b.completions
-    as_tensors = engine.generate([torch.tensor(p) for p in prompts], params, n=3, generator=torch.Generator().manual_seed(1))
+    as_tensors = engine.generate(
+        [torch.tensor(p) for p in prompts], params, n=3, generator=torch.Generator().manual_seed(1)
+    )
     assert torch.equal(as_tensors.completion_ids, a.completion_ids) and as_tensors.prompts == a.prompts
     assert not torch.equal(a.completion_ids, c.completion_ids)
     assert len({tuple(row) for row in a.completion_ids.tolist()}) == 12  # every row differs from every other
@@ -213,7 +243,9 @@ def test_generate_text_restores_mode_and_outputs_are_trainable(model, tok):
     engine = HFEngine(model, tok)
     model.train()
     try:
-        batch = engine.generate_text(["ab", "hello"], SamplingParams(max_new_tokens=6), n=2, generator=torch.Generator().manual_seed(0))
+        batch = engine.generate_text(
+            ["ab", "hello"], SamplingParams(max_new_tokens=6), n=2, generator=torch.Generator().manual_seed(0)
+        )
         assert model.training
     finally:
         model.eval()
@@ -230,7 +262,9 @@ def test_generate_text_restores_mode_and_outputs_are_trainable(model, tok):
 
 def test_bf16_autocast_runs_close_to_fp32_recompute(model, tok, prompts):
     engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16)
-    batch = engine.generate(prompts, SamplingParams(max_new_tokens=10, stop_token_ids=()), n=2, generator=torch.Generator().manual_seed(0))
+    batch = engine.generate(
+        prompts, SamplingParams(max_new_tokens=10, stop_token_ids=()), n=2, generator=torch.Generator().manual_seed(0)
+    )
     assert batch.sampler_logp.dtype == torch.float32 and batch.completion_ids.shape == (8, 10)
     with torch.no_grad():
         logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
@@ -263,7 +297,8 @@ def test_bf16_autocast_casts_each_weight_once_per_rollout(model, tok, prompts):
     with profile(record_shapes=True) as prof:
         engine.generate(prompts, SamplingParams(max_new_tokens=8, stop_token_ids=()), n=2)
     casts = sum(
-        e.count for e in prof.key_averages(group_by_input_shape=True)
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
         if e.key == "aten::copy_" and e.input_shapes[:2] == [[128, 64], [128, 64]]
     )
     assert casts == 4

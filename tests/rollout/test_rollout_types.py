@@ -52,7 +52,12 @@ def test_select_whole_groups_keeps_group_size_and_fields_consistent():
     assert sub.group_size == 2 and sub.num_prompts == 2
     assert sub.completion_lengths.tolist() == [5, 6, 1, 2]
     assert sub.prompts == ["p2", "p2", "p0", "p0"] and sub.completions == ["c4", "c5", "c0", "c1"]
-    assert sub.finish_reason == ["stop", "length", "stop", "stop"] and sub.truncated.tolist() == [False, True, False, False]
+    assert sub.finish_reason == ["stop", "length", "stop", "stop"] and sub.truncated.tolist() == [
+        False,
+        True,
+        False,
+        False,
+    ]
     assert sub.sampler_logp[:, 0].tolist() == [-5.0, -6.0, -1.0, -2.0]
     assert torch.equal(sub.prompt_ids, b.prompt_ids[[4, 5, 0, 1]])
     assert torch.equal(sub.input_ids, b.input_ids[[4, 5, 0, 1]])
@@ -130,8 +135,14 @@ def test_concat_batches_pads_prompts_left_and_completions_right():
     assert c.prompt_ids[0].tolist() == [PAD, 10] and c.prompt_mask[0].tolist() == [0, 1]  # left-padded
     assert c.completion_ids[1].tolist() == [101, 101, PAD, PAD] and c.completion_mask[1].tolist() == [1, 1, 0, 0]
     assert c.sampler_logp[1].tolist() == [-2, -2, 0, 0]
-    assert torch.equal(c.completion_ids[2:], b.completion_ids) and c.truncated.tolist() == [False, True] + b.truncated.tolist()
+    assert (
+        torch.equal(c.completion_ids[2:], b.completion_ids)
+        and c.truncated.tolist() == [False, True] + b.truncated.tolist()
+    )
     # the concatenated rows give the same sequences as each batch's own (pads masked)
     for row, (src, k) in enumerate([(a, 0), (a, 1), (b, 0), (b, 1), (b, 2), (b, 3)]):
-        assert c.input_ids[row][c.attention_mask[row].bool()].tolist() == src.input_ids[k][src.attention_mask[k].bool()].tolist()
+        assert (
+            c.input_ids[row][c.attention_mask[row].bool()].tolist()
+            == src.input_ids[k][src.attention_mask[k].bool()].tolist()
+        )
     assert concat_batches([a], PAD) is a

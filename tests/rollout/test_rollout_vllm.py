@@ -68,8 +68,9 @@ def test_sampled_log_probs_equal_the_learner_and_seeds_reproduce(pair, prompts):
     params = SamplingParams(max_new_tokens=16, temperature=0.7)
     batch = engine.generate(prompts, params, n=4, generator=torch.Generator().manual_seed(3))
     assert len(batch) == 16 and batch.group_size == 4 and batch.prompts[:4] == [TEXTS[0]] * 4
-    learner = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                                  temperature=0.7)  # (N, T)
+    learner = completion_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], temperature=0.7
+    )  # (N, T)
     gap = ((learner - batch.sampler_logp) * batch.completion_mask).abs().max().item()
     assert gap < TOL, gap
     again = engine.generate(prompts, params, n=4, generator=torch.Generator().manual_seed(3))
@@ -97,8 +98,9 @@ def test_stop_strings_and_stop_tokens_mean_what_they_mean_for_hf(pair, prompts, 
     free = hf.generate(prompts, SamplingParams(max_new_tokens=24, greedy=True, temperature=0))
     stop_string = free.completions[0][5:7]  # occurs in row 0 (at least)
     stop_token = int(free.completion_ids[1, 3])
-    params = SamplingParams(max_new_tokens=24, greedy=True, temperature=0, stop_strings=(stop_string,),
-                            stop_token_ids=(stop_token,))
+    params = SamplingParams(
+        max_new_tokens=24, greedy=True, temperature=0, stop_strings=(stop_string,), stop_token_ids=(stop_token,)
+    )
     got, want = engine.generate(prompts, params), hf.generate(prompts, params)
     assert want.finish_reason[0] == "stop" and want.finish_reason[1] == "stop"
     assert_same_batch(want, got)
@@ -111,8 +113,10 @@ def test_a_weight_change_is_synced_in_place(pair, prompts):
     perturb(model, 0.2, seed=1)
     engine.sync(model, (engine.version or 0) + 1)
     new_hf = hf.generate(prompts, params)
-    assert not torch.equal(old.completion_ids, new_hf.completion_ids) or \
-        (old.sampler_logp - new_hf.sampler_logp).abs().max() > 0.1  # the change is visible, so equality below proves the sync
+    assert (
+        not torch.equal(old.completion_ids, new_hf.completion_ids)
+        or (old.sampler_logp - new_hf.sampler_logp).abs().max() > 0.1
+    )  # the change is visible, so equality below proves the sync
     assert_same_batch(new_hf, engine.generate(prompts, params))
 
 
@@ -148,5 +152,7 @@ def test_twenty_syncs_stay_exact_without_growing_memory(pair, prompts):
         perturb(model, 0.01, seed=200 + i)
         engine.sync_weights()
     grown = rss_bytes() - start
-    assert grown < 3 * param_bytes, f"RSS grew {grown / 2**20:.1f} MiB over 20 syncs ({param_bytes / 2**20:.1f} MiB of weights)"
+    assert grown < 3 * param_bytes, (
+        f"RSS grew {grown / 2**20:.1f} MiB over 20 syncs ({param_bytes / 2**20:.1f} MiB of weights)"
+    )
     assert_same_batch(hf.generate(prompts, params), engine.generate(prompts, params))

@@ -4,8 +4,10 @@ import pytest
 
 from lmrl.rollout.tool_parsers import TOOL_PARSERS, ToolCall, get_parser
 
-CALLS = [ToolCall("calculator", {"expression": "4821*937"}), ToolCall("search", {"q": "a \"quoted\" x", "k": 3,
-                                                                                  "flags": [True, None]})]
+CALLS = [
+    ToolCall("calculator", {"expression": "4821*937"}),
+    ToolCall("search", {"q": 'a "quoted" x', "k": 3, "flags": [True, None]}),
+]
 
 
 @pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
@@ -30,7 +32,7 @@ def test_hermes_keeps_the_text_around_calls_and_their_spans():
     text = 'Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call> ok'
     parsed = get_parser("hermes").parse(text)
     assert parsed.content == "Let me compute.  ok"
-    (start, end), = parsed.spans
+    ((start, end),) = parsed.spans
     assert text[start:end].startswith("<tool_call>") and text[start:end].endswith("</tool_call>")
     assert parsed.calls == [ToolCall("calculator", {"expression": "2*3"})]
 
@@ -42,21 +44,24 @@ def test_openai_string_arguments_and_llama_parameters_are_accepted():
     assert plain.calls == [ToolCall("f", {"x": 2})]
 
 
-@pytest.mark.parametrize("name, text, reason", [
-    ("hermes", "<tool_call>{bad json}</tool_call>", "not valid JSON"),
-    ("hermes", '<tool_call>{"arguments": {}}</tool_call>', "non-empty string 'name'"),
-    ("hermes", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "must be a JSON object"),
-    ("hermes", '<tool_call>{"name": "f", "arguments": "{oops"}</tool_call>', "not valid JSON"),
-    ("hermes", '<tool_call>{"name": "f", "argum', "not closed"),
-    ("hermes", "<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
-    ("json", '{"name": "f", "arguments": {"x": 1}', "not valid JSON"),
-    ("json", '{"arguments": {"x": 1}}', "non-empty string 'name'"),
-    ("pythonic", "[f(x=1), g(y=2]", "not valid Python call syntax"),
-    ("pythonic", "f(1, 2)", "keyword arguments only"),
-    ("pythonic", "f(x=open('/etc/passwd'))", "not a literal"),
-    ("pythonic", "f(**kw)", "**kwargs"),
-    ("pythonic", "[f(x=1), 3]", "each item must be a call"),
-])
+@pytest.mark.parametrize(
+    "name, text, reason",
+    [
+        ("hermes", "<tool_call>{bad json}</tool_call>", "not valid JSON"),
+        ("hermes", '<tool_call>{"arguments": {}}</tool_call>', "non-empty string 'name'"),
+        ("hermes", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "must be a JSON object"),
+        ("hermes", '<tool_call>{"name": "f", "arguments": "{oops"}</tool_call>', "not valid JSON"),
+        ("hermes", '<tool_call>{"name": "f", "argum', "not closed"),
+        ("hermes", "<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
+        ("json", '{"name": "f", "arguments": {"x": 1}', "not valid JSON"),
+        ("json", '{"arguments": {"x": 1}}', "non-empty string 'name'"),
+        ("pythonic", "[f(x=1), g(y=2]", "not valid Python call syntax"),
+        ("pythonic", "f(1, 2)", "keyword arguments only"),
+        ("pythonic", "f(x=open('/etc/passwd'))", "not a literal"),
+        ("pythonic", "f(**kw)", "**kwargs"),
+        ("pythonic", "[f(x=1), 3]", "each item must be a call"),
+    ],
+)
 def test_malformed_calls_are_errors_with_a_reason(name, text, reason):
     parsed = get_parser(name).parse(text)
     assert parsed.calls == [] or name == "pythonic"

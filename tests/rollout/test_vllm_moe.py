@@ -43,10 +43,12 @@ def assert_samples_the_model(model, engine, prompts, tok):
     want, got = HFEngine(model, tok).generate(prompts, GREEDY), engine.generate(prompts, GREEDY)
     assert torch.equal(want.completion_ids, got.completion_ids) and want.completions == got.completions
     assert (want.sampler_logp - got.sampler_logp).abs().max().item() < TOL
-    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.8), n=3,
-                              generator=torch.Generator().manual_seed(5))
-    learner = completion_logprobs(model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1],
-                                  temperature=0.8)  # (N, T)
+    sampled = engine.generate(
+        prompts, SamplingParams(max_new_tokens=12, temperature=0.8), n=3, generator=torch.Generator().manual_seed(5)
+    )
+    learner = completion_logprobs(
+        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], temperature=0.8
+    )  # (N, T)
     gap = ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item()
     assert gap < TOL, gap
 
@@ -55,8 +57,11 @@ def test_pushed_names_are_the_checkpoints_per_expert_names(moe):
     model, _ = moe
     names = [name for name, _ in hf_weights(model)]
     assert not any("gate_up_proj" in n for n in names)  # no fused in-memory expert tensor
-    expert = "block_sparse_moe.experts.3.w1.weight" if "Mixtral" in type(model).__name__ else \
-        "mlp.experts.3.gate_proj.weight"
+    expert = (
+        "block_sparse_moe.experts.3.w1.weight"
+        if "Mixtral" in type(model).__name__
+        else "mlp.experts.3.gate_proj.weight"
+    )
     assert f"model.layers.1.{expert}" in names
 
 

@@ -47,10 +47,12 @@ def assert_matches_hf(model, engine, prompts, tok):
     assert torch.equal(want.completion_ids, got.completion_ids) and want.completions == got.completions
     assert want.finish_reason == got.finish_reason
     assert (want.sampler_logp - got.sampler_logp).abs().max().item() < TOL
-    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.7), n=4,
-                              generator=torch.Generator().manual_seed(2))
-    learner = completion_logprobs(model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1],
-                                  temperature=0.7)  # (N, T)
+    sampled = engine.generate(
+        prompts, SamplingParams(max_new_tokens=12, temperature=0.7), n=4, generator=torch.Generator().manual_seed(2)
+    )
+    learner = completion_logprobs(
+        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], temperature=0.7
+    )  # (N, T)
     assert ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item() < TOL
     return sampled
 
@@ -68,8 +70,9 @@ def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok, monkeypat
     old = engine.generate(prompts, GREEDY)
     syncs = engine.syncs
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    batch = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2,
-                            generator=torch.Generator().manual_seed(0))
+    batch = engine.generate(
+        prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2, generator=torch.Generator().manual_seed(0)
+    )
     logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
     (-(logp * batch.completion_mask).sum()).backward()
     optimizer.step()
@@ -77,8 +80,10 @@ def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok, monkeypat
     engine.sync(model, (engine.version or 0) + 1)  # what the trainer does before its next rollout
     assert engine.stale
     new = HFEngine(model, tok).generate(prompts, GREEDY)
-    assert not torch.equal(old.completion_ids, new.completion_ids) or \
-        (old.sampler_logp - new.sampler_logp).abs().max() > 0.1  # the step is visible, so the match proves the push
+    assert (
+        not torch.equal(old.completion_ids, new.completion_ids)
+        or (old.sampler_logp - new.sampler_logp).abs().max() > 0.1
+    )  # the step is visible, so the match proves the push
     assert_matches_hf(model, engine, prompts, tok)
     assert engine.syncs == syncs + 1 and paths.count("/weights") > 1  # one push, in several parts
 
@@ -98,9 +103,18 @@ def test_server_and_colocated_engines_give_the_same_batch_for_the_same_seed(serv
 def test_a_trainer_with_another_model_replaces_the_servers_engine(served, prompts, tok):
     _, _, remote = served
     torch.manual_seed(1)
-    other = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=False)).eval()
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     assert remote.start(*model_spec(other), OPTIONS) is False  # a new engine, on the Llama
     assert_matches_hf(other, VLLMEngine(other, tok, OPTIONS, driver=remote), prompts, tok)
 
@@ -108,8 +122,11 @@ def test_a_trainer_with_another_model_replaces_the_servers_engine(served, prompt
 def test_a_second_trainer_is_refused_while_the_first_owns_the_server(served):
     model, _, remote = served
     other = vllm_client.RemoteVLLM(remote.url, timeout=60)
-    with pytest.raises(ConfigError, match=rf"vLLM server at {remote.url.removeprefix('http://')} samples for another "
-                                          r"trainer.*Fix: give this run a server of its own"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"vLLM server at {remote.url.removeprefix('http://')} samples for another "
+        r"trainer.*Fix: give this run a server of its own",
+    ):
         other.start(*model_spec(model), OPTIONS)
     assert remote.request("/health")["owner"] == f"pid {os.getpid()} on {socket.gethostname()}"  # still this one
 

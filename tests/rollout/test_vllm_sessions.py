@@ -64,8 +64,11 @@ def test_a_second_trainer_is_refused_with_the_server_and_the_fix_until_the_first
     server, url = served
     first, second = RemoteVLLM(url, timeout=30), RemoteVLLM(url, timeout=30)
     assert first.start(*SPEC) is False and first.session
-    with pytest.raises(ConfigError, match=rf"vLLM server at {server.address} samples for another trainer \(pid .*"
-                                          r"Fix: give this run a server of its own \(lmrl vllm-serve port="):
+    with pytest.raises(
+        ConfigError,
+        match=rf"vLLM server at {server.address} samples for another trainer \(pid .*"
+        r"Fix: give this run a server of its own \(lmrl vllm-serve port=",
+    ):
         second.start(*SPEC)
     first.load_weights(weights(1.0), tied=False)
     assert sample(first)[0] == [[1]]

@@ -34,13 +34,27 @@ def tiny(arch: str, vocab: int, seed: int = 0):
     tied LM head: on CPU its prepacked copy must be re-packed after a sync)."""
     torch.manual_seed(seed)
     if arch == "llama":
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
-                          tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
         return LlamaForCausalLM(cfg).eval()
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=256, max_position_embeddings=256,
-                      tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -50,11 +64,21 @@ def tiny_moe(arch: str, vocab: int, seed: int = 0):
     (checkpoint names `block_sparse_moe.experts.N.w1`, which differ from the in-memory ones). Expert width 64, a
     multiple of the CPU kernel's 32-wide blocks."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                  head_dim=64, max_position_embeddings=256, num_experts_per_tok=2, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=256,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+    )
     if arch == "qwen3_moe":
-        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, intermediate_size=256, moe_intermediate_size=64,
-                                                  num_experts=4)).eval()
+        return Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(**common, intermediate_size=256, moe_intermediate_size=64, num_experts=4)
+        ).eval()
     return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=64, num_local_experts=4)).eval()
 
 

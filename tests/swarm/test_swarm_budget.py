@@ -37,8 +37,12 @@ def test_a_node_publishing_near_limit_payloads_at_its_rate_loses_no_round(tmp_pa
             now = 1000.0 + r * period
             expiration = now + lifetime(None if r == 0 else period)
             sizes = [min(cb, payload - i * cb) for i in range(math.ceil(payload / cb))] + [80]  # chunks + manifest
-            records = [DHTRecord(r.to_bytes(4, "big") + i.to_bytes(4, "big") + b"k" * 12, owner,
-                                 b"v" * (size + overhead), expiration) for i, size in enumerate(sizes)]
+            records = [
+                DHTRecord(
+                    r.to_bytes(4, "big") + i.to_bytes(4, "big") + b"k" * 12, owner, b"v" * (size + overhead), expiration
+                )
+                for i, size in enumerate(sizes)
+            ]
             accepted += all([validator._within_budget(owner, rec, now) for rec in records])
         return accepted
 

@@ -45,15 +45,27 @@ def test_family_pass_rates_cover_every_family_of_the_mix(tmp_path):
 def _results(seeds, cum_80, cum_44, rewards, groups):
     rows = {}
     for name, cum in (("8/0", cum_80), ("4/4", cum_44)):
-        rows[name] = {"cumulative_reward": dict(zip(seeds, cum)),
-                      "gain_vs_8_0": {s: c / b - 1 for s, c, b in zip(seeds, cum, cum_80)},
-                      "second_half_gain_vs_8_0": {s: 0.0 for s in seeds}, "paper_cumulative_reward": None,
-                      "mean_reward_first_quarter": rewards[0], "mean_reward_last_quarter": rewards[-1],
-                      "groups_trained_per_round": groups, "groups_external_per_round": 0.0, "updates_per_node": 300.0,
-                      "final_pass_rates": {"count": groups / 10}}
-    return {"command": "c", "seconds": 1, "hardware": "h", "setup": {"recipe": "r", "seeds": seeds},
-            "warm_start_pass_rates": {"count": 0.25}, "table": rows,
-            "reward_per_round_mean": {"8/0": rewards, "4/4": rewards}}
+        rows[name] = {
+            "cumulative_reward": dict(zip(seeds, cum)),
+            "gain_vs_8_0": {s: c / b - 1 for s, c, b in zip(seeds, cum, cum_80)},
+            "second_half_gain_vs_8_0": {s: 0.0 for s in seeds},
+            "paper_cumulative_reward": None,
+            "mean_reward_first_quarter": rewards[0],
+            "mean_reward_last_quarter": rewards[-1],
+            "groups_trained_per_round": groups,
+            "groups_external_per_round": 0.0,
+            "updates_per_node": 300.0,
+            "final_pass_rates": {"count": groups / 10},
+        }
+    return {
+        "command": "c",
+        "seconds": 1,
+        "hardware": "h",
+        "setup": {"recipe": "r", "seeds": seeds},
+        "warm_start_pass_rates": {"count": 0.25},
+        "table": rows,
+        "reward_per_round_mean": {"8/0": rewards, "4/4": rewards},
+    }
 
 
 def test_merging_disjoint_seeds_recomputes_per_seed_statistics_and_weights_means_by_seed_count():

@@ -205,8 +205,9 @@ def test_validator_accepts_only_signed_bounded_bytes(tmp_path):
     assert validator.validate(record(b"chunk"))
     assert not validator.validate(record(12345))  # not bytes
     assert not validator.validate(record(b"x" * (256 * 1024 + 1)))  # above MAX_VALUE_BYTES
-    unsigned = DHTRecord(b"k" * 20, MSGPackSerializer.dumps(b"fake"), MSGPackSerializer.dumps(b"v"),
-                         get_dht_time() + 60)
+    unsigned = DHTRecord(
+        b"k" * 20, MSGPackSerializer.dumps(b"fake"), MSGPackSerializer.dumps(b"v"), get_dht_time() + 60
+    )
     assert not validator.validate(unsigned)
     good = record(b"chunk")
     tampered = dataclasses.replace(good, value=good.value.replace(b"chunk", b"chunK"))

@@ -215,9 +215,7 @@ for r in range(3):
 
 
 def test_file_hub_lets_processes_swarm(tmp_path):
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), f"proc-{i}"], cwd=REPO) for i in range(3)
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), f"proc-{i}"], cwd=REPO) for i in range(3)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
     me = MemoryTransport(FileHub(tmp_path), "main")
     counter = SkipCounter()

@@ -16,15 +16,35 @@ from lmrl.trainers.sft import trainer as sft
 
 sys.path.insert(0, str(Path(__file__).parent))  # env=agentic_envs:digits
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2", "precision=fp32"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "precision=fp32",
+]
 
 
 def rl_config(tmp_path, *overrides):
-    return load_config(online.RLConfig, None, [
-        f"output_dir={tmp_path / 'rl'}", *TINY, "train_rows=64", "eval_rows=4", "prompts_per_step=4",
-        "samples_per_prompt=4", "max_new_tokens=6", "eval_every=0", "save_every=0", "log_every=1",
-        "lr=1e-2", "sample_every=100", *overrides])
+    return load_config(
+        online.RLConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'rl'}",
+            *TINY,
+            "train_rows=64",
+            "eval_rows=4",
+            "prompts_per_step=4",
+            "samples_per_prompt=4",
+            "max_new_tokens=6",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+            "lr=1e-2",
+            "sample_every=100",
+            *overrides,
+        ],
+    )
 
 
 def test_tool_rollouts_train_only_sampled_tokens(tmp_path, monkeypatch):
@@ -43,16 +63,29 @@ def test_tool_rollouts_train_only_sampled_tokens(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rl_update, "policy_loss", spy)
     monkeypatch.setattr(online, "update", update_spy)
-    config = rl_config(tmp_path, "dataset=task:tool_arithmetic", "task_args={digits: 1}", "tools=[calculator]",
-                       "max_turns=2", "max_total_tokens=40", "rewards=[test_len_reward]", "max_steps=1",
-                       "skip_zero_advantage=false")
+    config = rl_config(
+        tmp_path,
+        "dataset=task:tool_arithmetic",
+        "task_args={digits: 1}",
+        "tools=[calculator]",
+        "max_turns=2",
+        "max_total_tokens=40",
+        "rewards=[test_len_reward]",
+        "max_steps=1",
+        "skip_zero_advantage=false",
+    )
     online.train(config)
     batch, mask = seen[0], seen[1]
     assert batch.loss_mask is not None and torch.equal(mask, batch.loss_mask)
     assert (batch.loss_mask <= batch.completion_mask).all()
     rows = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
     step = next(r for r in rows if r.get("step") == 1 and "reward/mean" in r)
-    for key in ("tools/calls_per_episode", "tools/call_errors_per_episode", "episode/done_frac", "episode/turns_mean"):
+    for key in (
+        "rollout/tools/calls_per_episode",
+        "rollout/tools/call_errors_per_episode",
+        "rollout/done_frac",
+        "rollout/turns_mean",
+    ):
         assert key in step
     sample = next(r for r in read_jsonl(tmp_path / "rl" / "samples.jsonl") if r["step"] == 1)  # lossless
     assert sample["prompt"] == batch.prompts[0] and sample["messages"][0]["role"] == "user"
@@ -64,26 +97,50 @@ def _length_reward():
     from lmrl.rewards import REWARDS, register_reward
 
     if "test_len_reward" not in REWARDS:
-        register_reward("test_len_reward")(lambda **_: lambda prompts, completions, **kw: [len(c) / 10 for c in completions])
+        register_reward("test_len_reward")(
+            lambda **_: lambda prompts, completions, **kw: [len(c) / 10 for c in completions]
+        )
 
 
 def test_multi_turn_grpo_learns_an_environment_reward(tmp_path):
-    config = rl_config(tmp_path, "env=agentic_envs:digits", "task_args.digits=1", "rewards=[env]", "max_turns=3",
-                       "max_total_tokens=40", "max_steps=20")
+    config = rl_config(
+        tmp_path,
+        "env=agentic_envs:digits",
+        "task_args.digits=1",
+        "rewards=[env]",
+        "max_turns=3",
+        "max_total_tokens=40",
+        "max_steps=20",
+    )
     online.train(config)
     rows = read_jsonl(tmp_path / "rl" / "metrics.jsonl")
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    turns = [r["episode/turns_mean"] for r in rows if "episode/turns_mean" in r]
+    turns = [r["rollout/turns_mean"] for r in rows if "rollout/turns_mean" in r]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.2, f"reward {first:.3f} -> {last:.3f}"
     assert max(turns) > 1, "some episodes reach the second turn (after the user feedback)"
 
 
 def test_sft_on_tool_traces_and_tool_episode_eval(tmp_path):
-    config = load_config(sft.SFTConfig, None, [
-        f"output_dir={tmp_path / 'sft'}", *TINY, "dataset=task:tool_arithmetic", "task_args={digits: 2}",
-        "tools=[calculator]", "train_rows=32", "eval_rows=4", "batch_size=8", "max_steps=2", "eval_every=2",
-        "save_every=0", "eval_max_new_tokens=8", "max_turns=2"])
+    config = load_config(
+        sft.SFTConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'sft'}",
+            *TINY,
+            "dataset=task:tool_arithmetic",
+            "task_args={digits: 2}",
+            "tools=[calculator]",
+            "train_rows=32",
+            "eval_rows=4",
+            "batch_size=8",
+            "max_steps=2",
+            "eval_every=2",
+            "save_every=0",
+            "eval_max_new_tokens=8",
+            "max_turns=2",
+        ],
+    )
     method = sft.SFT(config, sft.ModelSetup.from_config(config))
     ex = method.examples[0]
     text = method.tokenizer.decode([t for t, y in zip(ex.input_ids, ex.labels) if y != -100])
@@ -113,10 +170,12 @@ def test_env_and_tool_paths_fail_at_start_up_with_the_key(tmp_path):
     from lmrl.rollout.tool_config import build_env_factory
 
     tok = build_char_tokenizer()
-    for overrides, match in ((["env=nosuchmodule:make"], "env='nosuchmodule:make': cannot import"),
-                             (["env=agentic_envs:nothing"], "has no attribute 'nothing'"),
-                             (["env=agentic_envs"], "module.path:name"),
-                             (["tools=[nosuchmodule:tool]"], "tools='nosuchmodule:tool': cannot import")):
+    for overrides, match in (
+        (["env=nosuchmodule:make"], "env='nosuchmodule:make': cannot import"),
+        (["env=agentic_envs:nothing"], "has no attribute 'nothing'"),
+        (["env=agentic_envs"], "module.path:name"),
+        (["tools=[nosuchmodule:tool]"], "tools='nosuchmodule:tool': cannot import"),
+    ):
         with pytest.raises(ConfigError, match=match):
             build_env_factory(rl_config(tmp_path, *overrides), tok)
     assert build_env_factory(rl_config(tmp_path, "env=agentic_envs:digits"), tok)({"prompt": "x"}).tools == []
@@ -130,19 +189,30 @@ def test_eval_metrics_of_a_tool_run_are_tool_episodes_like_its_own_eval(tmp_path
     from lmrl.eval import runner
     from lmrl.eval.training import build_evaluator
     from lmrl.trainers import loop
+
     sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
     from scripted_policy import CalculatorPolicy
 
     monkeypatch.setattr(runner, "HFEngine", CalculatorPolicy)  # calls the calculator, answers right on even a
-    config = rl_config(tmp_path, "dataset=task:tool_arithmetic", "task_args={digits: 2}", "tools=[calculator]",
-                       "tool_parser=pythonic", "max_turns=2", "max_total_tokens=60", "max_new_tokens=24",
-                       "eval_rows=8", "eval_metrics=[accuracy]", "eval_metrics_rows=8",
-                       "eval_metrics_args={max_new_tokens: 24}")
+    config = rl_config(
+        tmp_path,
+        "dataset=task:tool_arithmetic",
+        "task_args={digits: 2}",
+        "tools=[calculator]",
+        "tool_parser=pythonic",
+        "max_turns=2",
+        "max_total_tokens=60",
+        "max_new_tokens=24",
+        "eval_rows=8",
+        "eval_metrics=[accuracy]",
+        "eval_metrics_rows=8",
+        "eval_metrics_args={max_new_tokens: 24}",
+    )
     method = online.OnlineRL(config, online.ModelSetup.from_config(config))
     metrics, _ = loop.evaluate(method, 0, SimpleNamespace(evaluator=build_evaluator(config)))
     assert 0 < metrics["eval/accuracy"] < 1
-    assert metrics["evals/accuracy"] == metrics["eval/accuracy"]
-    assert metrics["evals/tools/calls_per_episode"] == metrics["eval/tool_calls_per_episode"] == 1.0
+    assert metrics["eval/metrics/accuracy"] == metrics["eval/accuracy"]
+    assert metrics["eval/metrics/tools/calls_per_episode"] == metrics["eval/tool_calls_per_episode"] == 1.0
 
 
 def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
@@ -156,6 +226,7 @@ def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
     from lmrl.rollout.tool_parsers import get_parser
     from lmrl.rollout.types import SamplingParams
     from lmrl.trainers import agentic
+
     sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
     from scripted_policy import CalculatorPolicy
 
@@ -164,8 +235,14 @@ def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
     make_env = build_env_factory(config, tok)
     rows = load_rows("task:tool_arithmetic", split="test", limit=2, digits=2)
     options = MultiTurnOptions(3, 120, train_tool_calls=False, parser=get_parser("pythonic"))
-    batch = run_episodes(CalculatorPolicy(None, tok), tok, [make_env(r) for r in rows], rows,
-                         SamplingParams(max_new_tokens=40, greedy=True), options)
+    batch = run_episodes(
+        CalculatorPolicy(None, tok),
+        tok,
+        [make_env(r) for r in rows],
+        rows,
+        SamplingParams(max_new_tokens=40, greedy=True),
+        options,
+    )
     from lmrl.tracking import Tracker
 
     tracker = Tracker(tmp_path / "run", 1)

@@ -11,11 +11,19 @@ from lmrl.trainers.sft import trainer as sft
 from tests.trainers.test_sft import config
 
 
-@pytest.mark.parametrize("metric, mode, lower", [
-    ("eval/accuracy", "auto", False), ("evals/pass@8", "auto", False), ("eval/loss", "auto", True),
-    ("loss/policy", "auto", True), ("eval/ptx_ce", "auto", True), ("val/ce", "auto", True),
-    ("eval/loss", "max", False), ("eval/accuracy", "min", True),
-])
+@pytest.mark.parametrize(
+    "metric, mode, lower",
+    [
+        ("eval/accuracy", "auto", False),
+        ("eval/metrics/pass@8", "auto", False),
+        ("eval/loss", "auto", True),
+        ("loss/policy", "auto", True),
+        ("eval/ptx_ce", "auto", True),
+        ("eval/ce", "auto", True),
+        ("eval/loss", "max", False),
+        ("eval/accuracy", "min", True),
+    ],
+)
 def test_which_way_is_better(metric, mode, lower):
     assert lower_is_better(metric, mode) is lower
 
@@ -33,9 +41,20 @@ def _evals(run_dir):
 
 @pytest.mark.parametrize("mode", ["auto", "max"])
 def test_best_holds_the_model_of_the_best_evaluation(tmp_path, mode):
-    cfg = config(tmp_path, "task_args.digits=1", "train_rows=64", "eval_rows=16", "max_steps=6", "batch_size=8",
-                 "lr=3e-3", "eval_every=2", "save_every=0", "log_every=1", "keep_best=eval/loss",
-                 f"keep_best_mode={mode}")
+    cfg = config(
+        tmp_path,
+        "task_args.digits=1",
+        "train_rows=64",
+        "eval_rows=16",
+        "max_steps=6",
+        "batch_size=8",
+        "lr=3e-3",
+        "eval_every=2",
+        "save_every=0",
+        "log_every=1",
+        "keep_best=eval/loss",
+        f"keep_best_mode={mode}",
+    )
     sft.train(cfg)
     run = tmp_path / "run"
     evals = _evals(run)
@@ -50,8 +69,15 @@ def test_best_holds_the_model_of_the_best_evaluation(tmp_path, mode):
 
 
 def test_a_metric_the_evaluation_does_not_report_fails_before_training(tmp_path):
-    cfg = config(tmp_path, "task_args.digits=1", "train_rows=16", "eval_rows=4", "max_steps=2", "batch_size=4",
-                 "keep_best=eval/acuracy")
+    cfg = config(
+        tmp_path,
+        "task_args.digits=1",
+        "train_rows=16",
+        "eval_rows=4",
+        "max_steps=2",
+        "batch_size=4",
+        "keep_best=eval/acuracy",
+    )
     with pytest.raises(ValueError, match="keep_best='eval/acuracy'.*eval/accuracy"):
         sft.train(cfg)
     assert not (tmp_path / "run" / "best").exists()

@@ -27,9 +27,23 @@ def teacher_dir(tmp_path_factory):
 
 
 def config(tmp_path, teacher, *overrides):
-    base = [f"output_dir={tmp_path / 'run'}", f"teacher={teacher}", "precision=fp32", *TINY_KEYS,
-            "task_args.digits=1", "train_rows=64", "eval_rows=16", "batch_size=8", "lr=1e-2", "warmup_steps=0",
-            "max_new_tokens=8", "eval_max_new_tokens=8", "save_every=0", "log_every=1", "num_samples=1"]
+    base = [
+        f"output_dir={tmp_path / 'run'}",
+        f"teacher={teacher}",
+        "precision=fp32",
+        *TINY_KEYS,
+        "task_args.digits=1",
+        "train_rows=64",
+        "eval_rows=16",
+        "batch_size=8",
+        "lr=1e-2",
+        "warmup_steps=0",
+        "max_new_tokens=8",
+        "eval_max_new_tokens=8",
+        "save_every=0",
+        "log_every=1",
+        "num_samples=1",
+    ]
     return load_config(distill.DistillConfig, None, [*base, *overrides])
 
 
@@ -41,19 +55,22 @@ def test_the_student_moves_towards_the_teacher(tmp_path, teacher_dir, on_policy_
     for direction in ("forward", "reverse"):  # held-out KL between the two models, both directions
         assert final[f"eval/kl_{direction}"] < 0.5 * final[f"initial/eval/kl_{direction}"], final
     steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r and r["step"] > 0]
-    trained_on = "train/kl_reverse" if on_policy_frac else "train/kl_forward"
+    trained_on = "loss/kl_reverse" if on_policy_frac else "loss/kl_forward"
     assert all(trained_on in r for r in steps) and steps[-1]["loss"] < 0.5 * steps[0]["loss"]
     assert ("time/rollout_s" in steps[0]) == bool(on_policy_frac)
 
 
 def test_mixed_batches_use_both_divergences_and_accumulation_is_exact(tmp_path, teacher_dir, monkeypatch):
     grads = []  # the gradient of step 1, taken where the optimizer would step
-    monkeypatch.setattr(distill.common, "optimizer_step", lambda model, *a: grads.append(
-        {n: p.grad.clone() for n, p in model.named_parameters()}) or 0.0)
+    monkeypatch.setattr(
+        distill.common,
+        "optimizer_step",
+        lambda model, *a: grads.append({n: p.grad.clone() for n, p in model.named_parameters()}) or 0.0,
+    )
     for accum in (1, 2):
         cfg = config(tmp_path / str(accum), teacher_dir, "on_policy_frac=0.5", f"grad_accum={accum}")
         metrics = distill.Distill(cfg, distill.ModelSetup.from_config(cfg)).step(1)
-        assert metrics["on_policy/rows"] == 4 and {"train/kl_forward", "train/kl_reverse"} <= metrics.keys()
+        assert metrics["rollout/on_policy_rows"] == 4 and {"loss/kl_forward", "loss/kl_reverse"} <= metrics.keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
 
@@ -65,8 +82,9 @@ def test_bad_input_is_refused_before_training(tmp_path, teacher_dir):
         config(tmp_path, teacher_dir, "on_policy_frac=1.5")
     other = tmp_path / "other"
     tokenizer = build_char_tokenizer()
-    LlamaForCausalLM(builtin_config("builtin:tiny", 120, tokenizer.pad_token_id, tokenizer.eos_token_id, **TINY)
-                     ).save_pretrained(other)
+    LlamaForCausalLM(
+        builtin_config("builtin:tiny", 120, tokenizer.pad_token_id, tokenizer.eos_token_id, **TINY)
+    ).save_pretrained(other)
     with pytest.raises(ValueError, match="vocabulary of 120 tokens but the student has"):
         distill.train(config(tmp_path, other))
     assert not (tmp_path / "run").exists()

@@ -18,8 +18,17 @@ from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.selfplay import trainer as selfplay
 from lmrl.trainers.sft import trainer as sft
 
-METHODS = [sft.SFT, distill.Distill, preference.DPO, online_dpo.OnlineDPO, reward.RewardModelTraining,
-           pretrain.Pretrain, selfplay.SelfPlay, online.OnlineRL, JoinedNode]
+METHODS = [
+    sft.SFT,
+    distill.Distill,
+    preference.DPO,
+    online_dpo.OnlineDPO,
+    reward.RewardModelTraining,
+    pretrain.Pretrain,
+    selfplay.SelfPlay,
+    online.OnlineRL,
+    JoinedNode,
+]
 REQUIRED = ("step", "evaluate")
 
 

@@ -17,11 +17,28 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers.dpo import online as online_dpo
 from lmrl.trainers.dpo import trainer as preference
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
-RUN = ["online=true", "rewards=[gold]", "data_args.digits=1", "train_rows=48", "eval_rows=8", "batch_size=8",
-       "eval_every=0", "save_every=0", "log_every=1", "eval_max_new_tokens=4", "eval_samples=2", "max_new_tokens=6",
-       "precision=fp32", *TINY]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
+RUN = [
+    "online=true",
+    "rewards=[gold]",
+    "data_args.digits=1",
+    "train_rows=48",
+    "eval_rows=8",
+    "batch_size=8",
+    "eval_every=0",
+    "save_every=0",
+    "log_every=1",
+    "eval_max_new_tokens=4",
+    "eval_samples=2",
+    "max_new_tokens=6",
+    "precision=fp32",
+    *TINY,
+]
 
 
 def config(tmp_path, *overrides, name="run"):
@@ -29,7 +46,7 @@ def config(tmp_path, *overrides, name="run"):
 
 
 def test_best_worst_pairs_by_hand():
-    scores = torch.tensor([0.5, 2.0, -1.0,  1.0, 1.0, 1.0,  3.0, 0.0, 3.0])  # B=3 prompts, K=3
+    scores = torch.tensor([0.5, 2.0, -1.0, 1.0, 1.0, 1.0, 3.0, 0.0, 3.0])  # B=3 prompts, K=3
     chosen, rejected, tie = online_dpo.best_worst_pairs(scores, 3)
     # prompt 0: best row 1 (2.0), worst row 2 (-1.0); prompt 1: all equal -> tie (rows 3, 3: first max/min);
     # prompt 2: best = first 3.0 at row 6, worst row 7
@@ -103,7 +120,7 @@ def test_online_step_changes_the_policy_not_the_reference(tmp_path):
     metrics = online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     assert metrics["label/pairs"] > 0
     # first step: the policy equals π_ref, so h = 0 and the DPO loss is -log σ(0) = log 2
-    assert metrics["loss"] == pytest.approx(0.693147, abs=1e-5) and metrics["rewards/margin"] == pytest.approx(0)
+    assert metrics["loss"] == pytest.approx(0.693147, abs=1e-5) and metrics["policy/reward_margin"] == pytest.approx(0)
     assert metrics["label/chosen_score"] >= metrics["label/rejected_score"] + metrics["label/gap"] - 1e-6
     changed = sum(not torch.equal(before[k], v) for k, v in parts.model.state_dict().items())
     assert changed == len(before)  # every parameter tensor moved
@@ -127,6 +144,7 @@ def test_scripted_judge_labels_pairs(tmp_path):
     parts = make_parts(cfg)
     rows = online_dpo.load_online_data(cfg, parts.tokenizer)[0][:4]
     batch, _ = online_dpo.sample(parts, rows, cfg, step=1)
+
     # a fair judge that prefers the shorter answer (tie on equal length): both orders agree
     def rule(text):
         a = text.split("[Answer of assistant A]\n")[1].split("\n\n[Answer of assistant B]")[0]
@@ -135,11 +153,14 @@ def test_scripted_judge_labels_pairs(tmp_path):
 
     parts.judge.generate = lambda texts: [rule(t) for t in texts]
     pairs, scores, metrics = online_dpo.label(parts, batch, rows, cfg)
-    expected = [(i, 2 * i, 2 * i + 1) if len(a) < len(b) else (i, 2 * i + 1, 2 * i)
-                for i, (a, b) in enumerate(zip(batch.completions[0::2], batch.completions[1::2])) if len(a) != len(b)]
+    expected = [
+        (i, 2 * i, 2 * i + 1) if len(a) < len(b) else (i, 2 * i + 1, 2 * i)
+        for i, (a, b) in enumerate(zip(batch.completions[0::2], batch.completions[1::2]))
+        if len(a) != len(b)
+    ]
     assert pairs == expected and metrics["label/judge_inconsistent"] == 0
     assert metrics["label/tie_frac"] == pytest.approx((4 - len(expected)) / 4)
-    assert "rewards/gold/mean" in metrics  # rewards are logged next to the judge
+    assert "reward/gold/mean" in metrics  # rewards are logged next to the judge
 
 
 def test_first_step_log2_metrics_and_resume_is_exact(tmp_path):
@@ -148,8 +169,16 @@ def test_first_step_log2_metrics_and_resume_is_exact(tmp_path):
     records = read_jsonl(tmp_path / "full" / "metrics.jsonl")
     first = next(r for r in records if r["step"] == 1 and "loss" in r)
     assert first["loss"] == pytest.approx(0.693147, abs=1e-5)
-    for key in ("reward/mean", "rewards/gold/mean", "label/pairs", "label/tie_frac", "label/chosen_score",
-                "logps/chosen", "rewards/accuracy", "completion_len/mean"):
+    for key in (
+        "reward/mean",
+        "reward/gold/mean",
+        "label/pairs",
+        "label/tie_frac",
+        "label/chosen_score",
+        "policy/logp_chosen",
+        "policy/reward_accuracy",
+        "completion_len/mean",
+    ):
         assert key in first, key
     assert "initial/eval/gold_score" in full and "eval/accuracy" in full
     # stop after step 2, resume: steps 3-4 sample and train the same (π_ref stays the INITIAL policy)
@@ -158,7 +187,7 @@ def test_first_step_log2_metrics_and_resume_is_exact(tmp_path):
     again = {r["step"]: r for r in read_jsonl(tmp_path / "half" / "metrics.jsonl") if "loss" in r}
     for r in records:
         if r["step"] in (3, 4) and "loss" in r:
-            for key in ("loss", "reward/mean", "rewards/margin", "logps/chosen"):
+            for key in ("loss", "reward/mean", "policy/reward_margin", "policy/logp_chosen"):
                 assert again[r["step"]][key] == pytest.approx(r[key], abs=1e-5), (r["step"], key)
     assert resumed["eval/gold_score"] == pytest.approx(full["eval/gold_score"], abs=1e-5)
 
@@ -182,8 +211,17 @@ def test_short_seeded_run_raises_the_label_reward(tmp_path):
     # random tiny model, gold-score labels: it first writes random characters (gold ≈ -1 - 0.05·len); online
     # DPO quickly learns to write digits. Measured (seed 0, this config): mean reward/mean of steps 1-5 = -0.572,
     # of steps 11-15 = -0.122 (20 steps: -0.030, 30 steps: +0.155); no tie after step 10
-    cfg = config(tmp_path, "max_steps=15", "batch_size=16", "samples_per_prompt=4", "lr=1e-2", "warmup_steps=0",
-                 "lr_schedule=constant", "beta=0.1", "train_rows=200")
+    cfg = config(
+        tmp_path,
+        "max_steps=15",
+        "batch_size=16",
+        "samples_per_prompt=4",
+        "lr=1e-2",
+        "warmup_steps=0",
+        "lr_schedule=constant",
+        "beta=0.1",
+        "train_rows=200",
+    )
     preference.train(cfg)
     rewards = [r["reward/mean"] for r in read_jsonl(Path(cfg.output_dir) / "metrics.jsonl") if "reward/mean" in r]
     assert len(rewards) == 15
@@ -191,18 +229,21 @@ def test_short_seeded_run_raises_the_label_reward(tmp_path):
     assert late > early + 0.3, (early, late)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["loss=kto"], "unpaired"),
-    (["samples_per_prompt=1"], "samples_per_prompt >= 2"),
-    (["rewards=[]"], "label source"),
-    (["judge=builtin:tiny", "samples_per_prompt=3"], "samples_per_prompt=2"),
-    (["judge=builtin:tiny", "loss=odpo"], "label scores"),
-    (["reward_weights=[1.0, 2.0]"], "one weight per reward"),
-    (["judge=builtin:tiny", "judge_args.swapp=false"], "unknown options"),
-    (["temperature=0"], "'temperature' must be > 0"),
-    (["top_p=0"], "'top_p' must be in"),
-    (["on_reward_error=ignore"], "'on_reward_error' must be one of"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["loss=kto"], "unpaired"),
+        (["samples_per_prompt=1"], "samples_per_prompt >= 2"),
+        (["rewards=[]"], "label source"),
+        (["judge=builtin:tiny", "samples_per_prompt=3"], "samples_per_prompt=2"),
+        (["judge=builtin:tiny", "loss=odpo"], "label scores"),
+        (["reward_weights=[1.0, 2.0]"], "one weight per reward"),
+        (["judge=builtin:tiny", "judge_args.swapp=false"], "unknown options"),
+        (["temperature=0"], "'temperature' must be > 0"),
+        (["top_p=0"], "'top_p' must be in"),
+        (["on_reward_error=ignore"], "'on_reward_error' must be one of"),
+    ],
+)
 def test_bad_online_config_fails_at_start_up(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         config(tmp_path, *overrides)
@@ -235,30 +276,37 @@ def test_on_reward_error_skips_the_step_or_stops(tmp_path, policy):
         with pytest.raises(RewardError, match="boom"):
             online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet())
     else:
-        assert online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet()) == {"reward/errors": 1.0,
-                                                                                         "reward/skipped": 1.0}
+        assert online_dpo.online_step(parts, rows, cfg, None, 1, RunningDelta(), Quiet()) == {
+            "reward/errors": 1.0,
+            "reward/skipped": 1.0,
+        }
     assert all(torch.equal(before[k], v) for k, v in parts.model.state_dict().items())  # no update either way
 
 
 def test_prompt_column_is_required(tmp_path):
     data = tmp_path / "msgs.jsonl"
-    data.write_text('{"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], '
-                    '"rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no"}]}\n')
+    data.write_text(
+        '{"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], '
+        '"rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no"}]}\n'
+    )
     cfg = config(tmp_path, f"dataset={data}", "data_args={}", "train_rows=null")
     with pytest.raises(ValueError, match="'prompt' column"):
         preference.train(cfg)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("overrides, error, message", [
-    (["rewards=[no_such_reward]"], ValueError, "no_such_reward"),
-    (["reward_kwargs.task.x=1"], ValueError, "not in `rewards`"),
-    (["reward_kwargs.gold.no_such_option=1"], ValueError, "no_such_option"),
-    (["rewards=[]", "judge=/no/such/judge"], FileNotFoundError, "does not exist"),
-    (["judge=builtin:tiny", "judge_args.max_new_tokens=0"], ValueError, "max_new_tokens >= 1"),
-    (["judge=builtin:tiny", "judge_args.prompt=no placeholders"], ValueError, "answer_a"),
-    (["ref_model=/no/such/model"], FileNotFoundError, "does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (["rewards=[no_such_reward]"], ValueError, "no_such_reward"),
+        (["reward_kwargs.task.x=1"], ValueError, "not in `rewards`"),
+        (["reward_kwargs.gold.no_such_option=1"], ValueError, "no_such_option"),
+        (["rewards=[]", "judge=/no/such/judge"], FileNotFoundError, "does not exist"),
+        (["judge=builtin:tiny", "judge_args.max_new_tokens=0"], ValueError, "max_new_tokens >= 1"),
+        (["judge=builtin:tiny", "judge_args.prompt=no placeholders"], ValueError, "answer_a"),
+        (["ref_model=/no/such/model"], FileNotFoundError, "does not exist"),
+    ],
+)
 def test_bad_rewards_judge_or_reference_fail_before_the_run_starts(tmp_path, overrides, error, message):
     # these used to be caught only after the run directory was opened (rewards, judge and reference were built
     # after `start_run`); now the method's construction fails before it

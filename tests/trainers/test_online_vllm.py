@@ -17,8 +17,12 @@ from lmrl.trainers.rl import trainer as online  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 # head size 32: vLLM's CPU attention runs 32, 64, 80, ... (not the 16 of test_online.py's model)
-MODEL = ["model_args.hidden_size=64", "model_args.num_hidden_layers=2", "model_args.intermediate_size=128",
-         "model_args.num_attention_heads=2"]
+MODEL = [
+    "model_args.hidden_size=64",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=128",
+    "model_args.num_attention_heads=2",
+]
 
 
 def digit_fraction(prompts, completions, **kwargs):
@@ -31,11 +35,32 @@ if "test_vllm_digit_fraction" not in REWARDS:
 
 
 def grpo(tmp_path, engine, *overrides):
-    config = load_config(online.RLConfig, None, [
-        "algorithm=grpo", f"engine={engine}", f"output_dir={tmp_path / engine}", "precision=fp32", *MODEL,
-        "task_args.digits=1", "train_rows=64", "eval_rows=8", "prompts_per_step=4", "samples_per_prompt=4",
-        "max_new_tokens=6", "rewards=[test_vllm_digit_fraction]", "eval_every=0", "save_every=0", "log_every=1",
-        "lr=1e-2", "sample_every=100", "vllm_kv_cache_gb=0.0625", "vllm_max_model_len=128", *overrides])
+    config = load_config(
+        online.RLConfig,
+        None,
+        [
+            "algorithm=grpo",
+            f"engine={engine}",
+            f"output_dir={tmp_path / engine}",
+            "precision=fp32",
+            *MODEL,
+            "task_args.digits=1",
+            "train_rows=64",
+            "eval_rows=8",
+            "prompts_per_step=4",
+            "samples_per_prompt=4",
+            "max_new_tokens=6",
+            "rewards=[test_vllm_digit_fraction]",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+            "lr=1e-2",
+            "sample_every=100",
+            "vllm_kv_cache_gb=0.0625",
+            "vllm_max_model_len=128",
+            *overrides,
+        ],
+    )
     online.train(config)
     return [r for r in read_jsonl(tmp_path / engine / "metrics.jsonl") if "reward/mean" in r]
 
@@ -51,9 +76,9 @@ def test_grpo_with_engine_vllm_learns_the_dense_task_as_engine_hf_does(tmp_path)
     vllm_rows = runs["vllm"]
     assert len(vllm_rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in vllm_rows)  # a sync before every rollout
     # logged on every step that trains (a step whose groups all have zero advantage runs no learner forward)
-    gaps = [r["sampler_logp_gap"] for r in vllm_rows if "sampler_logp_gap" in r]
+    gaps = [r["policy/sampler_logp_gap"] for r in vllm_rows if "policy/sampler_logp_gap" in r]
     assert len(gaps) >= 10 and max(gaps) < 1e-4, gaps  # the synced engine samples the learner's policy
-    assert all("tis/weight_mean" in r for r in vllm_rows if "sampler_logp_gap" in r)  # TIS on by default
+    assert all("policy/tis_weight_mean" in r for r in vllm_rows if "policy/sampler_logp_gap" in r)  # TIS on by default
 
 
 def test_engine_vllm_refuses_what_it_cannot_do_at_start_up(tmp_path):
@@ -74,8 +99,11 @@ def test_a_broken_vllm_sync_stops_an_fp32_run_when_asked(tmp_path, monkeypatch):
     from lmrl.trainers.common import TrainingStopped
 
     monkeypatch.setattr(vllm_driver, "repack_tied_head", lambda worker: 0)
-    with pytest.raises(TrainingStopped, match=r"step \d+: sampler_logp_gap=.* exceeds max_sampler_logp_gap=0.1 in "
-                                              r"fp32.*engine=vllm"):
+    with pytest.raises(
+        TrainingStopped,
+        match=r"step \d+: sampler_logp_gap=.* exceeds max_sampler_logp_gap=0.1 in "
+        r"fp32.*engine=vllm",
+    ):
         grpo(tmp_path, "vllm", "max_steps=3", "stop_on_sampler_logp_gap=true")
 
 
@@ -89,7 +117,7 @@ def test_lora_grpo_with_engine_vllm_pushes_merged_adapters_and_learns(tmp_path):
     gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
     assert gain > 0.1, f"LoRA engine=vllm: reward gain {gain:.3f} ({rewards})"
     assert len(rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in rows)
-    gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
+    gaps = [r["policy/sampler_logp_gap"] for r in rows if "policy/sampler_logp_gap" in r]
     # (once every group's reward saturates, a step has zero advantages and no learner forward: fewer gaps)
     assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the engine samples W + BA, the learner's policy
 
@@ -101,7 +129,7 @@ def test_grpo_with_a_vllm_server_learns_with_weights_pushed_every_step(tmp_path)
     gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
     assert gain > 0.1, f"vllm_server=auto: reward gain {gain:.3f} ({rewards})"
     assert len(rows) == 20 and all(r["time/weight_sync_s"] > 0 for r in rows)  # a push before every rollout
-    gaps = [r["sampler_logp_gap"] for r in rows if "sampler_logp_gap" in r]
+    gaps = [r["policy/sampler_logp_gap"] for r in rows if "policy/sampler_logp_gap" in r]
     assert len(gaps) >= 5 and max(gaps) < 1e-4, (len(gaps), gaps)  # the server samples the learner's policy
 
 
@@ -112,20 +140,43 @@ def test_on_policy_distillation_samples_through_engine_vllm(tmp_path, monkeypatc
     from lmrl.models import load_model
     from lmrl.rollout.vllm_engine import VLLMEngine
     from lmrl.trainers.distill import trainer as distill
+
     teacher, tokenizer = tmp_path / "teacher", build_char_tokenizer()
     args = dict(item.removeprefix("model_args.").split("=") for item in MODEL)
     load_model("builtin:tiny", tokenizer, seed=7, model_args={k: int(v) for k, v in args.items()}).save_pretrained(
-        teacher)
+        teacher
+    )
     tokenizer.save_pretrained(teacher)
     pushes = []
     real_push = VLLMEngine.sync_weights
     monkeypatch.setattr(VLLMEngine, "sync_weights", lambda self: pushes.append(1) or real_push(self))
-    config = load_config(distill.DistillConfig, None, [
-        f"output_dir={tmp_path / 'run'}", f"teacher={teacher}", "engine=vllm", "precision=fp32", *MODEL,
-        "task_args.digits=1", "train_rows=32", "eval_rows=8", "batch_size=8", "lr=1e-2", "warmup_steps=0",
-        "max_new_tokens=8", "eval_max_new_tokens=8", "save_every=0", "log_every=1", "num_samples=1",
-        "on_policy_frac=1.0", "max_steps=3", "vllm_kv_cache_gb=0.0625", "vllm_max_model_len=128"])
+    config = load_config(
+        distill.DistillConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            f"teacher={teacher}",
+            "engine=vllm",
+            "precision=fp32",
+            *MODEL,
+            "task_args.digits=1",
+            "train_rows=32",
+            "eval_rows=8",
+            "batch_size=8",
+            "lr=1e-2",
+            "warmup_steps=0",
+            "max_new_tokens=8",
+            "eval_max_new_tokens=8",
+            "save_every=0",
+            "log_every=1",
+            "num_samples=1",
+            "on_policy_frac=1.0",
+            "max_steps=3",
+            "vllm_kv_cache_gb=0.0625",
+            "vllm_max_model_len=128",
+        ],
+    )
     distill.train(config)
     steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r and r["step"] > 0]
-    assert len(steps) == 3 and all("train/kl_reverse" in r for r in steps)  # every row sampled by the student
+    assert len(steps) == 3 and all("loss/kl_reverse" in r for r in steps)  # every row sampled by the student
     assert len(pushes) == 3  # the first rollout's weights, then each update's

@@ -33,9 +33,12 @@ class Rows:
 
 def test_the_value_loss_of_a_split_minibatch_sums_to_the_whole_minibatch_loss():
     torch.manual_seed(0)
-    model = load_model("builtin:tiny", build_char_tokenizer(), seed=0,
-                       model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64,
-                                   "num_attention_heads": 2})
+    model = load_model(
+        "builtin:tiny",
+        build_char_tokenizer(),
+        seed=0,
+        model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2},
+    )
     value_model = ValueModel.from_causal_lm(model)
     torch.nn.init.normal_(value_model.head.weight, std=0.5)
     lengths = torch.tensor([5, 1, 3, 2])  # parts [0, 1] and [2, 3]: 6 and 5 tokens, 2 rows each
@@ -50,6 +53,10 @@ def test_the_value_loss_of_a_split_minibatch_sums_to_the_whole_minibatch_loss():
     parts = sum(value_term(value_model, rows.part(i), old[i], returns[i], 0.2, None, mb_rows=4)[0] for i in halves)
     torch.testing.assert_close(parts, whole, atol=1e-7, rtol=1e-6)
     # weighting each part's mean by its share of the tokens (the policy's token_mean weight) is another loss
-    by_tokens = sum(value_loss(completion_values(value_model, rows.part(i), None), old[i], returns[i], mask[i])[0]
-                    * mask[i].sum() / mask.sum() for i in halves)
+    by_tokens = sum(
+        value_loss(completion_values(value_model, rows.part(i), None), old[i], returns[i], mask[i])[0]
+        * mask[i].sum()
+        / mask.sum()
+        for i in halves
+    )
     assert abs(float(by_tokens - whole)) > 1e-3 * abs(float(whole))

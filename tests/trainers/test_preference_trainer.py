@@ -17,17 +17,29 @@ from lmrl.trainers.dpo import common as dpo_common
 from lmrl.trainers.dpo import trainer as preference
 from lmrl.trainers.sft import trainer as sft
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
 TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
-SMALL_RUN = ["train_rows=48", "eval_rows=16", "batch_size=8", "eval_every=0", "save_every=0", "log_every=1",
-             "eval_max_new_tokens=4"]
+SMALL_RUN = [
+    "train_rows=48",
+    "eval_rows=16",
+    "batch_size=8",
+    "eval_every=0",
+    "save_every=0",
+    "log_every=1",
+    "eval_max_new_tokens=4",
+]
 
 
 def config(tmp_path, *overrides, builtin=True, name="run"):
     digits = ["data_args.digits=1"] if builtin else []
-    return load_config(preference.DPOConfig, None, [f"output_dir={tmp_path / name}", "precision=fp32", *TINY,
-                                                    *digits, *overrides])
+    return load_config(
+        preference.DPOConfig, None, [f"output_dir={tmp_path / name}", "precision=fp32", *TINY, *digits, *overrides]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +63,11 @@ def test_sequence_logps_match_a_direct_computation(tok):
 
 def test_packed_sequence_logps_equal_the_padded_ones(tok):
     model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS).eval()
-    seqs = [prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "12+34=", "the answer is 46"),
-            prefs.tokenize(tok, "7*8=", "56")]
+    seqs = [
+        prefs.tokenize(tok, "1+1=", "2"),
+        prefs.tokenize(tok, "12+34=", "the answer is 46"),
+        prefs.tokenize(tok, "7*8=", "56"),
+    ]
     padded, counts = dpo_common.sequence_logps(model, seqs, tok.pad_token_id, None)
     packed, packed_counts = dpo_common.sequence_logps(model, seqs, tok.pad_token_id, None, packed=True)
     torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
@@ -62,8 +77,9 @@ def test_packed_sequence_logps_equal_the_padded_ones(tok):
 def test_packed_dpo_step_gives_the_padded_loss_and_gradients(tmp_path, tok):
     padded_cfg = config(tmp_path, *SMALL_RUN, "max_length=64")
     packed_cfg = config(tmp_path, *SMALL_RUN, "max_length=64", "max_tokens_per_microbatch=160")
-    examples, _ = dpo_common.build_examples(prefs.load_preference_rows("builtin:prefs", "train", 8,
-                                                                          digits=1), tok, padded_cfg, "rows")
+    examples, _ = dpo_common.build_examples(
+        prefs.load_preference_rows("builtin:prefs", "train", 8, digits=1), tok, padded_cfg, "rows"
+    )
     parts = dpo_common.micro_batches(examples, packed_cfg, len(examples))
     assert 1 < len(parts) < len(examples)  # several pairs per packed row, several rows
     results = []
@@ -79,8 +95,11 @@ def test_packed_dpo_step_gives_the_padded_loss_and_gradients(tmp_path, tok):
 
 
 def test_packing_refuses_grad_accum_unpaired_losses_and_too_small_budgets(tmp_path):
-    for overrides in (["grad_accum=2", "max_tokens_per_microbatch=512"], ["loss=kto", "max_tokens_per_microbatch=512"],
-                      ["max_length=256", "max_tokens_per_microbatch=300"]):
+    for overrides in (
+        ["grad_accum=2", "max_tokens_per_microbatch=512"],
+        ["loss=kto", "max_tokens_per_microbatch=512"],
+        ["max_length=256", "max_tokens_per_microbatch=300"],
+    ):
         with pytest.raises(ConfigError, match="max_tokens_per_microbatch"):
             config(tmp_path, *overrides)
 
@@ -91,9 +110,15 @@ def test_first_dpo_loss_is_log2_and_logps_are_logged(tmp_path):
     first = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")[1]
     # the policy starts equal to π_ref: h = 0, L = -log σ(0) = log 2
     assert first["step"] == 1 and first["loss"] == pytest.approx(0.693147, abs=1e-5)
-    assert first["rewards/margin"] == pytest.approx(0.0, abs=1e-6)
+    assert first["policy/reward_margin"] == pytest.approx(0.0, abs=1e-6)
     assert result["initial/eval/loss"] == pytest.approx(0.693147, abs=1e-5)
-    for key in ("logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/accuracy"):
+    for key in (
+        "policy/logp_chosen",
+        "policy/logp_rejected",
+        "policy/reward_chosen",
+        "policy/reward_rejected",
+        "policy/reward_accuracy",
+    ):
         assert key in first
     assert "eval/gold_score" in result and (Path(cfg.output_dir) / "final" / "config.json").exists()
 
@@ -101,12 +126,14 @@ def test_first_dpo_loss_is_log2_and_logps_are_logged(tmp_path):
 def test_cached_reference_equals_on_the_fly_reference(tmp_path):
     cached = preference.train(config(tmp_path, *SMALL_RUN, "max_steps=4", "lr=1e-2", name="cached"))
     fly = preference.train(config(tmp_path, *SMALL_RUN, "max_steps=4", "lr=1e-2", "precompute_ref=false", name="fly"))
-    assert (tmp_path / "cached" / preference.REF_CACHE).exists() and not (tmp_path / "fly" / preference.REF_CACHE).exists()
+    assert (tmp_path / "cached" / preference.REF_CACHE).exists() and not (
+        tmp_path / "fly" / preference.REF_CACHE
+    ).exists()
     a, b = read_jsonl(tmp_path / "cached" / "metrics.jsonl"), read_jsonl(tmp_path / "fly" / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     assert a[-2]["loss"] != pytest.approx(0.693147, abs=1e-3)  # the policy moved away from the reference
     for x, y in zip(a, b):
-        for key in ("loss", "rewards/margin", "rewards/chosen", "logps/chosen", "eval/loss"):
+        for key in ("loss", "policy/reward_margin", "policy/reward_chosen", "policy/logp_chosen", "eval/loss"):
             if key in x:
                 assert y[key] == pytest.approx(x[key], abs=1e-5), (x["step"], key)
     assert fly["eval/loss"] == pytest.approx(cached["eval/loss"], abs=1e-5)
@@ -118,6 +145,7 @@ def test_resume_reuses_the_reference_cache(tmp_path, monkeypatch):
     full = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     for step in ("step-4",):
         import shutil
+
         shutil.rmtree(tmp_path / "run" / "checkpoints" / step)
 
     def no_recompute(*a, **k):
@@ -128,7 +156,7 @@ def test_resume_reuses_the_reference_cache(tmp_path, monkeypatch):
     resumed = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [r["step"] for r in full]
     for x, y in zip(full, resumed):
-        for key in ("loss", "grad_norm", "eval/loss"):
+        for key in ("loss", "optim/grad_norm", "eval/loss"):
             if key in x:
                 assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (x["step"], key)
 
@@ -137,10 +165,14 @@ def test_reference_fingerprint_follows_weights_precision_and_tokens(tok):
     model = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS)
     examples = [dpo_common.Example((prefs.tokenize(tok, "1+1=", "2"), prefs.tokenize(tok, "1+1=", "3")))]
     key = preference.fingerprint(model, "fp32", examples, [])
-    assert preference.fingerprint(load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS), "fp32", examples,
-                                  []) == key
-    assert preference.fingerprint(load_model("builtin:tiny", tok, seed=1, model_args=TINY_ARGS), "fp32", examples,
-                                  []) != key
+    assert (
+        preference.fingerprint(load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS), "fp32", examples, [])
+        == key
+    )
+    assert (
+        preference.fingerprint(load_model("builtin:tiny", tok, seed=1, model_args=TINY_ARGS), "fp32", examples, [])
+        != key
+    )
     assert preference.fingerprint(model, "bf16", examples, []) != key
     assert preference.fingerprint(model, "fp32", examples[::-1] + examples, []) != key
 
@@ -186,6 +218,7 @@ def test_bco_keeps_a_running_mean_of_implicit_rewards(tmp_path):
     cfg = config(tmp_path, *SMALL_RUN, "max_steps=3", "loss=bco", "save_every=3")
     preference.train(cfg)
     from lmrl.trainers import common
+
     state = common.read_state(common.latest_checkpoint(cfg.output_dir))["trainer"]
     total, count = state["bco"]
     assert count == 3 * 8 * 2  # 3 steps x 8 pairs x (chosen, rejected)
@@ -200,16 +233,42 @@ def test_dpo_raises_the_gold_score_of_the_policy(tmp_path):
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in prefs.completion_rows(prefs.preference_rows(1000, seed=1))))
     common = ["precision=fp32", "eval_every=0", "save_every=0", "log_every=20", "warmup_steps=5", "batch_size=32"]
-    sft.train(load_config(sft.SFTConfig, None, [*common, f"output_dir={tmp_path / 'sft'}", f"dataset={data}",
-                                                "train_rows=null", "max_steps=100", "lr=3e-3", "max_length=64"]))
-    result = preference.train(load_config(preference.DPOConfig, None, [
-        *common, f"output_dir={tmp_path / 'dpo'}", f"model={tmp_path / 'sft' / 'final'}", "train_rows=1000",
-        "eval_rows=100", "eval_samples=16", "max_steps=40", "lr=1e-3"]))
+    sft.train(
+        load_config(
+            sft.SFTConfig,
+            None,
+            [
+                *common,
+                f"output_dir={tmp_path / 'sft'}",
+                f"dataset={data}",
+                "train_rows=null",
+                "max_steps=100",
+                "lr=3e-3",
+                "max_length=64",
+            ],
+        )
+    )
+    result = preference.train(
+        load_config(
+            preference.DPOConfig,
+            None,
+            [
+                *common,
+                f"output_dir={tmp_path / 'dpo'}",
+                f"model={tmp_path / 'sft' / 'final'}",
+                "train_rows=1000",
+                "eval_rows=100",
+                "eval_samples=16",
+                "max_steps=40",
+                "lr=1e-3",
+            ],
+        )
+    )
     assert result["eval/gold_score"] > result["initial/eval/gold_score"] + 0.2, result
-    assert result["eval/rewards/accuracy"] > 0.7, result  # implicit reward ranks held-out pairs like the gold score
-    assert result["eval/logps/chosen"] < result["initial/eval/logps/chosen"], result  # preference displacement
-    drop_rejected = result["initial/eval/logps/rejected"] - result["eval/logps/rejected"]
-    assert drop_rejected > 2 * (result["initial/eval/logps/chosen"] - result["eval/logps/chosen"]), result
+    assert result["eval/reward_accuracy"] > 0.7, result  # implicit reward ranks held-out pairs like the gold score
+    assert result["eval/logp_chosen"] < result["initial/eval/logp_chosen"], result  # preference displacement
+    drop_rejected = result["initial/eval/logp_rejected"] - result["eval/logp_rejected"]
+    assert drop_rejected > 2 * (result["initial/eval/logp_chosen"] - result["eval/logp_chosen"]), result
 
 
 # --------------------------------------------------------------------------- bad input
@@ -227,17 +286,36 @@ MSG = lambda role, text: {"role": role, "content": text}  # noqa: E731
 @pytest.mark.parametrize(
     "rows, overrides, message",
     [
-        ([{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "rejected": "c"}], [],
-         r"row 2 of .*d\.jsonl: preference rows need `chosen` and `rejected` \(missing \['chosen'\]"),
+        (
+            [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "rejected": "c"}],
+            [],
+            r"row 2 of .*d\.jsonl: preference rows need `chosen` and `rejected` \(missing \['chosen'\]",
+        ),
         ([{"prompt": "a", "chosen": "b", "rejected": "b"}], [], "row 1 of .*identical"),
         ([{"prompt": "a", "completions": ["x", "y", "z"], "ranking": [[0, 1], 2]}], [], "row 1 of .*tied"),
         ([{"prompt": "a", "completions": ["x", "y", "z"], "ranking": [0, 2]}], [], r"row 1 of .*missing \[1\]"),
-        ([{"chosen": [MSG("user", "a"), MSG("assistant", "b")], "rejected": [MSG("user", "A"), MSG("assistant", "c")]}],
-         [], "row 1 of .*different prompts .* differ at message 0: chosen 'a' vs rejected 'A'"),
+        (
+            [
+                {
+                    "chosen": [MSG("user", "a"), MSG("assistant", "b")],
+                    "rejected": [MSG("user", "A"), MSG("assistant", "c")],
+                }
+            ],
+            [],
+            "row 1 of .*different prompts .* differ at message 0: chosen 'a' vs rejected 'A'",
+        ),
         ([{"prompt": "a", "chosen": "b", "rejected": "c"}], ["loss=odpo"], "row 1 of .*loss=odpo needs chosen_score"),
         ([{"prompt": "a", "completion": "b", "label": "yes"}], ["loss=kto"], "row 1 of .*label must be one of"),
     ],
-    ids=["missing-chosen", "identical", "ranking-tie", "ranking-missing", "messages-prefix", "odpo-scores", "kto-label"],
+    ids=[
+        "missing-chosen",
+        "identical",
+        "ranking-tie",
+        "ranking-missing",
+        "messages-prefix",
+        "odpo-scores",
+        "kto-label",
+    ],
 )
 def test_bad_input_fails_before_training(tmp_path, rows, overrides, message):
     cfg = config(tmp_path, f"dataset={write(tmp_path, rows)}", *overrides, builtin=False)
@@ -271,8 +349,12 @@ def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
     import sys
 
     data = write(tmp_path, [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "b"}])
-    result = subprocess.run([sys.executable, "-m", "lmrl", "dpo", f"dataset={data}", f"output_dir={tmp_path / 'run'}",
-                             *TINY], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "lmrl", "dpo", f"dataset={data}", f"output_dir={tmp_path / 'run'}", *TINY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     out = " ".join(result.stdout.split())  # rich wraps long lines
     assert "error: row 2 of" in out and "missing ['rejected']" in out, result.stdout

@@ -43,9 +43,21 @@ def corpus(tmp_path_factory):
 
 
 def make_config(out, corpus, *overrides):
-    base = [f"output_dir={out}", f"data={corpus}", "precision=fp32", *TINY, "block_size=32", "batch_size=16",
-            "lr=1e-2", "warmup_steps=5", "eval_batches=4", "num_samples=1", "sample_tokens=8", "save_every=0",
-            "log_every=5"]
+    base = [
+        f"output_dir={out}",
+        f"data={corpus}",
+        "precision=fp32",
+        *TINY,
+        "block_size=32",
+        "batch_size=16",
+        "lr=1e-2",
+        "warmup_steps=5",
+        "eval_batches=4",
+        "num_samples=1",
+        "sample_tokens=8",
+        "save_every=0",
+        "log_every=5",
+    ]
     return load_config(PretrainConfig, None, [*base, *overrides])
 
 
@@ -55,7 +67,7 @@ def critic_dir(tmp_path_factory, corpus):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("critic") / "run"
     result = pretrain.train(make_config(out, corpus, "objective=ce", "max_steps=60", "eval_every=0", "seed=7"))
-    assert result["val/ce"] < result["initial/val/ce"] - 1.0, result
+    assert result["eval/ce"] < result["initial/eval/ce"] - 1.0, result
     return out / "final"
 
 
@@ -70,21 +82,36 @@ def test_config_exposes_every_avatarl_option_with_its_default():
         assert fields[option.name].default == option.default, option.name
         assert fields[option.name].metadata["help"], option.name
     assert PretrainConfig().avatarl_options() == AvatarlOptions()
-    cfg = load_config(PretrainConfig, None, ["objective=avatarl", "critic=x", "top_k=4", "threshold=mean",
-                                             "entropy_mode=temperature", "reward_clamp=null", "critic_topk=false"])
-    assert cfg.avatarl_options() == AvatarlOptions(top_k=4, threshold="mean", entropy_mode="temperature",
-                                                   reward_clamp=None, critic_topk=False)
+    cfg = load_config(
+        PretrainConfig,
+        None,
+        [
+            "objective=avatarl",
+            "critic=x",
+            "top_k=4",
+            "threshold=mean",
+            "entropy_mode=temperature",
+            "reward_clamp=null",
+            "critic_topk=false",
+        ],
+    )
+    assert cfg.avatarl_options() == AvatarlOptions(
+        top_k=4, threshold="mean", entropy_mode="temperature", reward_clamp=None, critic_topk=False
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["objective=avatarl"], "needs a critic"),
-    (["critic=runs/x/final"], "only used by objective=avatarl"),
-    (["batch_size=10", "grad_accum=3"], "divisible by grad_accum"),
-    (["objective=avatarl", "critic=x", "epsilon=1.0"], "epsilon=1.0"),
-    (["objective=avatarl", "critic=x", "threshold=median"], "threshold"),
-    (["val_fraction=0"], "val_fraction"),
-    (["eval_batches=0"], "eval_batches"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["objective=avatarl"], "needs a critic"),
+        (["critic=runs/x/final"], "only used by objective=avatarl"),
+        (["batch_size=10", "grad_accum=3"], "divisible by grad_accum"),
+        (["objective=avatarl", "critic=x", "epsilon=1.0"], "epsilon=1.0"),
+        (["objective=avatarl", "critic=x", "threshold=median"], "threshold"),
+        (["val_fraction=0"], "val_fraction"),
+        (["eval_batches=0"], "eval_batches"),
+    ],
+)
 def test_bad_config_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(PretrainConfig, None, overrides)
@@ -138,11 +165,13 @@ def test_validation_stats_by_hand(batch_size):
     model = ConstantLogits([math.log(2.0), 0.0, 0.0])
     windows = torch.tensor([[0, 0, 1, 2], [2, 1, 1, 0]])
     stats = pretrain.validation_stats(model, windows, batch_size, None)
-    assert stats["val/ce"] == pytest.approx(10 * math.log(2) / 6, abs=1e-6)
-    assert stats["val/entropy"] == pytest.approx(1.5 * math.log(2), abs=1e-6)
+    assert stats["eval/ce"] == pytest.approx(10 * math.log(2) / 6, abs=1e-6)
+    assert stats["eval/entropy"] == pytest.approx(1.5 * math.log(2), abs=1e-6)
     uniform = ConstantLogits([0.0] * VOCAB)  # -ln(1/102) = 4.624973 at every target, and H = ln 102
     stats = pretrain.validation_stats(uniform, torch.randint(0, VOCAB, (3, 9)), 2, None)
-    assert stats["val/ce"] == pytest.approx(4.624973, abs=1e-6) and stats["val/entropy"] == pytest.approx(4.624973, abs=1e-6)
+    assert stats["eval/ce"] == pytest.approx(4.624973, abs=1e-6) and stats["eval/entropy"] == pytest.approx(
+        4.624973, abs=1e-6
+    )
 
 
 def test_expected_reward_by_hand():
@@ -184,7 +213,7 @@ def test_gradient_accumulation_is_exact(objective):
     with torch.no_grad():
         logits = model(input_ids=windows[:, :-1]).logits
     ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
-    assert full["train/ce"] == pytest.approx(ce, rel=1e-5)
+    assert full["loss/ce"] == pytest.approx(ce, rel=1e-5)
     if objective == "ce":
         assert full["loss"] == pytest.approx(ce, rel=1e-5)
     else:
@@ -196,24 +225,40 @@ def test_gradient_accumulation_is_exact(objective):
 
 
 def test_short_avatarl_run_lowers_validation_ce(tmp_path, corpus, critic_dir):
-    cfg = make_config(tmp_path / "run", corpus, "objective=avatarl", f"critic={critic_dir}", "max_steps=40",
-                      "eval_every=20", "top_k=8")
+    cfg = make_config(
+        tmp_path / "run",
+        corpus,
+        "objective=avatarl",
+        f"critic={critic_dir}",
+        "max_steps=40",
+        "eval_every=20",
+        "top_k=8",
+    )
     result = pretrain.train(cfg)
     # random init: about ln(102) = 4.62 nats; 40 avatarl steps must take off well over 1 nat.
-    assert result["initial/val/ce"] == pytest.approx(math.log(VOCAB), abs=0.1)
-    assert result["val/ce"] < result["initial/val/ce"] - 1.0, result
-    assert result["val/ppl"] == pytest.approx(math.exp(result["val/ce"]), rel=1e-9)
-    assert result["initial/critic/val_ce"] < result["initial/val/ce"] - 1.0  # the critic is a trained model
+    assert result["initial/eval/ce"] == pytest.approx(math.log(VOCAB), abs=0.1)
+    assert result["eval/ce"] < result["initial/eval/ce"] - 1.0, result
+    assert result["eval/ppl"] == pytest.approx(math.exp(result["eval/ce"]), rel=1e-9)
+    assert result["initial/eval/critic_ce"] < result["initial/eval/ce"] - 1.0  # the critic is a trained model
     records = read_jsonl(cfg.output_dir + "/metrics.jsonl")
-    evals = [r for r in records if "val/ce" in r]
+    evals = [r for r in records if "eval/ce" in r]
     assert [r["step"] for r in evals] == [0, 20, 40]
-    assert all(0 < r["val/entropy"] <= math.log(VOCAB) + 1e-6 for r in evals)
+    assert all(0 < r["eval/entropy"] <= math.log(VOCAB) + 1e-6 for r in evals)
     train_logs = [r for r in records if "loss" in r]
     assert [r["step"] for r in train_logs] == [1, *range(5, 41, 5)]  # the first step, then every log_every
-    for key in ("avatarl/gold_reward", "avatarl/reward_mean", "avatarl/expected_reward", "avatarl/rewarded_per_position", "avatarl/active_size",
-                "train/ce", "lr", "tokens_per_s", "grad_norm"):
+    for key in (
+        "avatarl/gold_reward",
+        "avatarl/reward_mean",
+        "avatarl/expected_reward",
+        "avatarl/rewarded_per_position",
+        "avatarl/active_size",
+        "loss/ce",
+        "lr",
+        "tokens_per_s",
+        "optim/grad_norm",
+    ):
         assert all(key in r for r in train_logs), key
-    assert train_logs[-1]["tokens"] == 40 * 16 * 32
+    assert train_logs[-1]["time/tokens"] == 40 * 16 * 32
     assert train_logs[-1]["avatarl/rewarded_per_position"] > 1.0  # the "dense" reward: > gold alone
     # the return REINFORCE ascends grows: from about 1.5/|V|·(rewarded tokens) at random init
     assert train_logs[-1]["avatarl/expected_reward"] > 2 * train_logs[0]["avatarl/expected_reward"]
@@ -225,8 +270,16 @@ def test_short_avatarl_run_lowers_validation_ce(tmp_path, corpus, critic_dir):
 
 
 def test_resume_after_crash_matches_uninterrupted_run(tmp_path, corpus, critic_dir, monkeypatch):
-    args = ["objective=avatarl", f"critic={critic_dir}", "max_steps=10", "save_every=3", "eval_every=3",
-            "log_every=1", "keep_checkpoints=5", "top_k=4"]
+    args = [
+        "objective=avatarl",
+        f"critic={critic_dir}",
+        "max_steps=10",
+        "save_every=3",
+        "eval_every=3",
+        "log_every=1",
+        "keep_checkpoints=5",
+        "top_k=4",
+    ]
     pretrain.train(make_config(tmp_path / "full", corpus, *args))
 
     real = pretrain.train_step
@@ -256,13 +309,28 @@ def test_hf_config_from_scratch_and_jsonl_text(tmp_path):
 
     GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64).save_pretrained(tmp_path / "gpt2")
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"text": builtin_corpus()[i:i + 2000]}) + "\n" for i in range(0, 10_000, 2000)))
-    cfg = load_config(PretrainConfig, None, [f"model={tmp_path / 'gpt2'}", "from_scratch=true", "tokenizer=builtin:char",
-                                             f"data={data}", f"output_dir={tmp_path / 'run'}", "block_size=32",
-                                             "batch_size=8", "max_steps=3", "precision=fp32", "num_samples=0",
-                                             "model_args.n_layer=2"])
+    data.write_text(
+        "".join(json.dumps({"text": builtin_corpus()[i : i + 2000]}) + "\n" for i in range(0, 10_000, 2000))
+    )
+    cfg = load_config(
+        PretrainConfig,
+        None,
+        [
+            f"model={tmp_path / 'gpt2'}",
+            "from_scratch=true",
+            "tokenizer=builtin:char",
+            f"data={data}",
+            f"output_dir={tmp_path / 'run'}",
+            "block_size=32",
+            "batch_size=8",
+            "max_steps=3",
+            "precision=fp32",
+            "num_samples=0",
+            "model_args.n_layer=2",
+        ],
+    )
     result = pretrain.train(cfg)
-    assert result["initial/val/ce"] == pytest.approx(math.log(VOCAB), abs=0.1)  # random init, not loaded weights
+    assert result["initial/eval/ce"] == pytest.approx(math.log(VOCAB), abs=0.1)  # random init, not loaded weights
     assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["n_layer"] == 2  # model_args applied
     typo = dataclasses.replace(cfg, model_args={"n_layers": 2}, output_dir=str(tmp_path / "typo"))
     with pytest.raises(ValueError, match=r"model_args \['n_layers'\] are not fields of .*GPT2Config"):
@@ -311,11 +379,14 @@ def test_top_k_larger_than_vocabulary_refused(tmp_path, corpus, critic_dir, no_t
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["objective=avatarl", "critic=builtin:tiny"], "randomly initialised"),
-    (["objective=avatarl", "critic=./no/such/critic"], "does not exist"),
-    (["model_args.max_position_embeddings=16"], r"block_size=32 is longer than the model's context"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["objective=avatarl", "critic=builtin:tiny"], "randomly initialised"),
+        (["objective=avatarl", "critic=./no/such/critic"], "does not exist"),
+        (["model_args.max_position_embeddings=16"], r"block_size=32 is longer than the model's context"),
+    ],
+)
 def test_other_bad_input_refused(tmp_path, corpus, no_training, overrides, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         pretrain.train(make_config(tmp_path / "run", corpus, *overrides))

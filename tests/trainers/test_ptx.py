@@ -16,8 +16,9 @@ from lmrl.trainers.rl.ptx import PretrainingMix
 
 
 def test_the_ptx_term_adds_gamma_times_the_pretraining_gradient(tmp_path):
-    config = rl_config(tmp_path, "grpo", "ptx_coef=0.25", "ptx_dataset=builtin:pydoc", "ptx_batch_size=3",
-                       "ptx_block_size=16")
+    config = rl_config(
+        tmp_path, "grpo", "ptx_coef=0.25", "ptx_dataset=builtin:pydoc", "ptx_batch_size=3", "ptx_block_size=16"
+    )
     tokenizer = build_char_tokenizer()
     model = load_model("builtin:tiny", tokenizer, model_args=config.model_args)
     mix = PretrainingMix(config, tokenizer)
@@ -37,8 +38,18 @@ def test_ptx_keeps_the_pretraining_likelihood_and_forgetting_is_logged(tmp_path)
     finals = {}
     for coef in (0.0, 1.0):
         out = tmp_path / str(coef)
-        online.train(rl_config(out, "grpo", "max_steps=12", "eval_every=12", f"ptx_coef={coef}",
-                               "ptx_dataset=builtin:pydoc", "ptx_block_size=32", "ptx_batch_size=8"))
+        online.train(
+            rl_config(
+                out,
+                "grpo",
+                "max_steps=12",
+                "eval_every=12",
+                f"ptx_coef={coef}",
+                "ptx_dataset=builtin:pydoc",
+                "ptx_block_size=32",
+                "ptx_batch_size=8",
+            )
+        )
         rows = read_jsonl(out / "grpo" / "metrics.jsonl")
         steps = [r for r in rows if r["step"] > 0 and "reward/mean" in r]
         assert all(("loss/ptx" in r) == (coef > 0) for r in steps)

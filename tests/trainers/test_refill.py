@@ -49,10 +49,18 @@ def batch_of(names: list[str], rewards: list[list[float]]) -> tuple[RolloutBatch
     """One group of G rows per name (prompt text = name), with the given rewards."""
     n = len(names) * G
     ones = torch.ones(n, 2, dtype=torch.long)
-    batch = RolloutBatch(prompt_ids=ones, prompt_mask=ones, completion_ids=ones, completion_mask=ones.float(),
-                         sampler_logp=torch.zeros(n, 2), truncated=torch.zeros(n, dtype=torch.bool),
-                         finish_reason=["stop"] * n, prompts=[p for p in names for _ in range(G)],
-                         completions=["c"] * n, group_size=G)
+    batch = RolloutBatch(
+        prompt_ids=ones,
+        prompt_mask=ones,
+        completion_ids=ones,
+        completion_mask=ones.float(),
+        sampler_logp=torch.zeros(n, 2),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        finish_reason=["stop"] * n,
+        prompts=[p for p in names for _ in range(G)],
+        completions=["c"] * n,
+        group_size=G,
+    )
     return batch, torch.tensor([r for group in rewards for r in group])
 
 
@@ -61,14 +69,20 @@ FLAT, VARIED = [1.0] * G, [0.0, 1.0, 0.0, 1.0]
 
 def test_refill_keeps_the_first_varied_groups_in_data_order_up_to_the_bound():
     first = batch_of(["a", "b", "c", "d"], [VARIED, FLAT, VARIED, FLAT])
-    rounds = {1: batch_of(["e", "f", "g", "h"], [FLAT, VARIED, FLAT, FLAT]),
-              2: batch_of(["i", "j", "k", "l"], [VARIED, VARIED, VARIED, FLAT])}
+    rounds = {
+        1: batch_of(["e", "f", "g", "h"], [FLAT, VARIED, FLAT, FLAT]),
+        2: batch_of(["i", "j", "k", "l"], [VARIED, VARIED, VARIED, FLAT]),
+    }
     filled = refill.refill(*first, rounds.get, want=4, max_rounds=5, pad_id=0)
     assert filled.batch.prompts[::G] == ["a", "c", "f", "i"]  # j, k: the surplus of the last round
     assert filled.rewards.tolist() == VARIED * 4 and filled.trained.all()
-    assert filled.metrics() == {"groups/refill_batches": 2, "groups/kept_frac": 4 / 12, "groups/filled_frac": 1.0}
+    assert filled.metrics() == {
+        "rollout/refill_batches": 2,
+        "rollout/refill_kept_frac": 4 / 12,
+        "rollout/refill_filled_frac": 1.0,
+    }
     bounded = refill.refill(*first, rounds.get, want=4, max_rounds=1, pad_id=0)
-    assert bounded.batch.prompts[::G] == ["a", "c", "f"] and bounded.metrics()["groups/filled_frac"] == 0.75
+    assert bounded.batch.prompts[::G] == ["a", "c", "f"] and bounded.metrics()["rollout/refill_filled_frac"] == 0.75
     stopped = refill.refill(*first, {}.get, want=4, max_rounds=3, pad_id=0)  # round 1's rewards failed: None
     assert stopped.rounds == 0 and stopped.batch.prompts[::G] == ["a", "c"]
     nothing = refill.refill(*batch_of(["a"], [FLAT]), {}.get, want=1, max_rounds=0, pad_id=0)
@@ -102,8 +116,16 @@ def run_and_check(tmp_path, *overrides):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(online, "rl_step", step_spy)
         m.setattr(online, "update", update_spy)
-        config = rl_config(tmp_path, "grpo", "rewards=[test_refill_stub]", "dynamic_sampling=refill", "max_steps=3",
-                           "max_new_tokens=2", "eval_rows=2", *overrides)
+        config = rl_config(
+            tmp_path,
+            "grpo",
+            "rewards=[test_refill_stub]",
+            "dynamic_sampling=refill",
+            "max_steps=3",
+            "max_new_tokens=2",
+            "eval_rows=2",
+            *overrides,
+        )
         online.train(config)
     position = 1
     for scored, kept, metrics in steps:
@@ -114,9 +136,13 @@ def run_and_check(tmp_path, *overrides):
         rounds = len(scored) - 1
         assert rounds <= config.max_refill_batches
         assert len(kept) == B or rounds == config.max_refill_batches  # short only at the bound
-        assert all(len(varied_before) < B for varied_before in  # no round drawn once the batch was full
-                   ([e for g in scored[:k] for e in g if not zero_group(e)] for k in range(1, len(scored))))
-        assert metrics["groups/refill_batches"] == rounds and metrics["groups/filled_frac"] == len(kept) / B
+        assert all(
+            len(varied_before) < B
+            for varied_before in (  # no round drawn once the batch was full
+                [e for g in scored[:k] for e in g if not zero_group(e)] for k in range(1, len(scored))
+            )
+        )
+        assert metrics["rollout/refill_batches"] == rounds and metrics["rollout/refill_filled_frac"] == len(kept) / B
         position += 1 + rounds
     return steps, config
 
@@ -150,8 +176,15 @@ def resume(tmp_path, load_state_dict=None) -> tuple[dict, dict]:
     (with ``load_state_dict`` as `OnlineRL.load_state_dict`, if given)."""
     import shutil
 
-    args = ["rewards=[test_refill_stub]", "dynamic_sampling=refill", "max_new_tokens=2", "eval_rows=2",
-            "save_every=1", "keep_checkpoints=5", "max_steps=3"]
+    args = [
+        "rewards=[test_refill_stub]",
+        "dynamic_sampling=refill",
+        "max_new_tokens=2",
+        "eval_rows=2",
+        "save_every=1",
+        "keep_checkpoints=5",
+        "max_steps=3",
+    ]
     online.train(rl_config(tmp_path / "full", "grpo", *args))
     shutil.copytree(tmp_path / "full", tmp_path / "resumed")
     for gone in ("final", "checkpoints/step-2", "checkpoints/step-3"):
@@ -160,16 +193,18 @@ def resume(tmp_path, load_state_dict=None) -> tuple[dict, dict]:
         if load_state_dict is not None:
             m.setattr(online.OnlineRL, "load_state_dict", load_state_dict)
         online.train(rl_config(tmp_path / "resumed", "grpo", *args, "resume=true"))
-    return ({r["step"]: r for r in read_jsonl(tmp_path / d / "grpo" / "metrics.jsonl") if "groups/kept_frac" in r}
-            for d in ("full", "resumed"))  # the resumed run's last record of each step
+    return (
+        {r["step"]: r for r in read_jsonl(tmp_path / d / "grpo" / "metrics.jsonl") if "rollout/refill_kept_frac" in r}
+        for d in ("full", "resumed")
+    )  # the resumed run's last record of each step
 
 
-KEYS = ("reward/mean", "loss/policy", "grad_norm", "groups/refill_batches", "groups/kept_frac")
+KEYS = ("reward/mean", "loss/policy", "optim/grad_norm", "rollout/refill_batches", "rollout/refill_kept_frac")
 
 
 def test_refilling_resumes_exactly(tmp_path):
     full, resumed = resume(tmp_path)
-    assert full[1]["groups/refill_batches"] > 0  # step 1's checkpoint holds a data position ahead of the step
+    assert full[1]["rollout/refill_batches"] > 0  # step 1's checkpoint holds a data position ahead of the step
     for step in (2, 3):
         for key in KEYS:
             assert resumed[step][key] == full[step][key], (step, key)
@@ -186,11 +221,14 @@ def test_a_resume_that_forgets_the_refill_position_is_caught(tmp_path):
     assert any(resumed[step][key] != full[step][key] for step in (2, 3) for key in KEYS)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["samples_per_prompt=1", "algorithm=reinforce"], "samples_per_prompt >= 2"),
-    (["curriculum=[0.1, 0.9]"], "curriculum"),
-    (["max_refill_batches=-1"], "max_refill_batches"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["samples_per_prompt=1", "algorithm=reinforce"], "samples_per_prompt >= 2"),
+        (["curriculum=[0.1, 0.9]"], "curriculum"),
+        (["max_refill_batches=-1"], "max_refill_batches"),
+    ],
+)
 def test_refill_with_what_it_cannot_serve_is_refused(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         rl_config(tmp_path, "grpo", "dynamic_sampling=refill", *overrides)
@@ -210,5 +248,5 @@ def test_dapo_with_refill_learns_a_sparse_trivial_task(tmp_path):
     online.train(rl_config(tmp_path, "dapo", "dynamic_sampling=refill", "rewards=[test_has_digit]", "max_steps=20"))
     records = [r for r in read_jsonl(tmp_path / "dapo" / "metrics.jsonl") if "reward/mean" in r]
     rewards = [r["reward/mean"] for r in records]
-    assert sum(r["groups/refill_batches"] for r in records) > 0
+    assert sum(r["rollout/refill_batches"] for r in records) > 0
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards

@@ -13,9 +13,21 @@ from lmrl.config import ConfigError, load_config
 from lmrl.tracking import truncate_jsonl
 from lmrl.trainers import ckpt_world, common
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",
-        "batch_size=4", "eval_every=0", "warmup_steps=0", "lr_schedule=constant", "log_every=1"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=1",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "precision=fp32",
+    "task_args.digits=1",
+    "train_rows=32",
+    "eval_rows=4",
+    "batch_size=4",
+    "eval_every=0",
+    "warmup_steps=0",
+    "lr_schedule=constant",
+    "log_every=1",
+]
 
 
 def test_a_metrics_line_with_a_null_step_is_dropped_on_resume(tmp_path, capsys):
@@ -78,6 +90,7 @@ def test_lora_with_fsdp_is_refused_when_the_config_is_read(monkeypatch):
 
 def test_a_non_string_prompt_names_its_row(tmp_path):
     from lmrl.trainers.rl import trainer as online
+
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 5, "answer": "5"}\n')
     config = load_config(online.RLConfig, None, [f"dataset={data}", "train_rows=null", f"output_dir={tmp_path}/r"])
@@ -90,9 +103,12 @@ def test_a_cut_weights_file_is_named_damaged(tmp_path):
     from lmrl.models.loading import load_model
     from lmrl.models.saving import save_model
 
-    model, tokenizer = load_model_and_tokenizer("builtin:tiny", None, 0, model_args={"hidden_size": 32,
-                                                "num_hidden_layers": 1, "intermediate_size": 64,
-                                                "num_attention_heads": 2})
+    model, tokenizer = load_model_and_tokenizer(
+        "builtin:tiny",
+        None,
+        0,
+        model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2},
+    )
     save_model(model, tokenizer, tmp_path / "m")
     weights = tmp_path / "m" / "model.safetensors"
     os.truncate(weights, weights.stat().st_size // 2)
@@ -120,3 +136,29 @@ def test_hub_dir_that_is_a_file_and_prompts_file_that_is_a_folder(tmp_path):
         load_config(SwarmConfig, None, ["mode=join", "transport=file", f"hub_dir={tmp_path / 'hub'}"])
     with pytest.raises(ConfigError, match="'prompts_file' .* is a directory"):  # was: "does not exist"
         load_config(GenerateConfig, None, [f"prompts_file={tmp_path}"])
+
+
+def test_a_full_disk_during_a_multi_process_checkpoint_is_one_paragraph(tmp_path, monkeypatch):
+    """DCP gathers each rank's write error into a CheckpointException (a BaseException: lmrl.cli printed it as a
+    traceback). One process, no process group: DCP's own failure path, as every rank of a run takes it."""
+    import torch
+    from torch.distributed.checkpoint import filesystem
+
+    from lmrl.trainers import dist_checkpoint
+    from lmrl.trainers.common import TrainingStopped
+
+    def disk_full(self, plan, planner):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    run = common.Run(dir=tmp_path, tracker=None, start_step=0, checkpoint=None)
+    tokenizer = SimpleNamespace(save_pretrained=lambda path: None)
+    dist_checkpoint.save_checkpoint(run, 1, model, tokenizer, optimizer, scheduler)
+    monkeypatch.setattr(filesystem.FileSystemWriter, "write_data", disk_full)
+    with pytest.raises(TrainingStopped) as info:  # main: CheckpointException, out of every `except Exception`
+        dist_checkpoint.save_checkpoint(run, 2, model, tokenizer, optimizer, scheduler)
+    message = str(info.value)
+    assert "No space left on device" in message and f"{tmp_path / 'checkpoints' / 'step-1'} is intact" in message
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-1"]  # the partial step-2 removed

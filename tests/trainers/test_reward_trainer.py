@@ -22,15 +22,20 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers import common
 from lmrl.trainers.reward import trainer as reward
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
 TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
 
 
 def config(tmp_path, *overrides, builtin=True):
     digits = ["data_args.digits=1"] if builtin else []  # small built-in problems; files take no data_args
-    return load_config(reward.RewardConfig, None, [f"output_dir={tmp_path / 'run'}", "precision=fp32", *TINY,
-                                                   *digits, *overrides])
+    return load_config(
+        reward.RewardConfig, None, [f"output_dir={tmp_path / 'run'}", "precision=fp32", *TINY, *digits, *overrides]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,7 @@ def test_head_init_depends_on_the_seed_only(tok):
     torch.manual_seed(456)
     b, c = tiny_rm(tok, seed=0), tiny_rm(tok, seed=1)
     assert torch.equal(a.score.weight, b.score.weight) and not torch.equal(a.score.weight, c.score.weight)
-    assert a.score.weight.std().item() == pytest.approx(33 ** -0.5, rel=0.2)  # N(0, 1/(d + 1)), d = 32
+    assert a.score.weight.std().item() == pytest.approx(33**-0.5, rel=0.2)  # N(0, 1/(d + 1)), d = 32
 
 
 def test_save_load_round_trip_and_checkpoint_restore(tmp_path, tok):
@@ -89,8 +94,16 @@ def test_save_load_round_trip_and_checkpoint_restore(tmp_path, tok):
     fresh = tiny_rm(tok, "prm", seed=1)
     opt = torch.optim.AdamW(fresh.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    torch.save({"step": 1, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "rng": common.rng_state(), "trainer": {}}, tmp_path / "rm" / common.STATE_FILE)
+    torch.save(
+        {
+            "step": 1,
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "rng": common.rng_state(),
+            "trainer": {},
+        },
+        tmp_path / "rm" / common.STATE_FILE,
+    )
     common.restore_checkpoint(tmp_path / "rm", fresh, opt, sched)
     torch.testing.assert_close(fresh.eval()(ids, mask), model(ids, mask), rtol=0, atol=0)
     with pytest.raises(FileNotFoundError, match="has no reward_model.json"):
@@ -107,12 +120,20 @@ def items_of(rows, tok, cfg):
 
 def test_bt_loss_and_accuracy_match_hand_computation(tmp_path, tok):
     cfg = config(tmp_path, "margin=true")
-    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "3", "margin": 0.5},
-            {"prompt": "2+2=", "chosen": "4", "rejected": "the answer is 4", "margin": 1.0}]
+    rows = [
+        {"prompt": "1+1=", "chosen": "2", "rejected": "3", "margin": 0.5},
+        {"prompt": "2+2=", "chosen": "4", "rejected": "the answer is 4", "margin": 1.0},
+    ]
     model = tiny_rm(tok).eval()
     loss, stats = reward.batch_loss(model, items_of(rows, tok, cfg), cfg, tok.pad_token_id, None)
-    r = torch.tensor(score_texts(model, tok, [x["prompt"] for x in rows for _ in (0, 1)],
-                                 [x[k] for x in rows for k in ("chosen", "rejected")])).view(2, 2)
+    r = torch.tensor(
+        score_texts(
+            model,
+            tok,
+            [x["prompt"] for x in rows for _ in (0, 1)],
+            [x[k] for x in rows for k in ("chosen", "rejected")],
+        )
+    ).view(2, 2)
     # L = mean_b -log σ(r_c - r_r - m_b) with m = (0.5, 1.0)   [book eq. 140]
     expected = -(F.logsigmoid(r[:, 0] - r[:, 1] - torch.tensor([0.5, 1.0]))).mean()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
@@ -123,8 +144,10 @@ def test_bt_loss_and_accuracy_match_hand_computation(tmp_path, tok):
 @pytest.mark.parametrize("loss_name", ["bt", "plackett_luce"])
 def test_kwise_losses_use_all_pairs_of_each_prompt(tmp_path, tok, loss_name):
     cfg = config(tmp_path, f"loss={loss_name}")
-    rows = [{"prompt": "1+2=", "completions": ["4", "3", "x", "it is 3"], "scores": [0.5, 2, -1, 1.3]},
-            {"prompt": "5-1=", "completions": ["4", "40", "5", "!"], "ranking": [0, 2, 1, 3]}]
+    rows = [
+        {"prompt": "1+2=", "completions": ["4", "3", "x", "it is 3"], "scores": [0.5, 2, -1, 1.3]},
+        {"prompt": "5-1=", "completions": ["4", "40", "5", "!"], "ranking": [0, 2, 1, 3]},
+    ]
     items = items_of(rows, tok, cfg)
     assert [len(i.seqs) for i in items] == [4, 4]  # one item = all K completions of a prompt, best first
     model = tiny_rm(tok).eval()
@@ -181,13 +204,18 @@ def test_gradient_accumulation_is_exact(tmp_path, tok, loss_name, source):
         torch.testing.assert_close(g, g1[name], rtol=1e-4, atol=1e-6)
     # packed: a prompt's sequences in one row with others, positions restarting: the same loss and gradients
     longest = max(sum(len(s) for s in item.seqs) for item in items)
-    packed_cfg = config(tmp_path, f"loss={loss_name}", f"dataset={source}", "max_length=64",
-                        f"max_tokens_per_microbatch={max(64, 2 * longest)}")
+    packed_cfg = config(
+        tmp_path,
+        f"loss={loss_name}",
+        f"dataset={source}",
+        "max_length=64",
+        f"max_tokens_per_microbatch={max(64, 2 * longest)}",
+    )
     assert 1 < len(reward.micro_batches(items, packed_cfg)) < len(items)
     model.zero_grad(set_to_none=True)
     packed = reward.train_step(model, items, packed_cfg, tok.pad_token_id, None, step=1)
     assert packed["loss"] == pytest.approx(full["loss"], abs=1e-5)
-    assert packed["accuracy"] == pytest.approx(full["accuracy"], abs=1e-6)
+    assert packed["policy/accuracy"] == pytest.approx(full["policy/accuracy"], abs=1e-6)
     for name, g in grads(model).items():
         torch.testing.assert_close(g, g1[name], rtol=1e-4, atol=1e-5)
 
@@ -208,14 +236,31 @@ def test_reward_model_learns_builtin_preferences(tmp_path):
     100 steps learn the rule's coarse parts (a number beats junk, closeness); telling a right answer from a
     near miss needs arithmetic, which a tiny RM does not learn this fast (docs/reward-models.md).
     """
-    cfg = config(tmp_path, "model_args={}", "train_rows=2000", "eval_rows=200", "max_steps=100", "batch_size=32",
-                 "lr=1e-3", "warmup_steps=10", "eval_every=0", "save_every=0", "log_every=25")
+    cfg = config(
+        tmp_path,
+        "model_args={}",
+        "train_rows=2000",
+        "eval_rows=200",
+        "max_steps=100",
+        "batch_size=32",
+        "lr=1e-3",
+        "warmup_steps=10",
+        "eval_every=0",
+        "save_every=0",
+        "log_every=25",
+    )
     result = reward.train(cfg)
     assert result["initial/eval/accuracy"] < 0.6 and result["eval/accuracy"] > 0.75, result
     assert result["eval/loss"] < result["initial/eval/loss"] - 0.2, result
     run = Path(cfg.output_dir)
-    for name in ("final/reward_model.json", "final/reward_head.safetensors", "final/config.json", "plots/loss.png",
-                 "plots/accuracy.png", "samples.jsonl"):
+    for name in (
+        "final/reward_model.json",
+        "final/reward_head.safetensors",
+        "final/config.json",
+        "plots/loss.png",
+        "plots/accuracy.png",
+        "samples.jsonl",
+    ):
         assert (run / name).exists(), name
     # the saved RM reproduces the held-out accuracy through the text scoring path ...
     model, tok = load_reward_model(run / "final")
@@ -228,8 +273,19 @@ def test_reward_model_learns_builtin_preferences(tmp_path):
 
 @pytest.mark.parametrize("loss_name, source", [("orm", "builtin:orm"), ("prm", "builtin:prm")])
 def test_orm_and_prm_train_end_to_end(tmp_path, loss_name, source):
-    cfg = config(tmp_path, f"loss={loss_name}", f"dataset={source}", "train_rows=200", "eval_rows=40",
-                 "max_steps=30", "batch_size=16", "lr=3e-3", "eval_every=0", "save_every=0", "log_every=10")
+    cfg = config(
+        tmp_path,
+        f"loss={loss_name}",
+        f"dataset={source}",
+        "train_rows=200",
+        "eval_rows=40",
+        "max_steps=30",
+        "batch_size=16",
+        "lr=3e-3",
+        "eval_every=0",
+        "save_every=0",
+        "log_every=10",
+    )
     result = reward.train(cfg)
     assert result["eval/loss"] < result["initial/eval/loss"], result
     model, _ = load_reward_model(Path(cfg.output_dir) / "final")
@@ -239,20 +295,47 @@ def test_orm_and_prm_train_end_to_end(tmp_path, loss_name, source):
 @pytest.fixture(scope="module")
 def trained_rm(tmp_path_factory):
     out = tmp_path_factory.mktemp("rm")
-    cfg = load_config(reward.RewardConfig, None, [f"output_dir={out}", "precision=fp32", *TINY, "data_args.digits=1",
-                                                  "train_rows=64", "eval_rows=16", "max_steps=4", "batch_size=8",
-                                                  "eval_every=0", "save_every=0"])
+    cfg = load_config(
+        reward.RewardConfig,
+        None,
+        [
+            f"output_dir={out}",
+            "precision=fp32",
+            *TINY,
+            "data_args.digits=1",
+            "train_rows=64",
+            "eval_rows=16",
+            "max_steps=4",
+            "batch_size=8",
+            "eval_every=0",
+            "save_every=0",
+        ],
+    )
     reward.train(cfg)
     return out / "final"
 
 
 def test_score_mode_writes_scores(tmp_path, trained_rm):
     data = tmp_path / "d.jsonl"
-    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "x"}, {"prompt": "2+3=", "completion": "5"},
-            {"prompt": "1+2=", "completions": ["3", "4", "x"], "scores": [2, 1, 0]}]
+    rows = [
+        {"prompt": "1+1=", "chosen": "2", "rejected": "x"},
+        {"prompt": "2+3=", "completion": "5"},
+        {"prompt": "1+2=", "completions": ["3", "4", "x"], "scores": [2, 1, 0]},
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = reward.train(load_config(reward.RewardConfig, None, [
-        "mode=score", f"model={trained_rm}", f"dataset={data}", f"scores_file={tmp_path / 's.jsonl'}", "precision=fp32"]))
+    result = reward.train(
+        load_config(
+            reward.RewardConfig,
+            None,
+            [
+                "mode=score",
+                f"model={trained_rm}",
+                f"dataset={data}",
+                f"scores_file={tmp_path / 's.jsonl'}",
+                "precision=fp32",
+            ],
+        )
+    )
     out = read_jsonl(tmp_path / "s.jsonl")
     model, tok = load_reward_model(trained_rm)
     assert out[0]["reward_chosen"] == pytest.approx(score_texts(model, tok, ["1+1="], ["2"])[0], abs=1e-6)
@@ -271,7 +354,9 @@ def test_reward_function_for_rl(trained_rm):
     assert fn([rendered, rendered], ["2", "3"]) == pytest.approx(raw, abs=1e-6)
     assert raw == pytest.approx(score_texts(model, tok, ["1+1="] * 2, ["2", "3"]), abs=1e-6)
     assert fn(["1+1="] * 2, ["2", "3"], truncated=[False, True]) == pytest.approx([raw[0], -5.0], abs=1e-6)
-    reward_set = RewardSet([f"model:{trained_rm}"], reward_kwargs={"reward_model": {"precision": "fp32"}})  # lmrl rl's path
+    reward_set = RewardSet(
+        [f"model:{trained_rm}"], reward_kwargs={"reward_model": {"precision": "fp32"}}
+    )  # lmrl rl's path
     assert reward_set.names == ["reward_model"]
     result = reward_set.compute(["1+1=", "1+1="], ["2", "3"])
     assert result.total.tolist() == pytest.approx(raw, abs=1e-6)
@@ -283,8 +368,16 @@ def test_reward_function_for_rl(trained_rm):
 
 
 def test_resume_continues_exactly(tmp_path):
-    args = ["train_rows=64", "eval_rows=16", "max_steps=6", "batch_size=8", "save_every=3", "eval_every=3",
-            "log_every=1", "keep_checkpoints=5"]
+    args = [
+        "train_rows=64",
+        "eval_rows=16",
+        "max_steps=6",
+        "batch_size=8",
+        "save_every=3",
+        "eval_every=3",
+        "log_every=1",
+        "keep_checkpoints=5",
+    ]
     cfg = config(tmp_path, *args)
     reward.train(cfg)
     full = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
@@ -295,7 +388,7 @@ def test_resume_continues_exactly(tmp_path):
     resumed = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [r["step"] for r in full]
     for a, b in zip(full, resumed):
-        for key in ("loss", "grad_norm", "accuracy", "eval/loss", "eval/accuracy"):
+        for key in ("loss", "optim/grad_norm", "policy/accuracy", "eval/loss", "eval/accuracy"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
 
@@ -312,22 +405,47 @@ def write(tmp_path, rows):
 @pytest.mark.parametrize(
     "rows, overrides, message",
     [
-        ([{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "b"}], [],
-         r"row 2 of .*d\.jsonl: preference rows need `chosen` and `rejected` \(missing \['rejected'\]"),
+        (
+            [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "b"}],
+            [],
+            r"row 2 of .*d\.jsonl: preference rows need `chosen` and `rejected` \(missing \['rejected'\]",
+        ),
         ([{"prompt": "a", "chosen": "b", "rejected": "b"}], [], "row 1 of .*chosen and rejected are identical"),
         ([{"prompt": "a", "completions": ["x", "y"], "scores": [1, 1]}], [], "row 1 of .*tied"),
         ([{"prompt": "a", "completions": ["x", "y", "z"], "ranking": [0, 1]}], [], r"missing \[2\]"),
-        ([{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "completions": ["x", "y", "z"],
-                                                           "ranking": [0, 1, 2]}], [], "row 2 of .*has 3 completions"),
-        ([{"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
-           "rejected": [{"role": "user", "content": "z"}, {"role": "assistant", "content": "c"}]}], [],
-         "row 1 of .*different prompts"),
+        (
+            [
+                {"prompt": "a", "chosen": "b", "rejected": "c"},
+                {"prompt": "a", "completions": ["x", "y", "z"], "ranking": [0, 1, 2]},
+            ],
+            [],
+            "row 2 of .*has 3 completions",
+        ),
+        (
+            [
+                {
+                    "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                    "rejected": [{"role": "user", "content": "z"}, {"role": "assistant", "content": "c"}],
+                }
+            ],
+            [],
+            "row 1 of .*different prompts",
+        ),
         ([{"prompt": "a", "chosen": "b", "rejected": "c"}], ["margin=true"], "row 1 of .*margin=true needs"),
         ([{"prompt": "a", "completion": "b", "label": 3}], ["loss=orm"], r"row 1 of .*label must be one of"),
         ([{"prompt": "a", "chosen": "b" * 50, "rejected": "c"}], ["max_length=20", "overlong=error"], "longer than"),
     ],
-    ids=["missing-rejected", "identical", "tie", "ranking-missing", "mixed-k", "messages-prefix", "margin-missing",
-         "orm-label", "overlong"],
+    ids=[
+        "missing-rejected",
+        "identical",
+        "tie",
+        "ranking-missing",
+        "mixed-k",
+        "messages-prefix",
+        "margin-missing",
+        "orm-label",
+        "overlong",
+    ],
 )
 def test_bad_input_fails_before_training(tmp_path, rows, overrides, message):
     cfg = config(tmp_path, f"dataset={write(tmp_path, rows)}", *overrides, builtin=False)
@@ -351,8 +469,21 @@ def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
     import sys
 
     data = write(tmp_path, [{"prompt": "a", "completions": ["x", "y", "z"], "ranking": [0, [1, 2]]}])
-    result = subprocess.run([sys.executable, "-m", "lmrl", "reward", f"dataset={data}", "loss=plackett_luce",
-                             f"output_dir={tmp_path / 'run'}", *TINY], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lmrl",
+            "reward",
+            f"dataset={data}",
+            "loss=plackett_luce",
+            f"output_dir={tmp_path / 'run'}",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     out = " ".join(result.stdout.split())  # rich wraps long lines
     assert "error: row 1 of" in out and "tied completions [1, 2]" in out, result.stdout

@@ -22,11 +22,15 @@ if "test_constant" not in REWARDS:
 
 
 def test_update_options_carry_the_knobs_to_the_loss(tmp_path):
-    config = rl_config(tmp_path, "grpo", "clip_ratio_c=3.0", "clip_delta=4.0", "entropy_coef=0.01",
-                       "top_entropy_quantile=0.2")
+    config = rl_config(
+        tmp_path, "grpo", "clip_ratio_c=3.0", "clip_delta=4.0", "entropy_coef=0.01", "top_entropy_quantile=0.2"
+    )
     options = rl_update.UpdateOptions.from_config(config)
     assert {k: options.loss.options[k] for k in ("clip_ratio_c", "clip_delta", "entropy_coef")} == {
-        "clip_ratio_c": 3.0, "clip_delta": 4.0, "entropy_coef": 0.01}
+        "clip_ratio_c": 3.0,
+        "clip_delta": 4.0,
+        "entropy_coef": 0.01,
+    }
     assert options.top_entropy_quantile == 0.2 and options.entropy_in_loss
     # the entropy bonus has a gradient on every row: no row may be skipped for its zero advantage
     assert rl_update.zero_gradient_rows(torch.zeros(4), options, has_value_model=False) is None
@@ -36,22 +40,26 @@ def test_update_options_carry_the_knobs_to_the_loss(tmp_path):
 
 
 def test_adaptive_coefficients_replace_the_losss_own():
-    options = rl_update.UpdateOptions(rl_update.LossSpec("ppo", {"agg": "token_mean", "kl_coef": 0.1,
-                                                                 "entropy_coef": 0.0}))
+    options = rl_update.UpdateOptions(
+        rl_update.LossSpec("ppo", {"agg": "token_mean", "kl_coef": 0.1, "entropy_coef": 0.0})
+    )
     coefs = rl_update.Coefficients(kl_coef=0.2, entropy_coef=0.03)
     assert options.with_coefficients(coefs).loss.options == {"agg": "token_mean", "kl_coef": 0.2, "entropy_coef": 0.03}
     no_kl = rl_update.UpdateOptions(rl_update.LossSpec("ppo", {"agg": "token_mean"}))
     assert no_kl.with_coefficients(coefs).loss.options == {"agg": "token_mean"}  # PPO: KL in the reward
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algorithm=gspo", "clip_ratio_c=3.0"], "'gspo' loss, which has no such option"),
-    (["algorithm=cispo", "clip_delta=4.0"], "'cispo' loss, which has no such option"),
-    (["top_entropy_quantile=0"], "top_entropy_quantile"),
-    (["kl_target=0.1"], "kl_coef > 0"),
-    (["entropy_coef=-0.1"], "entropy_coef"),
-    (["entropy_target=0"], "entropy_target"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algorithm=gspo", "clip_ratio_c=3.0"], "'gspo' loss, which has no such option"),
+        (["algorithm=cispo", "clip_delta=4.0"], "'cispo' loss, which has no such option"),
+        (["top_entropy_quantile=0"], "top_entropy_quantile"),
+        (["kl_target=0.1"], "kl_coef > 0"),
+        (["entropy_coef=-0.1"], "entropy_coef"),
+        (["entropy_target=0"], "entropy_target"),
+    ],
+)
 def test_bad_knobs_are_refused_at_start_up(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         rl_config(tmp_path, "grpo", *overrides)
@@ -84,35 +92,51 @@ def test_entropy_bonus_has_a_gradient_when_every_advantage_is_zero(tmp_path):
     grad_norms = {}
     for coef in ("0.0", "0.1"):
         out = tmp_path / coef
-        online.train(rl_config(tmp_path, "grpo", "max_steps=1", "rewards=[test_constant]", f"entropy_coef={coef}",
-                               f"output_dir={out}"))
-        record = next(r for r in read_jsonl(out / "metrics.jsonl") if "grad_norm" in r)
-        grad_norms[coef] = record["grad_norm"]
+        online.train(
+            rl_config(
+                tmp_path, "grpo", "max_steps=1", "rewards=[test_constant]", f"entropy_coef={coef}", f"output_dir={out}"
+            )
+        )
+        record = next(r for r in read_jsonl(out / "metrics.jsonl") if "optim/grad_norm" in r)
+        grad_norms[coef] = record["optim/grad_norm"]
         assert ("loss/entropy" in record) is (coef == "0.1")
     assert grad_norms["0.0"] == 0.0 and grad_norms["0.1"] > 0.0
 
 
 def test_top_entropy_quantile_trains_that_share_of_the_tokens(tmp_path):
     online.train(rl_config(tmp_path, "grpo", "max_steps=2", "top_entropy_quantile=0.25", "skip_zero_advantage=false"))
-    fracs = [r["entropy/trained_frac"] for r in read_jsonl(tmp_path / "grpo" / "metrics.jsonl")
-             if "entropy/trained_frac" in r]
+    fracs = [
+        r["policy/entropy_trained_frac"]
+        for r in read_jsonl(tmp_path / "grpo" / "metrics.jsonl")
+        if "policy/entropy_trained_frac" in r
+    ]
     assert len(fracs) == 2 and all(0.2 <= f <= 0.35 for f in fracs), fracs
 
 
 def test_adaptive_entropy_and_kl_coefficients_move_each_step_and_resume_exactly(tmp_path):
     # entropy far below the target 100: entropy_coef rises by 0.01 a step from 0; at step 1 the policy is the
     # reference (KL ~ 0): kl_coef = 0.05 * (1 - 0.2 * 16 completions / 16) = 0.04
-    args = ["entropy_coef=0", "entropy_target=100", "entropy_coef_step=0.01", "kl_coef=0.05", "kl_target=0.001",
-            "kl_horizon=16", "save_every=2", "keep_checkpoints=5"]
+    args = [
+        "entropy_coef=0",
+        "entropy_target=100",
+        "entropy_coef_step=0.01",
+        "kl_coef=0.05",
+        "kl_target=0.001",
+        "kl_horizon=16",
+        "save_every=2",
+        "keep_checkpoints=5",
+    ]
     online.train(rl_config(tmp_path / "full", "grpo", *args, "max_steps=4"))
     online.train(rl_config(tmp_path / "half", "grpo", *args, "max_steps=2"))
     online.train(rl_config(tmp_path / "half", "grpo", *args, "max_steps=4", "resume=true"))
-    full, half = ({r["step"]: r for r in read_jsonl(tmp_path / d / "grpo" / "metrics.jsonl") if "entropy_coef" in r}
-                  for d in ("full", "half"))
-    assert [full[s]["entropy_coef"] for s in (1, 2, 3, 4)] == pytest.approx([0.01, 0.02, 0.03, 0.04])
-    assert full[1]["kl_coef"] == pytest.approx(0.04)
+    full, half = (
+        {r["step"]: r for r in read_jsonl(tmp_path / d / "grpo" / "metrics.jsonl") if "optim/entropy_coef" in r}
+        for d in ("full", "half")
+    )
+    assert [full[s]["optim/entropy_coef"] for s in (1, 2, 3, 4)] == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert full[1]["optim/kl_coef"] == pytest.approx(0.04)
     for step in (3, 4):
-        for key in ("entropy_coef", "kl_coef", "loss/policy", "kl"):
+        for key in ("optim/entropy_coef", "optim/kl_coef", "loss/policy", "kl"):
             assert half[step][key] == full[step][key], (step, key)
 
 
@@ -129,11 +153,12 @@ def test_packed_training_forwards_train_like_padded_ones(tmp_path):
     # 16 rows of ~25-28 tokens into 64-token packed sequences: several rows per forward, several forwards
     final = {}
     for name, extra in (("padded", ["share_prompts=false"]), ("packed", ["max_tokens_per_microbatch=64"])):
-        online.train(rl_config(tmp_path, "grpo", "max_steps=2", "kl_coef=0.05", f"output_dir={tmp_path / name}",
-                               *extra))
+        online.train(
+            rl_config(tmp_path, "grpo", "max_steps=2", "kl_coef=0.05", f"output_dir={tmp_path / name}", *extra)
+        )
         final[name] = load_file(tmp_path / name / "final" / "model.safetensors")
-        records = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "train/packed" in r]
-        assert [r["train/packed"] for r in records] == [float(name == "packed")] * 2  # measured, not the setting
+        records = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "update/packed" in r]
+        assert [r["update/packed"] for r in records] == [float(name == "packed")] * 2  # measured, not the setting
     for key, value in final["padded"].items():
         torch.testing.assert_close(final["packed"][key], value, rtol=0, atol=1e-4)  # AdamW: 1.5e-5 at lr 1e-2
 

@@ -14,9 +14,21 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers import common, rundir
 from lmrl.trainers.sft import trainer as sft
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",
-        "batch_size=4", "eval_every=0", "warmup_steps=0", "lr_schedule=constant", "log_every=1"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=1",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "precision=fp32",
+    "task_args.digits=1",
+    "train_rows=32",
+    "eval_rows=4",
+    "batch_size=4",
+    "eval_every=0",
+    "warmup_steps=0",
+    "lr_schedule=constant",
+    "log_every=1",
+]
 
 
 def sft_main(run_dir, *overrides, config=None):
@@ -164,8 +176,9 @@ def test_no_whole_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path, cap
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing
 
 
-def test_a_full_disk_while_checkpointing_is_one_paragraph_and_the_previous_checkpoint_stays(tmp_path, capsys,
-                                                                                            monkeypatch):
+def test_a_full_disk_while_checkpointing_is_one_paragraph_and_the_previous_checkpoint_stays(
+    tmp_path, capsys, monkeypatch
+):
     import errno
 
     run = tmp_path / "run"
@@ -179,7 +192,7 @@ def test_a_full_disk_while_checkpointing_is_one_paragraph_and_the_previous_check
     monkeypatch.setattr(common, "save_model", disk_full_at_step_2)
     assert sft_main(run, "max_steps=3", "save_every=1") == 1  # main: an 80-line traceback out of cli.main
     out = capsys.readouterr().out
-    message = out[out.index("Training stopped"):]
+    message = out[out.index("Training stopped") :]
     squashed = "".join(message.split())  # rich folds long paths
     assert "Nospaceleftondevice" in squashed and f"{run / 'checkpoints' / 'step-1'}isintact" in squashed
     assert "Traceback" not in out and len(message.strip().splitlines()) <= 8

@@ -16,13 +16,27 @@ from lmrl.config import from_dict
 from lmrl.trainers import runlock
 from lmrl.trainers.sft import trainer as sft
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=1", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2", "precision=fp32", "task_args.digits=1", "train_rows=32", "eval_rows=4",
-        "batch_size=4", "eval_every=0", "warmup_steps=0", "lr_schedule=constant", "log_every=1",
-        "check_contamination=false"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=1",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+    "precision=fp32",
+    "task_args.digits=1",
+    "train_rows=32",
+    "eval_rows=4",
+    "batch_size=4",
+    "eval_every=0",
+    "warmup_steps=0",
+    "lr_schedule=constant",
+    "log_every=1",
+    "check_contamination=false",
+]
 ROOT = Path(__file__).resolve().parents[2]
-HOLDER = ("import sys, time\nfrom lmrl.trainers import runlock\nrunlock.acquire(sys.argv[1])\n"
-          "print('locked', flush=True)\ntime.sleep(120)\n")
+HOLDER = (
+    "import sys, time\nfrom lmrl.trainers import runlock\nrunlock.acquire(sys.argv[1])\n"
+    "print('locked', flush=True)\ntime.sleep(120)\n"
+)
 
 
 def sft_main(run_dir, *overrides):
@@ -38,8 +52,12 @@ def holder(tmp_path):
     """Another process holding ``tmp_path/run``'s lock, as a run in progress does."""
     run = tmp_path / "run"
     run.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert proc.stdout.readline().strip() == "locked"
         yield run, proc
@@ -103,8 +121,16 @@ def test_resume_refuses_a_run_of_another_verb(tmp_path, capsys):
     run = tmp_path / "run"
     assert sft_main(run, "max_steps=1") == 0
     before = (run / "config.yaml").read_text()
-    args = ["rl", f"output_dir={run}", *[a for a in TINY if not a.startswith("batch_size")], "prompts_per_step=2",
-            "samples_per_prompt=2", "max_new_tokens=4", "max_steps=2", "resume=true"]
+    args = [
+        "rl",
+        f"output_dir={run}",
+        *[a for a in TINY if not a.startswith("batch_size")],
+        "prompts_per_step=2",
+        "samples_per_prompt=2",
+        "max_new_tokens=4",
+        "max_steps=2",
+        "resume=true",
+    ]
     assert cli.main(args) == 2  # main: GRPO continued from the SFT checkpoint, exit 0
     out = out_text(capsys)
     assert "holds a run of `lmrl sft`, and this is `lmrl rl algorithm=grpo`" in out and "Traceback" not in out

@@ -16,17 +16,40 @@ from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.rl.sampler_gap import check_sampler_gap
 
 if "test_gap_varied" not in REWARDS:  # a reward that differs within a group: every step trains
-    register_reward("test_gap_varied")(lambda **_: lambda prompts, completions, **kw: [
-        (sum(map(ord, c)) % 7) / 7 for c in completions])
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
+    register_reward("test_gap_varied")(
+        lambda **_: lambda prompts, completions, **kw: [(sum(map(ord, c)) % 7) / 7 for c in completions]
+    )
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
 
 
 def config(tmp_path, *overrides):
-    return load_config(online.RLConfig, None, [
-        f"output_dir={tmp_path / 'run'}", "precision=fp32", *TINY, "task_args.digits=1", "train_rows=32",
-        "eval_rows=4", "prompts_per_step=2", "samples_per_prompt=4", "max_new_tokens=4", "eval_every=0",
-        "save_every=0", "log_every=1", "max_steps=2", "sample_every=100", "rewards=[test_gap_varied]", *overrides])
+    return load_config(
+        online.RLConfig,
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "precision=fp32",
+            *TINY,
+            "task_args.digits=1",
+            "train_rows=32",
+            "eval_rows=4",
+            "prompts_per_step=2",
+            "samples_per_prompt=4",
+            "max_new_tokens=4",
+            "eval_every=0",
+            "save_every=0",
+            "log_every=1",
+            "max_steps=2",
+            "sample_every=100",
+            "rewards=[test_gap_varied]",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture
@@ -43,8 +66,8 @@ def broken_sync(monkeypatch):
 
 def test_a_broken_sync_in_fp32_warns_loudly_on_every_step(tmp_path, broken_sync, capsys):
     online.train(config(tmp_path))
-    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "sampler_logp_gap" in r]
-    assert rows and all(r["sampler_logp_gap"] > 0.9 and r["sampler_logp_gap_alarm"] == 1.0 for r in rows)
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "policy/sampler_logp_gap" in r]
+    assert rows and all(r["policy/sampler_logp_gap"] > 0.9 and r["policy/sampler_logp_gap_alarm"] == 1.0 for r in rows)
     out = capsys.readouterr().out
     assert "WARNING" in out and "exceeds max_sampler_logp_gap=0.1 in fp32" in out and "broken weight sync" in out
 
@@ -57,7 +80,9 @@ def test_stop_on_sampler_logp_gap_stops_the_run_at_the_first_such_step(tmp_path,
 def test_a_healthy_sync_raises_no_alarm_and_the_limit_is_checked_at_start_up(tmp_path):
     online.train(config(tmp_path, "stop_on_sampler_logp_gap=true", "max_sampler_logp_gap=1e-4"))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert any("sampler_logp_gap" in r for r in rows) and not any("sampler_logp_gap_alarm" in r for r in rows)
+    assert any("policy/sampler_logp_gap" in r for r in rows) and not any(
+        "policy/sampler_logp_gap_alarm" in r for r in rows
+    )
     with pytest.raises(ConfigError, match="'max_sampler_logp_gap' must be > 0"):
         config(tmp_path, "max_sampler_logp_gap=0")
 
@@ -72,8 +97,11 @@ class Printed:
 
 @pytest.mark.parametrize("case", ["bf16", "off", "async", "below"])
 def test_no_alarm_where_a_gap_is_expected_or_the_check_is_off(case):
-    settings = dict(max_sampler_logp_gap=None if case == "off" else 0.1, async_steps=1 if case == "async" else 0,
-                    stop_on_sampler_logp_gap=True)
-    metrics, tracker = {"sampler_logp_gap": 0.05 if case == "below" else 1.0}, Printed()
+    settings = dict(
+        max_sampler_logp_gap=None if case == "off" else 0.1,
+        async_steps=1 if case == "async" else 0,
+        stop_on_sampler_logp_gap=True,
+    )
+    metrics, tracker = {"policy/sampler_logp_gap": 0.05 if case == "below" else 1.0}, Printed()
     check_sampler_gap(metrics, type("C", (), settings)(), "bf16" if case == "bf16" else None, 3, tracker)
-    assert "sampler_logp_gap_alarm" not in metrics and not tracker.lines
+    assert "policy/sampler_logp_gap_alarm" not in metrics and not tracker.lines

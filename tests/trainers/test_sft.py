@@ -19,8 +19,12 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers import common
 from lmrl.trainers.sft import trainer as sft
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
 
 
 def config(tmp_path, *overrides):
@@ -44,8 +48,9 @@ def grads(model):
 
 
 def padded_step(model, examples, pad_id, grad_accum):
-    return sft.train_step(model, sft.padded_micro_batches(examples, pad_id, grad_accum), None, 1,
-                          sft.labelled_tokens(examples))
+    return sft.train_step(
+        model, sft.padded_micro_batches(examples, pad_id, grad_accum), None, 1, sft.labelled_tokens(examples)
+    )
 
 
 def test_every_parameter_changes_after_one_step(tmp_path):
@@ -99,14 +104,27 @@ def test_packing_is_refused_with_grad_accum_or_a_too_small_budget(tmp_path):
 
 def test_sft_learns_arithmetic(tmp_path):
     cfg = config(
-        tmp_path, "model=builtin:tiny", "model_args={}", "task_args.digits=1", "train_rows=500", "eval_rows=100",
-        "max_steps=150", "batch_size=32", "lr=3e-3", "eval_every=0", "save_every=0", "log_every=50",
+        tmp_path,
+        "model=builtin:tiny",
+        "model_args={}",
+        "task_args.digits=1",
+        "train_rows=500",
+        "eval_rows=100",
+        "max_steps=150",
+        "batch_size=32",
+        "lr=1e-3",
+        "eval_every=0",
+        "save_every=0",
+        "log_every=50",
     )
     result = sft.train(cfg)
-    # 1-digit +/-: ~20 held-out problems never seen in training; measured 0.0 -> 0.15 accuracy, eval CE 4.73 -> 0.86
+    # 1-digit +/-: ~20 held-out problems never seen in training (an accuracy step is 0.05). Measured on a 2-core Xeon:
+    # eval CE 4.73 -> 0.775 with 1 or 2 threads, accuracy 0.0 -> 0.15 (1 thread) / 0.10 (2). At lr=3e-3 the same run
+    # ended at 0.835 / 0.971 and 0.15 / 0.05: the accuracy of so few problems moves with the float summation order of
+    # the thread count, the held-out loss much less; so the loss carries the claim and accuracy must rise.
     assert result["initial/eval/accuracy"] < 0.1
-    assert result["eval/loss"] < 0.5 * result["initial/eval/loss"], result
-    assert result["eval/accuracy"] >= result["initial/eval/accuracy"] + 0.1, result
+    assert result["eval/loss"] < 0.25 * result["initial/eval/loss"], result
+    assert result["eval/accuracy"] > result["initial/eval/accuracy"], result
     run = Path(cfg.output_dir)
     for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "final/config.json", "plots/loss.png"):
         assert (run / name).exists(), name
@@ -116,9 +134,25 @@ def test_sft_learns_arithmetic(tmp_path):
 
 
 def _sft_cmd(out, *extra):
-    return [sys.executable, "-m", "lmrl", "sft", f"output_dir={out}", "precision=fp32", *TINY,
-            "task_args.digits=1", "train_rows=200", "eval_rows=20", "max_steps=40", "batch_size=16",
-            "eval_every=0", "save_every=4", "log_every=1", "keep_checkpoints=20", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "lmrl",
+        "sft",
+        f"output_dir={out}",
+        "precision=fp32",
+        *TINY,
+        "task_args.digits=1",
+        "train_rows=200",
+        "eval_rows=20",
+        "max_steps=40",
+        "batch_size=16",
+        "eval_every=0",
+        "save_every=4",
+        "log_every=1",
+        "keep_checkpoints=20",
+        *extra,
+    ]
 
 
 @pytest.mark.slow  # ~30-50 s: a killed CLI run and its resume; tests/parallel/test_kill_resume.py kills a rank by default
@@ -141,7 +175,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     resumed = read_jsonl(killed_dir / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [r["step"] for r in full]
     for a, b in zip(full, resumed):
-        for key in ("loss", "grad_norm", "eval/accuracy", "eval/loss"):
+        for key in ("loss", "optim/grad_norm", "eval/accuracy", "eval/loss"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
 
@@ -159,14 +193,27 @@ def _write(path, lines):
     "make_data, overrides, message",
     [  # each case is a CLI process (~8-13 s): one in the default suite, the rest in `make test-all`
         (lambda p: _write(p / "d.jsonl", ['{"question": "a", "response": "b"}']), [], "question"),
-        pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": "b"}', "{not json"]), [],
-                     "line 2", marks=pytest.mark.slow),
-        pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": ""}']), [], "empty",
-                     marks=pytest.mark.slow),
-        pytest.param(lambda p: _write(p / "d.jsonl", ['{"messages": [{"role": "assistant", "content": "x"}]}']), [],
-                     "row", marks=pytest.mark.slow),
-        pytest.param(lambda p: _write(p / "d.jsonl", ['{"prompt": "' + "x" * 100 + '", "completion": "b"}'] * 3),
-                     ["max_length=20", "overlong=error"], "3", marks=pytest.mark.slow),
+        pytest.param(
+            lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": "b"}', "{not json"]),
+            [],
+            "line 2",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda p: _write(p / "d.jsonl", ['{"prompt": "a", "completion": ""}']), [], "empty", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            lambda p: _write(p / "d.jsonl", ['{"messages": [{"role": "assistant", "content": "x"}]}']),
+            [],
+            "row",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda p: _write(p / "d.jsonl", ['{"prompt": "' + "x" * 100 + '", "completion": "b"}'] * 3),
+            ["max_length=20", "overlong=error"],
+            "3",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(lambda p: None, ["model=./no/such/model"], "does not exist", marks=pytest.mark.slow),
     ],
     ids=["missing-columns", "malformed-row", "empty-completion", "bad-roles", "overlong", "missing-model"],
@@ -184,8 +231,16 @@ def test_bad_input_fails_at_startup_with_a_clear_message(tmp_path, make_data, ov
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    cfg = config(tmp_path, "task_args.digits=1", "train_rows=64", "eval_rows=8", "max_steps=10", "batch_size=8",
-                 "save_every=2", "eval_every=0")
+    cfg = config(
+        tmp_path,
+        "task_args.digits=1",
+        "train_rows=64",
+        "eval_rows=8",
+        "max_steps=10",
+        "batch_size=8",
+        "save_every=2",
+        "eval_every=0",
+    )
     real = sft.token_cross_entropy
     calls = {"n": 0}
 
@@ -212,8 +267,18 @@ def test_stop_at_accuracy_ends_training_at_the_first_eval_that_reaches_it(tmp_pa
         return {"accuracy": next(accuracies)}, []
 
     monkeypatch.setattr(sft, "task_accuracy", fake_accuracy)
-    cfg = config(tmp_path, "task_args.digits=1", "train_rows=64", "eval_rows=8", "max_steps=50", "batch_size=8",
-                 "eval_every=5", "save_every=0", "log_every=1", "stop_at_accuracy=0.3")
+    cfg = config(
+        tmp_path,
+        "task_args.digits=1",
+        "train_rows=64",
+        "eval_rows=8",
+        "max_steps=50",
+        "batch_size=8",
+        "eval_every=5",
+        "save_every=0",
+        "log_every=1",
+        "stop_at_accuracy=0.3",
+    )
     result = sft.train(cfg)
     run = Path(cfg.output_dir)
     trained = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]

@@ -15,14 +15,30 @@ def always_raises(prompts, completions, **kwargs):
 if "test_always_raises" not in REWARDS:
     register_reward("test_always_raises")(lambda **_: always_raises)
 
-TINY = ["model_args.hidden_size=32", "model_args.num_hidden_layers=2", "model_args.intermediate_size=64",
-        "model_args.num_attention_heads=2"]
+TINY = [
+    "model_args.hidden_size=32",
+    "model_args.num_hidden_layers=2",
+    "model_args.intermediate_size=64",
+    "model_args.num_attention_heads=2",
+]
 
 
 def test_a_run_shorter_than_max_skipped_steps_with_a_failing_reward_fails(tmp_path, capsys):
-    args = ["rl", f"output_dir={tmp_path / 'run'}", "precision=fp32", *TINY, "task_args.digits=1", "train_rows=8",
-            "eval_rows=2", "prompts_per_step=2", "samples_per_prompt=2", "max_new_tokens=2", "eval_every=0",
-            "rewards=[test_always_raises]", "max_steps=2"]  # the default max_skipped_steps: 10
+    args = [
+        "rl",
+        f"output_dir={tmp_path / 'run'}",
+        "precision=fp32",
+        *TINY,
+        "task_args.digits=1",
+        "train_rows=8",
+        "eval_rows=2",
+        "prompts_per_step=2",
+        "samples_per_prompt=2",
+        "max_new_tokens=2",
+        "eval_every=0",
+        "rewards=[test_always_raises]",
+        "max_steps=2",
+    ]  # the default max_skipped_steps: 10
     assert cli.main(args) == 1  # was: exit 0 and final/ "trained" by 0 updates
     assert not (tmp_path / "run" / "final").exists()
     out = capsys.readouterr().out

@@ -1,8 +1,8 @@
 """Built-in procedurally generated tasks with ground-truth answers and verifiers (no network).
 
-    task = get_task("countdown", n_numbers=4)
-    rows = make_rows(task, 1000, split="train", seed=0)
-    reward = get_task(row["task"]).score(completion, row["answer"], row["meta"])
+task = get_task("countdown", n_numbers=4)
+rows = make_rows(task, 1000, split="train", seed=0)
+reward = get_task(row["task"]).score(completion, row["answer"], row["meta"])
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ def get_task(name: str, **kwargs) -> Task:
     params = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
-        raise ValueError(
-            f"task {name!r} has no parameter(s) {unknown}; its parameters are {params}."
-        )
+        raise ValueError(f"task {name!r} has no parameter(s) {unknown}; its parameters are {params}.")
     hints = typing.get_type_hints(cls)
     try:
         return cls(**{k: coerce(f"task_args.{k}", v, hints.get(k, Any)) for k, v in kwargs.items()})

@@ -83,8 +83,9 @@ class Arithmetic(Task):
             if value < 0 and not self.negative:
                 continue
             if self.style == "chat":
-                return Example(self.name, CHAT_QUESTION.format(expression=expr), str(value),
-                               {"expression": expr, "style": "chat"})
+                return Example(
+                    self.name, CHAT_QUESTION.format(expression=expr), str(value), {"expression": expr, "style": "chat"}
+                )
             return Example(self.name, expr + "=", str(value), {"expression": expr})
         raise ValueError(f"arithmetic: no valid problem in {_MAX_TRIES} draws with {self.params()}.")
 

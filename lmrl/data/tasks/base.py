@@ -111,7 +111,7 @@ class Task:
 
 
 def split_of(prompt: str) -> str:
-    """"test" for a stable TEST_FRACTION of prompts (by SHA-256 of the prompt), else "train"."""
+    """ "test" for a stable TEST_FRACTION of prompts (by SHA-256 of the prompt), else "train"."""
     h = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
     return "test" if h % 10_000 < TEST_FRACTION * 10_000 else "train"
 
@@ -130,9 +130,7 @@ def _row(task: Task, ex: Example) -> dict:
     return row
 
 
-def make_rows(
-    task: Task, n: int, split: str = "train", seed: int = 0, allow_fewer: bool = False
-) -> list[dict]:
+def make_rows(task: Task, n: int, split: str = "train", seed: int = 0, allow_fewer: bool = False) -> list[dict]:
     """`n` rows (prompt, completion, answer, task, meta) of `split`, deterministic for `seed`.
 
     Problems are drawn from `task` and kept when `split_of(prompt) == split`, so

@@ -18,13 +18,25 @@ from lmrl.sandbox import SandboxLimits, extract_code, run_tests
 _FAMILIES = (
     ("returns x plus {k}", "return x + {k}", lambda k, c: lambda x: x + k, "int"),
     ("returns x times {k}", "return x * {k}", lambda k, c: lambda x: x * k, "int"),
-    ("returns the number of times '{c}' occurs in the string x", "return x.count('{c}')",
-     lambda k, c: lambda x: x.count(c), "str"),
-    ("returns the sum of the numbers in the list x that are multiples of {k}", "return sum(v for v in x if v % {k} == 0)",
-     lambda k, c: lambda x: sum(v for v in x if v % k == 0), "list"),
+    (
+        "returns the number of times '{c}' occurs in the string x",
+        "return x.count('{c}')",
+        lambda k, c: lambda x: x.count(c),
+        "str",
+    ),
+    (
+        "returns the sum of the numbers in the list x that are multiples of {k}",
+        "return sum(v for v in x if v % {k} == 0)",
+        lambda k, c: lambda x: sum(v for v in x if v % k == 0),
+        "list",
+    ),
     ("returns the string x repeated {k} times", "return x * {k}", lambda k, c: lambda x: x * k, "str"),
-    ("returns the largest number in the list x plus {k}", "return max(x) + {k}", lambda k, c: lambda x: max(x) + k,
-     "list"),
+    (
+        "returns the largest number in the list x plus {k}",
+        "return max(x) + {k}",
+        lambda k, c: lambda x: max(x) + k,
+        "list",
+    ),
 )
 TEST_LIMITS = SandboxLimits(timeout_s=5, cpu_s=5, memory_mb=256, max_output_chars=2000)
 
@@ -56,7 +68,9 @@ class Code(Task):
         inputs = [_input(kind, rng) for _ in range(self.n_tests)]
         tests = [f"assert f({x!r}) == {fn(x)!r}" for x in inputs]
         example = _input(kind, rng)
-        prompt = f"Write a Python function f(x) that {spec.format(k=k, c=c)}. Example: f({example!r}) == {fn(example)!r}."
+        prompt = (
+            f"Write a Python function f(x) that {spec.format(k=k, c=c)}. Example: f({example!r}) == {fn(example)!r}."
+        )
         solution = f"def f(x):\n    {body.format(k=k, c=c)}\n"
         return Example(self.name, prompt, solution, {"tests": tests})
 

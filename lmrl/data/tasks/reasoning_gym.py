@@ -31,8 +31,9 @@ def _reasoning_gym():
     try:
         import reasoning_gym
     except ImportError:
-        raise ValueError("dataset=rg:<name> needs reasoning-gym: pip install 'lmrl[rg]' "
-                         "(or pip install reasoning-gym).") from None
+        raise ValueError(
+            "dataset=rg:<name> needs reasoning-gym: pip install 'lmrl[rg]' (or pip install reasoning-gym)."
+        ) from None
     return reasoning_gym
 
 
@@ -51,8 +52,13 @@ def to_row(entry: dict[str, Any], default_source: str) -> dict[str, Any]:
     """A reasoning-gym item as an lmrl row; ``meta`` made JSON-safe (it travels in swarm payloads)."""
     meta = json.loads(json.dumps(entry.get("metadata", {}), default=str))
     answer = str(entry["answer"])
-    return {"task": PREFIX + meta.get("source_dataset", default_source), "prompt": entry["question"],
-            "completion": answer, "answer": answer, "meta": meta}
+    return {
+        "task": PREFIX + meta.get("source_dataset", default_source),
+        "prompt": entry["question"],
+        "completion": answer,
+        "answer": answer,
+        "meta": meta,
+    }
 
 
 @dataclasses.dataclass
@@ -93,10 +99,16 @@ def dataset_names(spec: str) -> list[str]:
     if not names or unknown:
         import difflib
 
-        hints = [f"{n!r} (did you mean {difflib.get_close_matches(n, known, n=1)[0]!r}?)"
-                 if difflib.get_close_matches(n, known, n=1) else repr(n) for n in unknown]
-        raise ValueError(f"{spec}: unknown reasoning-gym dataset(s) {', '.join(hints) or '(none given)'}; "
-                         f"{len(known)} exist, e.g. {sorted(known)[:8]}.")
+        hints = [
+            f"{n!r} (did you mean {difflib.get_close_matches(n, known, n=1)[0]!r}?)"
+            if difflib.get_close_matches(n, known, n=1)
+            else repr(n)
+            for n in unknown
+        ]
+        raise ValueError(
+            f"{spec}: unknown reasoning-gym dataset(s) {', '.join(hints) or '(none given)'}; "
+            f"{len(known)} exist, e.g. {sorted(known)[:8]}."
+        )
     return names
 
 
@@ -109,8 +121,10 @@ def _generate(names: list[str], size: int, seed: int, task_args: dict[str, Any])
     weights = dict(task_args.get("weights", {}))
     extra = sorted(set(task_args) - {"weights", *names})
     if extra or set(weights) - set(names):
-        raise ValueError(f"rg:{'+'.join(names)}: task_args takes 'weights' and one config per dataset "
-                         f"({names}); got unknown keys {extra or sorted(set(weights) - set(names))}.")
+        raise ValueError(
+            f"rg:{'+'.join(names)}: task_args takes 'weights' and one config per dataset "
+            f"({names}); got unknown keys {extra or sorted(set(weights) - set(names))}."
+        )
     specs = [DatasetSpec(n, float(weights.get(n, 1.0)), dict(task_args.get(n, {}))) for n in names]
     return rg.create_dataset("composite", size=size, seed=seed, datasets=specs)
 
@@ -131,6 +145,8 @@ def rg_rows(spec: str, split: str, n: int, seed: int, task_args: dict[str, Any],
             if len(rows) == n:
                 return rows
     if not rows or not allow_fewer:
-        raise ValueError(f"{spec}: found only {len(rows)} distinct {split} problems of the {n} asked; lower the "
-                         "row count or widen the dataset's config.")
+        raise ValueError(
+            f"{spec}: found only {len(rows)} distinct {split} problems of the {n} asked; lower the "
+            "row count or widen the dataset's config."
+        )
     return rows

@@ -41,9 +41,14 @@ class ToolArithmetic(Task):
         """The tool-use trace of `example` (None with tools=False)."""
         if not self.tools:
             return None
-        call = {"type": "function", "id": "call_1",
-                "function": {"name": "calculator", "arguments": {"expression": example.meta["expression"]}}}
-        return [{"role": "user", "content": example.prompt},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "content": example.answer, "tool_call_id": "call_1"},
-                {"role": "assistant", "content": example.answer}]
+        call = {
+            "type": "function",
+            "id": "call_1",
+            "function": {"name": "calculator", "arguments": {"expression": example.meta["expression"]}},
+        }
+        return [
+            {"role": "user", "content": example.prompt},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": example.answer, "tool_call_id": "call_1"},
+            {"role": "assistant", "content": example.answer},
+        ]

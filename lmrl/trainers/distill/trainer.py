@@ -64,8 +64,9 @@ def paired_logits(student, teacher, examples: list[SFTExample], pad_id: int, dty
     return logits, teacher_logits, batch["labels"][:, 1:] != IGNORE
 
 
-def kl_loss(student, teacher, examples: list[SFTExample], directions: list[str], pad_id: int, dtype,
-            temperature: float) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
+def kl_loss(
+    student, teacher, examples: list[SFTExample], directions: list[str], pad_id: int, dtype, temperature: float
+) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
     """Summed per-token divergence over the learned tokens of ``examples`` (row i with ``directions[i]``), and per
     direction (sum of KL, token count) for logging. tau applies to forward rows; reverse rows use tau = 1."""
     logits, teacher_logits, learned = paired_logits(student, teacher, examples, pad_id, dtype)
@@ -84,8 +85,9 @@ def eval_divergences(student, teacher, examples: list[SFTExample], pad_id: int, 
     """Mean per-token forward and reverse KL (tau = 1) between teacher and student on held-out completions."""
     sums, count = {"forward": 0.0, "reverse": 0.0}, 0
     for start in range(0, len(examples), batch_size):
-        logits, teacher_logits, learned = paired_logits(student, teacher, examples[start : start + batch_size],
-                                                        pad_id, dtype)
+        logits, teacher_logits, learned = paired_logits(
+            student, teacher, examples[start : start + batch_size], pad_id, dtype
+        )
         for direction in sums:
             sums[direction] += (token_kl(logits, teacher_logits, direction) * learned).sum().item()
         count += int(learned.sum())
@@ -102,14 +104,20 @@ class Distill(loop.MethodDefaults):
     def __init__(self, config: DistillConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
         self.model, self.tokenizer = setup.policy()
-        self.teacher = setup.frozen_partner(config.teacher, self.model, self.tokenizer, "teacher",
-                                            "Distillation compares the two models' distributions token by token")
+        self.teacher = setup.frozen_partner(
+            config.teacher,
+            self.model,
+            self.tokenizer,
+            "teacher",
+            "Distillation compares the two models' distributions token by token",
+        )
         self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft.load_data(config, self.tokenizer)
         self.env_factory = None  # no tool episodes (refused by the config)
         self.params = sampling_params(config)
         longest = max((prompt_length(ex) for ex in self.examples), default=1)
-        self.engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=self.params,
-                                  longest_prompt=longest)
+        self.engine = make_engine(
+            config, self.model, self.tokenizer, setup.dtype, sampling=self.params, longest_prompt=longest
+        )
         self.model.train()
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
@@ -122,9 +130,15 @@ class Distill(loop.MethodDefaults):
         acc = None
         with runtime.full_params(self.teacher):  # FSDP: generation runs no collective
             if runtime.is_main():
-                acc, _ = task_accuracy(self.teacher, self.tokenizer, self.eval_rows, self.config.eval_max_new_tokens,
-                                       self.setup.dtype, num_samples=0)
-        return {"teacher/eval_accuracy": runtime.broadcast_object(acc)["accuracy"]}
+                acc, _ = task_accuracy(
+                    self.teacher,
+                    self.tokenizer,
+                    self.eval_rows,
+                    self.config.eval_max_new_tokens,
+                    self.setup.dtype,
+                    num_samples=0,
+                )
+        return {"eval/teacher_accuracy": runtime.broadcast_object(acc)["accuracy"]}
 
     def sample(self, examples: list[SFTExample], generator: torch.Generator) -> tuple[list[SFTExample], float]:
         """The student's own completions of these examples' prompts, as examples (prompt unlearned), with the
@@ -138,8 +152,10 @@ class Distill(loop.MethodDefaults):
             batch = self.engine.generate(prompts, self.params, n=1, generator=generator)
         self.model.train(was_training)
         lengths = batch.completion_lengths.tolist()
-        sampled = [SFTExample(p + c[:n], [IGNORE] * len(p) + c[:n])
-                   for p, c, n in zip(prompts, batch.completion_ids.tolist(), lengths)]
+        sampled = [
+            SFTExample(p + c[:n], [IGNORE] * len(p) + c[:n])
+            for p, c, n in zip(prompts, batch.completion_ids.tolist(), lengths)
+        ]
         return sampled, float(sum(lengths))
 
     def batch(self, rows: list[SFTExample], step: int) -> tuple[list[SFTExample], list[str], int, float]:
@@ -169,15 +185,19 @@ class Distill(loop.MethodDefaults):
 
     def describe(self, run: common.Run) -> str:
         config = self.config
-        return (f"Distill: student {describe_parameters(self.model)}, teacher {config.teacher} "
-                f"({describe_parameters(self.teacher)}), {len(self.examples)} examples, on_policy_frac="
-                f"{config.on_policy_frac}, divergence={config.divergence}, precision={self.setup.precision_name}, "
-                f"run dir {run.dir}")
+        return (
+            f"Distill: student {describe_parameters(self.model)}, teacher {config.teacher} "
+            f"({describe_parameters(self.teacher)}), {len(self.examples)} examples, on_policy_frac="
+            f"{config.on_policy_frac}, divergence={config.divergence}, precision={self.setup.precision_name}, "
+            f"run dir {run.dir}"
+        )
 
     def step(self, step: int) -> dict[str, float]:
         config, t0 = self.config, time.perf_counter()
-        rows = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
-                                                                     config.seed)]
+        rows = [
+            self.examples[i]
+            for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step, config.seed)
+        ]
         batch, directions, n_on, length = self.batch(runtime.shard(rows), step)  # this rank's share
         t_sample = time.perf_counter() - t0
         tokens = sum(sum(1 for y in ex.labels[1:] if y != IGNORE) for ex in batch)
@@ -186,8 +206,15 @@ class Distill(loop.MethodDefaults):
         sums = torch.zeros(len(DIRECTIONS), 2, dtype=torch.float64)  # (direction, [KL sum, tokens])
         for i in range(config.grad_accum):
             part = slice(i * micro, (i + 1) * micro)
-            loss, stats = kl_loss(self.model, self.teacher, batch[part], directions[part], self.tokenizer.pad_token_id,
-                                  self.setup.dtype, config.kd_temperature)
+            loss, stats = kl_loss(
+                self.model,
+                self.teacher,
+                batch[part],
+                directions[part],
+                self.tokenizer.pad_token_id,
+                self.setup.dtype,
+                config.kd_temperature,
+            )
             common.check_finite(loss, step)
             (loss / max(1, total_tokens)).backward()
             for direction, (kl_sum, n) in stats.items():
@@ -195,20 +222,35 @@ class Distill(loop.MethodDefaults):
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed, world = time.perf_counter() - t0, runtime.world()
         sums = runtime.all_sum(sums)  # every rank's: the logged means are over the whole batch
-        metrics = {"loss": sums[:, 0].sum().item() / max(1, total_tokens), "grad_norm": grad_norm,
-                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": tokens / elapsed,
-                   "time/train_s": elapsed - t_sample, "on_policy/rows": float(n_on * world)}
-        metrics.update({f"train/kl_{d}": s / n for d, (s, n) in zip(DIRECTIONS, sums.tolist()) if n})
+        metrics = {
+            "loss": sums[:, 0].sum().item() / max(1, total_tokens),
+            "optim/grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_per_s": tokens / elapsed,
+            "time/train_s": elapsed - t_sample,
+            "rollout/on_policy_rows": float(n_on * world),
+        }
+        metrics.update({f"loss/kl_{d}": s / n for d, (s, n) in zip(DIRECTIONS, sums.tolist()) if n})
         if n_on:  # every rank samples the same number of rows
-            metrics.update({"time/rollout_s": t_sample, "on_policy/completion_len": length / n_on})
+            metrics.update({"time/rollout_s": t_sample, "completion_len/mean": length / n_on})
         return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        metrics, samples = sft.evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows,
-                                        self.setup.dtype, self.env_factory)
+        metrics, samples = sft.evaluate(
+            self.model,
+            self.tokenizer,
+            self.config,
+            self.eval_examples,
+            self.eval_rows,
+            self.setup.dtype,
+            self.env_factory,
+        )
         if self.eval_examples:
-            metrics.update(eval_divergences(self.model, self.teacher, self.eval_examples, self.tokenizer.pad_token_id,
-                                            self.setup.dtype))
+            metrics.update(
+                eval_divergences(
+                    self.model, self.teacher, self.eval_examples, self.tokenizer.pad_token_id, self.setup.dtype
+                )
+            )
         return metrics, samples
 
 

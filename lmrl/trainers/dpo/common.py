@@ -56,14 +56,21 @@ def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -
         pairs = prefs.to_pairs(prefs.parse_preference_rows(rows, where), config.ranking_pairs)
         if config.needs_scores and any(g.scores is None for g in pairs):
             bad = next(g for g in pairs if g.scores is None)
-            raise ValueError(f"{bad.where}: loss={config.loss} needs chosen_score and rejected_score (or ranked "
-                             "`scores`).")
-        examples = [Example((tok(g.prompt, g.completions[0], g.where), tok(g.prompt, g.completions[1], g.where)),
-                            scores=g.scores) for g in pairs]
+            raise ValueError(
+                f"{bad.where}: loss={config.loss} needs chosen_score and rejected_score (or ranked `scores`)."
+            )
+        examples = [
+            Example(
+                (tok(g.prompt, g.completions[0], g.where), tok(g.prompt, g.completions[1], g.where)), scores=g.scores
+            )
+            for g in pairs
+        ]
     kept = [e for e in examples if max(len(s) for s in e.seqs) <= config.max_length]
     if len(kept) < len(examples) and config.overlong == "error":
-        raise ValueError(f"{where}: {len(examples) - len(kept)} of {len(examples)} examples are longer than "
-                         f"max_length={config.max_length} tokens. Raise max_length or set overlong=drop.")
+        raise ValueError(
+            f"{where}: {len(examples) - len(kept)} of {len(examples)} examples are longer than "
+            f"max_length={config.max_length} tokens. Raise max_length or set overlong=drop."
+        )
     if not kept:
         raise ValueError(f"{where}: every example is longer than max_length={config.max_length}. Raise max_length.")
     return kept, len(examples) - len(kept)
@@ -72,36 +79,48 @@ def build_examples(rows: list[dict], tokenizer, config: DPOConfig, where: str) -
 # ----------------------------------------------------------------------------- log-probs
 
 
-def sequence_logps(model, seqs: list[prefs.Tokenized], pad_id: int, dtype, chunk_mb: float = DEFAULT_CHUNK_MB,
-                   packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(
+    model, seqs: list[prefs.Tokenized], pad_id: int, dtype, chunk_mb: float = DEFAULT_CHUNK_MB, packed: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed log-probs (N,) of each sequence's learned completion tokens, and their counts (N,); ``packed``: the
     sequences in one packed row (`lmrl.data.packing`), summed back per sequence."""
     if packed:
-        learned = [[-100] * len(s.prompt_ids) + [t if keep else -100 for t, keep in zip(s.completion_ids, s.learn, strict=True)]
-                   for s in seqs]
+        learned = [
+            [-100] * len(s.prompt_ids)
+            + [t if keep else -100 for t, keep in zip(s.completion_ids, s.learn, strict=True)]
+            for s in seqs
+        ]
         batch = to_device(packing.pack([s.prompt_ids + s.completion_ids for s in seqs], learned), model_device(model))
         logp, labelled = labelled_logprobs(model, batch, dtype, chunk_mb)  # (1, L-1)
         rows = batch["row_ids"][0, 1:]
         sums = logp.new_zeros(len(seqs)).index_add(0, rows, logp[0])
         return sums, logp.new_zeros(len(seqs)).index_add(0, rows, labelled[0].to(logp.dtype))
     batch = to_device(prefs.collate_completions(seqs, pad_id), model_device(model))
-    logp = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], int(batch["completion_start"]),
-                               autocast_dtype=dtype, chunk_mb=chunk_mb)  # (N, T)
+    logp = completion_logprobs(
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        int(batch["completion_start"]),
+        autocast_dtype=dtype,
+        chunk_mb=chunk_mb,
+    )  # (N, T)
     mask = batch["completion_mask"]  # (N, T)
     return (logp * mask).sum(dim=1), mask.sum(dim=1)
 
 
 @torch.no_grad()
-def reference_logps(model, examples: list[Example], pad_id: int, dtype, batch_size: int = 64,
-                    chunk_mb: float = DEFAULT_CHUNK_MB) -> torch.Tensor:
+def reference_logps(
+    model, examples: list[Example], pad_id: int, dtype, batch_size: int = 64, chunk_mb: float = DEFAULT_CHUNK_MB
+) -> torch.Tensor:
     """(N, 2) summed reference log-probs of both sequences of every example."""
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        logps, _ = sequence_logps(model, [e.seqs[0] for e in chunk] + [e.seqs[1] for e in chunk], pad_id, dtype,
-                                  chunk_mb)
+        logps, _ = sequence_logps(
+            model, [e.seqs[0] for e in chunk] + [e.seqs[1] for e in chunk], pad_id, dtype, chunk_mb
+        )
         out.append(logps.view(2, -1).T)  # (b, 2)
     model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, 2)
@@ -127,9 +146,17 @@ class Reference:
 # ----------------------------------------------------------------------------- loss
 
 
-def example_loss(model, examples: list[Example], ref: torch.Tensor | None, config: DPOConfig, pad_id: int, dtype,
-                 bco_delta: float = 0.0, rows: int | None = None, packed: bool = False
-                 ) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+def example_loss(
+    model,
+    examples: list[Example],
+    ref: torch.Tensor | None,
+    config: DPOConfig,
+    pad_id: int,
+    dtype,
+    bco_delta: float = 0.0,
+    rows: int | None = None,
+    packed: bool = False,
+) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
     """Per-example losses (b,), logging stats (over the first ``rows`` examples, default all) and the loss batch,
     for pairs or KTO examples; `ref` (b, 2). ``packed``: pairs' sequences in one packed row (training)."""
     b = len(examples)
@@ -144,16 +171,29 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
         fields = {"logp": logp, "ref_logp": ref[:, 0], "label": label, "kl_ref": kl_ref}
         losses = preference_loss(config.loss, fields, **config.loss_options)
         reward = config.beta * (logp - ref[:, 0]).detach()
-        stats = {"kl_ref": float(fields["kl_ref"])}
+        stats = {"policy/kl_ref": float(fields["kl_ref"])}
         for name, sel in (("chosen", label == 1), ("rejected", label == 0)):
             sel = sel & (torch.arange(b) < rows)
             if sel.any():
-                stats[f"rewards/{name}"], stats[f"logps/{name}"] = reward[sel].mean().item(), logp[sel].mean().item()
+                stats[f"policy/reward_{name}"] = reward[sel].mean().item()
+                stats[f"policy/logp_{name}"] = logp[sel].mean().item()
         return losses, stats, fields
-    logps, lengths = sequence_logps(model, [e.seqs[0] for e in examples] + [e.seqs[1] for e in examples], pad_id, dtype,
-                                    config.logprob_chunk_mb, packed)
-    fields = {"chosen": logps[:b], "rejected": logps[b:], "ref_chosen": ref[:, 0], "ref_rejected": ref[:, 1],
-              "chosen_len": lengths[:b], "rejected_len": lengths[b:]}
+    logps, lengths = sequence_logps(
+        model,
+        [e.seqs[0] for e in examples] + [e.seqs[1] for e in examples],
+        pad_id,
+        dtype,
+        config.logprob_chunk_mb,
+        packed,
+    )
+    fields = {
+        "chosen": logps[:b],
+        "rejected": logps[b:],
+        "ref_chosen": ref[:, 0],
+        "ref_rejected": ref[:, 1],
+        "chosen_len": lengths[:b],
+        "rejected_len": lengths[b:],
+    }
     if config.needs_scores:
         fields["chosen_score"] = torch.tensor([e.scores[0] for e in examples])
         fields["rejected_score"] = torch.tensor([e.scores[1] for e in examples])
@@ -164,8 +204,18 @@ def example_loss(model, examples: list[Example], ref: torch.Tensor | None, confi
     return losses, preference_stats(counted, config.beta, reference_free=not config.uses_reference), fields
 
 
-def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int, delta: RunningDelta,
-               batch_size: int | None = None, real: int | None = None) -> dict[str, float]:
+def train_step(
+    model,
+    examples,
+    ref,
+    config: DPOConfig,
+    pad_id,
+    dtype,
+    step: int,
+    delta: RunningDelta,
+    batch_size: int | None = None,
+    real: int | None = None,
+) -> dict[str, float]:
     """Forward/backward over grad_accum micro-batches; the loss is the mean over all ``batch_size`` examples of the
     step (default: ``examples``; with several processes ``examples`` is this rank's share). Only the first ``real``
     examples count (default all; the rest pad a rank's share so that every rank runs the same forwards).
@@ -174,9 +224,17 @@ def train_step(model, examples, ref, config: DPOConfig, pad_id, dtype, step: int
     batch_size, real = batch_size or len(examples), len(examples) if real is None else real
     sums: dict[str, float] = {}
     for part, kept in micro_batches(examples, config, real):
-        losses, stats, fields = example_loss(model, [examples[i] for i in part], None if ref is None else ref[part],
-                                             config, pad_id, dtype, delta.value, kept,
-                                             packed=config.max_tokens_per_microbatch is not None)
+        losses, stats, fields = example_loss(
+            model,
+            [examples[i] for i in part],
+            None if ref is None else ref[part],
+            config,
+            pad_id,
+            dtype,
+            delta.value,
+            kept,
+            packed=config.max_tokens_per_microbatch is not None,
+        )
         loss = losses[:kept].sum() / batch_size  # pads: forward and backward (the same collectives), gradient 0
         common.check_finite(loss, step)
         loss.backward()
@@ -206,8 +264,9 @@ def micro_batches(examples: list[Example], config: DPOConfig, real: int) -> list
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, examples, ref: Reference, gold_rows, config: DPOConfig, dtype,
-             delta: RunningDelta) -> tuple[dict, list]:
+def evaluate(
+    model, tokenizer, examples, ref: Reference, gold_rows, config: DPOConfig, dtype, delta: RunningDelta
+) -> tuple[dict, list]:
     """Held-out loss and implicit-reward stats, plus the gold score of greedy generations (built-in data)."""
     was_training = model.training
     model.eval()
@@ -219,7 +278,7 @@ def evaluate(model, tokenizer, examples, ref: Reference, gold_rows, config: DPOC
         losses, stats, _ = example_loss(model, chunk, ref_chunk, config, pad_id, dtype, delta.value)
         for key, value in {"loss": losses.mean().item(), **stats}.items():
             sums[key] = sums.get(key, 0.0) + value * len(chunk) / len(examples)
-    metrics = {f"eval/{k}": v for k, v in sums.items()}
+    metrics = {f"eval/{k.removeprefix('policy/')}": v for k, v in sums.items()}  # eval/loss, eval/reward_margin
     samples: list[dict] = []
     if gold_rows:
         gold, samples = gold_eval(model, tokenizer, gold_rows, config, dtype)
@@ -238,14 +297,27 @@ def gold_eval(model, tokenizer, rows: list[dict], config: DPOConfig, dtype) -> t
     unique = list({r["prompt"]: r for r in rows}.values())
     engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
     ids = [tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in unique]
-    gold = lambda batch, n: [prefs.gold_score(unique[i // n]["prompt"], c, unique[i // n]["meta"])  # noqa: E731
-                             for i, c in enumerate(batch.completions)]
+
+    def gold(batch, n):
+        return [
+            prefs.gold_score(unique[i // n]["prompt"], c, unique[i // n]["meta"])
+            for i, c in enumerate(batch.completions)
+        ]
+
     greedy = engine.generate(ids, SamplingParams(max_new_tokens=config.eval_max_new_tokens, greedy=True), n=1)
-    sampled = engine.generate(ids, SamplingParams(max_new_tokens=config.eval_max_new_tokens, temperature=1.0),
-                              n=config.eval_samples, generator=torch.Generator().manual_seed(config.seed))
+    sampled = engine.generate(
+        ids,
+        SamplingParams(max_new_tokens=config.eval_max_new_tokens, temperature=1.0),
+        n=config.eval_samples,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
     greedy_scores, sampled_scores = gold(greedy, 1), gold(sampled, config.eval_samples)
-    samples = [{"prompt": r["prompt"], "greedy": c, "gold_score": g}
-               for r, c, g in list(zip(unique, greedy.completions, greedy_scores))[: config.num_samples]]
-    metrics = {"eval/gold_score": sum(sampled_scores) / len(sampled_scores),
-               "eval/gold_score_greedy": sum(greedy_scores) / len(greedy_scores)}
+    samples = [
+        {"prompt": r["prompt"], "greedy": c, "gold_score": g}
+        for r, c, g in list(zip(unique, greedy.completions, greedy_scores))[: config.num_samples]
+    ]
+    metrics = {
+        "eval/gold_score": sum(sampled_scores) / len(sampled_scores),
+        "eval/gold_score_greedy": sum(greedy_scores) / len(greedy_scores),
+    }
     return metrics, samples

@@ -13,9 +13,9 @@ judge; D2PO relabels with a reward model), with any DPO-family loss of `lmrl.alg
 3. one optimizer step of the loss on the kept pairs against π_ref = the initial policy (a frozen copy; or
    `ref_model`), whose log-probs are computed on the fly (new pairs every step, so nothing can be cached).
 
-Logged: the label source's scores (`reward/mean`, `rewards/<fn>/mean`, `label/chosen_score`,
+Logged: the label source's scores (`reward/mean`, `reward/<fn>/mean`, `label/chosen_score`,
 `label/rejected_score`, `label/gap`), `label/pairs`, `label/tie_frac`, judge failures, the usual DPO metrics
-(`loss`, `logps/*`, implicit `rewards/chosen|rejected|margin|accuracy`) and held-out evals (gold score on
+(`loss`, `policy/logp_*`, implicit `policy/reward_*`) and held-out evals (gold score on
 `builtin:prefs`, `eval/accuracy` on built-in task prompts).
 
 Deviations: KTO (unpaired) is not offered online; ODPO's offset uses the label rewards of the pair. The offline
@@ -77,8 +77,9 @@ def best_worst_pairs(scores: torch.Tensor, group_size: int, min_gap: float = 0.0
 def judge_pairs(verdicts: list) -> tuple[list[tuple[int, int, int]], int, int]:
     """(prompt i, chosen row, rejected row) per decided verdict of pairs (rows 2i, 2i+1); and the counts of
     ties and failures (None)."""
-    pairs = [(i, 2 * i, 2 * i + 1) if v == "A" else (i, 2 * i + 1, 2 * i)
-             for i, v in enumerate(verdicts) if v in ("A", "B")]
+    pairs = [
+        (i, 2 * i, 2 * i + 1) if v == "A" else (i, 2 * i + 1, 2 * i) for i, v in enumerate(verdicts) if v in ("A", "B")
+    ]
     return pairs, sum(v == "tie" for v in verdicts), sum(v is None for v in verdicts)
 
 
@@ -106,9 +107,10 @@ def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tupl
     params, k = sampling_params(config), config.samples_per_prompt
     parts.engine.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
-        batches = [parts.engine.generate(part, params, n=k, generator=generator)
-                   for _, part, generator in seeded_shards(ids, config.sampling_shards, config.seed, step,
-                                                           parts.engine.device)]
+        batches = [
+            parts.engine.generate(part, params, n=k, generator=generator)
+            for _, part, generator in seeded_shards(ids, config.sampling_shards, config.seed, step, parts.engine.device)
+        ]
     return concat_batches(batches, parts.tokenizer.pad_token_id), ids
 
 
@@ -120,8 +122,12 @@ def label(parts: Parts, batch: RolloutBatch, rows: list[dict], config: DPOConfig
         columns = {key: [r.get(key) for r in rows for _ in range(k)] for key in rows[0] if key != "prompt"}
         prompts = [r["prompt"] for r in rows for _ in range(k)]
         scores, _, reward_metrics = parts.reward_set.compute(
-            prompts, batch.completions, truncated=batch.truncated.tolist(),
-            completion_lengths=batch.completion_lengths.tolist(), **columns)
+            prompts,
+            batch.completions,
+            truncated=batch.truncated.tolist(),
+            completion_lengths=batch.completion_lengths.tolist(),
+            **columns,
+        )
         metrics.update(reward_metrics)
     if parts.judge is not None:
         verdicts = parts.judge.judge([r["prompt"] for r in rows], batch.completions[0::2], batch.completions[1::2])
@@ -132,13 +138,23 @@ def label(parts: Parts, batch: RolloutBatch, rows: list[dict], config: DPOConfig
         chosen, rejected, tie = best_worst_pairs(scores, k, config.min_gap)
         pairs = [(i, int(c), int(r)) for i, (c, r, t) in enumerate(zip(chosen, rejected, tie)) if not t]
         ties, failed = int(tie.sum()), 0
-    metrics.update({"label/pairs": float(len(pairs)), "label/tie_frac": ties / len(rows),
-                    "label/skipped_frac": (ties + failed) / len(rows)})
+    metrics.update(
+        {
+            "label/pairs": float(len(pairs)),
+            "label/tie_frac": ties / len(rows),
+            "label/skipped_frac": (ties + failed) / len(rows),
+        }
+    )
     if scores is not None and pairs:
         c = torch.stack([scores[p[1]] for p in pairs])  # (P,)
         r = torch.stack([scores[p[2]] for p in pairs])  # (P,)
-        metrics.update({"label/chosen_score": c.mean().item(), "label/rejected_score": r.mean().item(),
-                        "label/gap": (c - r).mean().item()})
+        metrics.update(
+            {
+                "label/chosen_score": c.mean().item(),
+                "label/rejected_score": r.mean().item(),
+                "label/gap": (c - r).mean().item(),
+            }
+        )
     return pairs, scores, metrics
 
 
@@ -148,8 +164,9 @@ def global_label_metrics(metrics: dict[str, float], pairs: int, total: int, scor
     world, share = runtime.world(), pairs * runtime.world() / max(1, total)
     out = {"label/pairs": float(pairs * world)}
     if scored and total:  # a rank without pairs of its own adds 0
-        out.update({key: metrics.get(key, 0.0) * share for key in ("label/chosen_score", "label/rejected_score",
-                                                                     "label/gap")})
+        out.update(
+            {key: metrics.get(key, 0.0) * share for key in ("label/chosen_score", "label/rejected_score", "label/gap")}
+        )
     return out
 
 
@@ -161,12 +178,15 @@ def to_examples(batch: RolloutBatch, prompt_ids: list[list[int]], pairs, scores,
         completion = tuple(batch.completion_ids[row, : lengths[row]].tolist())
         return prefs.Tokenized(tuple(prompt_ids[row // k]), completion, (1,) * len(completion))
 
-    return [Example((seq(c), seq(r)), scores=None if scores is None else (float(scores[c]), float(scores[r])))
-            for _, c, r in pairs]
+    return [
+        Example((seq(c), seq(r)), scores=None if scores is None else (float(scores[c]), float(scores[r])))
+        for _, c, r in pairs
+    ]
 
 
-def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: int, delta: RunningDelta,
-                tracker) -> dict[str, float]:
+def online_step(
+    parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: int, delta: RunningDelta, tracker
+) -> dict[str, float]:
     """Sample, label, and one DPO-family optimizer step on the kept pairs; returns the step's metrics."""
     t0 = time.perf_counter()
     batch, prompt_ids = sample(parts, rows, config, step)
@@ -176,15 +196,31 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
     if failure.skips(tracker, step):
         return failure.skipped(parts.reward_set.errors)
     t2 = time.perf_counter()
-    metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
-                    "completion/truncated_frac": batch.truncated.float().mean().item(),
-                    "time/rollout_s": t1 - t0, "time/label_s": t2 - t1, "lr": parts.scheduler.get_last_lr()[0]})
+    metrics.update(
+        {
+            "completion_len/mean": batch.completion_lengths.float().mean().item(),
+            "rollout/truncated_frac": batch.truncated.float().mean().item(),
+            "time/rollout_s": t1 - t0,
+            "time/label_s": t2 - t1,
+            "lr": parts.scheduler.get_last_lr()[0],
+        }
+    )
     if step % max(1, config.log_every) == 0 or step == 1:
-        tracker.log_samples(step, [{"prompt": rows[i]["prompt"], "chosen": batch.completions[c],
-                                    "rejected": batch.completions[r],
-                                    **({} if scores is None else {"chosen_score": scores[c].item(),
-                                                                  "rejected_score": scores[r].item()})}
-                                   for i, c, r in pairs[: config.num_samples]], "online pairs")
+        tracker.log_samples(
+            step,
+            [
+                {
+                    "prompt": rows[i]["prompt"],
+                    "chosen": batch.completions[c],
+                    "rejected": batch.completions[r],
+                    **(
+                        {} if scores is None else {"chosen_score": scores[c].item(), "rejected_score": scores[r].item()}
+                    ),
+                }
+                for i, c, r in pairs[: config.num_samples]
+            ],
+            "online pairs",
+        )
     total, most = int(runtime.all_sum(len(pairs))), int(runtime.all_max(len(pairs)))  # kept pairs over ranks
     metrics.update(global_label_metrics(metrics, len(pairs), total, scores is not None))
     if not total:  # every prompt tied or failed: nothing to learn from this step
@@ -194,12 +230,21 @@ def online_step(parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: 
     # every rank forwards `most` pairs (FSDP/DDP run collectives in each forward and backward): the pads after this
     # rank's pairs repeat a sampled pair with loss weight 0
     examples += to_examples(batch, prompt_ids, [(0, 0, 1)], scores, k) * (most - len(pairs))
-    ref = (reference_logps(parts.ref_model, examples, pad_id, dtype, chunk_mb=config.logprob_chunk_mb)
-           if parts.ref_model is not None else None)
+    ref = (
+        reference_logps(parts.ref_model, examples, pad_id, dtype, chunk_mb=config.logprob_chunk_mb)
+        if parts.ref_model is not None
+        else None
+    )
     stats = train_step(parts.model, examples, ref, config, pad_id, dtype, step, delta, total, len(pairs))
     grad_norm = common.optimizer_step(parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm, step)
-    metrics.update({**stats, "grad_norm": grad_norm, "time/train_s": time.perf_counter() - t2,
-                    "tokens_per_s": batch.completion_mask.sum().item() / (t1 - t0)})
+    metrics.update(
+        {
+            **stats,
+            "optim/grad_norm": grad_norm,
+            "time/train_s": time.perf_counter() - t2,
+            "tokens_per_s": batch.completion_mask.sum().item() / (t1 - t0),
+        }
+    )
     return metrics
 
 
@@ -211,8 +256,10 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
     rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows, **config.data_args)
     if not rows or "prompt" not in rows[0]:
         found = sorted(rows[0]) if rows else "no rows"
-        raise ValueError(f"{config.dataset}: online DPO samples its own completions and needs a 'prompt' column; "
-                         f"found {found}. Messages-style pair data has no prompt column: add one.")
+        raise ValueError(
+            f"{config.dataset}: online DPO samples its own completions and needs a 'prompt' column; "
+            f"found {found}. Messages-style pair data has no prompt column: add one."
+        )
     builtin = config.dataset in prefs.BUILTIN_SOURCES or is_generated(config.dataset)
     source = config.eval_dataset or (config.dataset if builtin else None)
     if not source:
@@ -225,15 +272,17 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
     return rows, eval_examples, gold_rows, task_rows
 
 
-def evaluate_online(parts: Parts, data, config: DPOConfig, dtype,
-                    delta: RunningDelta) -> tuple[dict[str, float], list[dict]]:
+def evaluate_online(
+    parts: Parts, data, config: DPOConfig, dtype, delta: RunningDelta
+) -> tuple[dict[str, float], list[dict]]:
     """Held-out implicit-reward stats and gold score (`dpo_common.evaluate`), plus greedy task accuracy."""
     _, eval_examples, gold_rows, task_rows = data
     ref = Reference(model=parts.ref_model, chunk_mb=config.logprob_chunk_mb)
     metrics, samples = evaluate(parts.model, parts.tokenizer, eval_examples, ref, gold_rows, config, dtype, delta)
     if task_rows:
-        acc, task_samples = task_accuracy(parts.model, parts.tokenizer, task_rows, config.max_new_tokens, dtype,
-                                          num_samples=config.num_samples)
+        acc, task_samples = task_accuracy(
+            parts.model, parts.tokenizer, task_rows, config.max_new_tokens, dtype, num_samples=config.num_samples
+        )
         metrics["eval/accuracy"] = acc["accuracy"]
         samples = samples or task_samples
     return metrics, samples
@@ -271,8 +320,9 @@ class OnlineDPO(loop.MethodDefaults):
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
         engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config))
-        self.parts = Parts(self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer,
-                           self.scheduler)
+        self.parts = Parts(
+            self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer, self.scheduler
+        )
         self.delta = RunningDelta()  # BCO's running mean of the implicit rewards (the other losses ignore it)
 
     def step(self, step: int) -> dict[str, float]:
@@ -287,9 +337,11 @@ class OnlineDPO(loop.MethodDefaults):
     def describe(self, run: common.Run) -> str:
         config = self.config
         labeller = f"judge {config.judge}" if config.judge else f"rewards {config.rewards}"
-        return (f"online {config.loss}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
-                f"{config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
-                f"precision={self.setup.precision_name}, run dir {run.dir}")
+        return (
+            f"online {config.loss}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
+            f"{config.batch_size}x{config.samples_per_prompt} samples/step labelled by {labeller}, "
+            f"precision={self.setup.precision_name}, run dir {run.dir}"
+        )
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate_online(self.parts, self.data, self.config, self.setup.dtype, self.delta)

@@ -9,8 +9,8 @@ a frozen reference policy π_ref (the initial model unless `ref_model` is set):
 2. each step forwards the chosen and rejected completions of `batch_size` pairs in one batch and
    minimises the mean loss; KTO takes unpaired rows (prompt, completion, label) or splits pairs into
    a desirable and an undesirable example, with z0 estimated on mismatched prompt/completion pairs;
-3. logged: `logps/chosen`, `logps/rejected` (both usually fall: preference displacement),
-   implicit rewards β(logπ − logπ_ref) `rewards/chosen|rejected|margin|accuracy`; on the built-in
+3. logged: `policy/logp_chosen`, `policy/logp_rejected` (both usually fall: preference displacement),
+   implicit rewards β(logπ − logπ_ref) `policy/reward_chosen|_rejected|_margin|_accuracy`; on the built-in
    preference data, `eval/gold_score` is the hidden gold score of sampled (and greedy) generations.
 
 Deviations: SimPO and ORPO use no reference (their formulas have none); BCO's δ is the running mean
@@ -56,8 +56,12 @@ def load_data(config: DPOConfig, tokenizer):
     eval_source = config.eval_dataset or (config.dataset if builtin else None)
     eval_examples, eval_rows = [], []
     if eval_source:
-        eval_rows = prefs.load_preference_rows(eval_source, config.eval_split, config.eval_rows,
-                                               **(config.data_args if eval_source in prefs.BUILTIN_SOURCES else {}))
+        eval_rows = prefs.load_preference_rows(
+            eval_source,
+            config.eval_split,
+            config.eval_rows,
+            **(config.data_args if eval_source in prefs.BUILTIN_SOURCES else {}),
+        )
         eval_examples, _ = build_examples(eval_rows, tokenizer, config, eval_source)
     gold_rows = eval_rows if eval_source == "builtin:prefs" else []
     return examples, eval_examples, gold_rows, dropped
@@ -79,8 +83,9 @@ def fingerprint(ref_model, precision: str, examples: list[Example], eval_example
     return h.hexdigest()
 
 
-def setup_reference(config: DPOConfig, run_dir: Path, ref_model, tokenizer, examples, eval_examples, dtype,
-                    tracker) -> Reference:
+def setup_reference(
+    config: DPOConfig, run_dir: Path, ref_model, tokenizer, examples, eval_examples, dtype, tracker
+) -> Reference:
     """Reference log-probs, computed before any update (`ref_model` is π_ref: the frozen `ref_model`, or the
     policy before it trains or a checkpoint is restored), cached in the run directory; or a frozen model that
     computes them every step (precompute_ref=false)."""
@@ -96,11 +101,15 @@ def setup_reference(config: DPOConfig, run_dir: Path, ref_model, tokenizer, exam
             return Reference(cache["train"], cache["eval"])
     t0 = time.perf_counter()
     train_ref = reference_logps(ref_model, examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
-    eval_ref = reference_logps(ref_model, eval_examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
+    eval_ref = reference_logps(
+        ref_model, eval_examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb
+    )
     if runtime.is_main():
         torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, path)
-    tracker.print(f"Reference log-probs: {len(examples) + len(eval_examples)} examples in "
-                  f"{time.perf_counter() - t0:.1f}s, cached in {path}")
+    tracker.print(
+        f"Reference log-probs: {len(examples) + len(eval_examples)} examples in "
+        f"{time.perf_counter() - t0:.1f}s, cached in {path}"
+    )
     return Reference(train_ref, eval_ref)
 
 
@@ -111,8 +120,10 @@ def check_kto_balance(examples: list[Example], config: DPOConfig, tracker) -> No
     lambda_d, lambda_u = config.loss_args.get("lambda_d", 1.0), config.loss_args.get("lambda_u", 1.0)
     ratio = lambda_d * n_d / max(1e-9, lambda_u * n_u)
     if not 1.0 <= ratio <= 4 / 3:
-        tracker.print(f"[yellow]KTO: λD·nD / (λU·nU) = {ratio:.2f} with {n_d} desirable and {n_u} undesirable "
-                      "examples; the KTO paper recommends [1, 4/3]. Set loss_args.lambda_d / lambda_u.")
+        tracker.print(
+            f"[yellow]KTO: λD·nD / (λU·nU) = {ratio:.2f} with {n_d} desirable and {n_u} undesirable "
+            "examples; the KTO paper recommends [1, 4/3]. Set loss_args.lambda_d / lambda_u."
+        )
 
 
 # ----------------------------------------------------------------------------- the method
@@ -142,34 +153,66 @@ class DPO(loop.MethodDefaults):
         self.scheduler = common.build_scheduler(self.optimizer, config)
 
     def describe(self, run: common.Run) -> str:
-        return (f"{self.config.loss}: {describe_parameters(self.model)}, {len(self.examples)} training examples "
-                f"({self.dropped} dropped as overlong), {len(self.eval_examples)} held-out, "
-                f"precision={self.setup.precision_name}, run dir {run.dir}")
+        return (
+            f"{self.config.loss}: {describe_parameters(self.model)}, {len(self.examples)} training examples "
+            f"({self.dropped} dropped as overlong), {len(self.eval_examples)} held-out, "
+            f"precision={self.setup.precision_name}, run dir {run.dir}"
+        )
 
     def start(self, run: common.Run) -> None:
         """KTO's balance warning, and π_ref's log-probs (before `loop.run` restores a checkpoint into the policy)."""
         if self.config.unpaired:
             check_kto_balance(self.examples, self.config, run.tracker)
         ref_model = self.ref_model if self.ref_model is not None else self.model
-        self.reference = setup_reference(self.config, run.dir, ref_model, self.tokenizer, self.examples,
-                                         self.eval_examples, self.setup.dtype, run.tracker)
+        self.reference = setup_reference(
+            self.config,
+            run.dir,
+            ref_model,
+            self.tokenizer,
+            self.examples,
+            self.eval_examples,
+            self.setup.dtype,
+            run.tracker,
+        )
         self.ref_model = None  # kept by `reference` when it recomputes log-probs every step
 
     def step(self, step: int) -> dict[str, float]:
         config, dtype, pad_id, t0 = self.config, self.setup.dtype, self.tokenizer.pad_token_id, time.perf_counter()
         idx = runtime.shard(common.epoch_batch_indices(len(self.examples), config.batch_size, step, config.seed))
         batch = [self.examples[i] for i in idx]  # this rank's share of the step's batch_size examples
-        stats = train_step(self.model, batch, self.reference.logps("train", idx, batch, pad_id, dtype), config, pad_id,
-                           dtype, step, self.delta, config.batch_size)
+        stats = train_step(
+            self.model,
+            batch,
+            self.reference.logps("train", idx, batch, pad_id, dtype),
+            config,
+            pad_id,
+            dtype,
+            step,
+            self.delta,
+            config.batch_size,
+        )
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         tokens = sum(len(s) for e in batch for s in e.seqs)
-        return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "tokens_per_s": tokens / elapsed, "time/train_s": elapsed}
+        return {
+            **stats,
+            "optim/grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_per_s": tokens / elapsed,
+            "time/train_s": elapsed,
+        }
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        return evaluate(self.model, self.tokenizer, self.eval_examples, self.reference, self.gold_rows, self.config,
-                        self.setup.dtype, self.delta)
+        return evaluate(
+            self.model,
+            self.tokenizer,
+            self.eval_examples,
+            self.reference,
+            self.gold_rows,
+            self.config,
+            self.setup.dtype,
+            self.delta,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"bco": self.delta.state_dict()}

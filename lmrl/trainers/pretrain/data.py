@@ -27,13 +27,17 @@ def load_windows(config: PretrainConfig, tokenizer) -> Windows:
     for name, part in (("train", train_text), ("validation", val_text)):
         ids = tokenizer(part, add_special_tokens=False, verbose=False)["input_ids"]
         if len(ids) < config.block_size + 1:
-            raise ValueError(f"the {name} text of {config.data} has {len(ids)} tokens, too few for one window of "
-                             f"block_size + 1 = {config.block_size + 1}; lower block_size, change val_fraction "
-                             f"({config.val_fraction}) or give more text.")
+            raise ValueError(
+                f"the {name} text of {config.data} has {len(ids)} tokens, too few for one window of "
+                f"block_size + 1 = {config.block_size + 1}; lower block_size, change val_fraction "
+                f"({config.val_fraction}) or give more text."
+            )
         parts.append((ids, pack_tokens(ids, config.block_size)))
     unk = tokenizer.unk_token_id
     n_unk = sum(ids.count(unk) for ids, _ in parts) if unk is not None else 0
     n_tokens = sum(len(ids) for ids, _ in parts)
-    summary = (f"{config.data}: {n_tokens} tokens ({n_unk / n_tokens:.2%} unknown), {len(parts[0][1])} train / "
-               f"{len(parts[1][1])} val windows of {config.block_size}")
+    summary = (
+        f"{config.data}: {n_tokens} tokens ({n_unk / n_tokens:.2%} unknown), {len(parts[0][1])} train / "
+        f"{len(parts[1][1])} val windows of {config.block_size}"
+    )
     return Windows(train=parts[0][1], val=parts[1][1], summary=summary)

@@ -5,7 +5,7 @@ cross-entropy loss by REINFORCE over an active token set A_t = {gold} ∪ top-k 
 student ∪ top-k of a frozen CE-trained critic, with a dense "expert consensus" reward
 (reality p_r^0.7 times critic p_m^0.3, renormalised on A_t, above-threshold, clamped):
 ``lmrl.algorithms.avatarl_rewards`` / ``avatarl_loss``. Both objectives share the
-data, the model, the optimizer and the metric that compares them: ``val/ce``, the
+data, the model, the optimizer and the metric that compares them: ``eval/ce``, the
 student's full-vocabulary cross-entropy on held-out windows (nats/token).
 
 Deviations from the avataRL code, on purpose:
@@ -75,27 +75,38 @@ def build_student(config: PretrainConfig, setup: ModelSetup):
     hf_config = load_hf_config(config.model)  # an HF model's config.json, or a GGUF file's metadata
     unknown = sorted(set(config.model_args) - set(hf_config.to_dict()))
     if unknown:
-        raise ValueError(f"model_args {unknown} are not fields of {config.model}'s {type(hf_config).__name__}; "
-                         f"valid ones include {sorted(hf_config.to_dict())[:12]}... Check the spelling.")
+        raise ValueError(
+            f"model_args {unknown} are not fields of {config.model}'s {type(hf_config).__name__}; "
+            f"valid ones include {sorted(hf_config.to_dict())[:12]}... Check the spelling."
+        )
     hf_config.update(config.model_args)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = AutoModelForCausalLM.from_config(hf_config)
     use_fp32_cpu_attention(model)
     if model.config.vocab_size < len(tokenizer):
-        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but model {config.model!r} only "
-                         f"{model.config.vocab_size} embeddings; set vocab_size >= {len(tokenizer)} or change tokenizer.")
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but model {config.model!r} only "
+            f"{model.config.vocab_size} embeddings; set vocab_size >= {len(tokenizer)} or change tokenizer."
+        )
     return model.to(setup.device), tokenizer
 
 
 def load_critic(path: str, student, tokenizer, setup: ModelSetup):
     """The frozen critic (`ModelSetup.frozen`), checked to share the student's vocabulary before any training step."""
     if is_builtin(path):
-        raise ValueError(f"critic={path!r} is a randomly initialised built-in model, not a trained critic. Train one "
-                         "with `lmrl pretrain objective=ce` and pass its final/ directory.")
-    return setup.frozen_partner(path, student, tokenizer, "critic",
-                                "The avatarl reward compares token ids (train the critic with `lmrl pretrain "
-                                "objective=ce` and the student's tokenizer)")
+        raise ValueError(
+            f"critic={path!r} is a randomly initialised built-in model, not a trained critic. Train one "
+            "with `lmrl pretrain objective=ce` and pass its final/ directory."
+        )
+    return setup.frozen_partner(
+        path,
+        student,
+        tokenizer,
+        "critic",
+        "The avatarl reward compares token ids (train the critic with `lmrl pretrain "
+        "objective=ce` and the student's tokenizer)",
+    )
 
 
 def check_models(config: PretrainConfig, student, critic) -> None:
@@ -103,12 +114,16 @@ def check_models(config: PretrainConfig, student, critic) -> None:
     for name, model in (("model", student), ("critic", critic)):
         limit = getattr(model.config, "max_position_embeddings", None) if model is not None else None
         if limit is not None and config.block_size > limit:
-            raise ValueError(f"block_size={config.block_size} is longer than the {name}'s context "
-                             f"(max_position_embeddings={limit}); use block_size <= {limit}.")
+            raise ValueError(
+                f"block_size={config.block_size} is longer than the {name}'s context "
+                f"(max_position_embeddings={limit}); use block_size <= {limit}."
+            )
     vocab = student.config.vocab_size
     if config.objective == "avatarl" and config.top_k > vocab:
-        raise ValueError(f"top_k={config.top_k} is larger than the vocabulary of {vocab} tokens; the active set "
-                         f"takes the top-k of it. Use top_k <= {vocab}.")
+        raise ValueError(
+            f"top_k={config.top_k} is larger than the vocabulary of {vocab} tokens; the active set "
+            f"takes the top-k of it. Use top_k <= {vocab}."
+        )
 
 
 # --------------------------------------------------------------------------- objectives
@@ -121,8 +136,9 @@ def ce_objective(logits, targets, critic_logits, options) -> tuple[torch.Tensor,
 
 
 @torch.no_grad()
-def expected_reward(logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
-                    chunk_size: int | None) -> float:
+def expected_reward(
+    logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, chunk_size: int | None
+) -> float:
     """E_{a~π}[r(a)] = Σ_{a∈A_t} softmax(S_t)(a)·r_t(a), mean over positions: the return REINFORCE ascends.
 
     logits (B, T, V); actions, rewards (B, T, A) from ``avatarl_rewards`` (repeated slots have r = 0,
@@ -150,8 +166,9 @@ def avatarl_objective(logits, targets, critic_logits, options) -> tuple[torch.Te
 OBJECTIVES = {"ce": ce_objective, "avatarl": avatarl_objective}
 
 
-def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: float,
-               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def chunked_ce(
+    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Per-token -log π(y_t|s_t) (b, L) and, with_entropy, H[π(·|s_t)] (b, L), through the memory-bounded LM head
     (`lmrl.models.head`: never more than ``chunk_mb`` of fp32 logits, forward and backward); None when the logits
     fit in one chunk (then the ordinary forward is the way)."""
@@ -165,8 +182,9 @@ def chunked_ce(model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: flo
     return -logp, entropy
 
 
-def chunked_avatarl(model, critic, inputs: torch.Tensor, targets: torch.Tensor, options: AvatarlOptions,
-                    chunk_mb: float) -> tuple[torch.Tensor, dict[str, float]] | None:
+def chunked_avatarl(
+    model, critic, inputs: torch.Tensor, targets: torch.Tensor, options: AvatarlOptions, chunk_mb: float
+) -> tuple[torch.Tensor, dict[str, float]] | None:
     """The avatarl loss and stats from the student's and critic's hidden states through their LM heads in chunks
     of positions (`lmrl.algorithms.avatarl_head`: about ``chunk_mb`` of fp32 logits at once, forward and backward);
     None when the logits fit in one chunk or a head is not a plain bias-free linear layer (then full logits)."""
@@ -179,19 +197,28 @@ def chunked_avatarl(model, critic, inputs: torch.Tensor, targets: torch.Tensor, 
         critic_hidden = critic_parts.decoder(input_ids=inputs, use_cache=False).last_hidden_state  # (b, L, H_c)
     # a chunk holds student and critic logits, log-probs and the gradient: four (m, V) fp32 tensors
     rows = chunk_tokens(parts.head.weight.shape[0], chunk_mb) // 4
-    return avatarl_head_loss(hidden, parts.head.weight, critic_hidden, critic_parts.head.weight, targets, options,
-                             rows)
+    return avatarl_head_loss(hidden, parts.head.weight, critic_hidden, critic_parts.head.weight, targets, options, rows)
 
 
-def train_step(model, critic, windows: torch.Tensor, objective: str, options: AvatarlOptions, grad_accum: int,
-               dtype, step: int, chunk_mb: float = DEFAULT_CHUNK_MB, scale: float = 1.0,
-               ranks: int = 1) -> dict[str, float]:
+def train_step(
+    model,
+    critic,
+    windows: torch.Tensor,
+    objective: str,
+    options: AvatarlOptions,
+    grad_accum: int,
+    dtype,
+    step: int,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    scale: float = 1.0,
+    ranks: int = 1,
+) -> dict[str, float]:
     """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches; the
     gradients accumulated are those of ``scale`` x the loss (PPO-ptx's gamma), the stats those of the loss.
 
     Every window has L targets and both objectives average over positions, so the mean of
     the micro-batch losses is the batch loss: accumulation is exact. Stats are micro-batch
-    means (``avatarl/reward_max``: the max); ``train/ce`` is the CE of the same logits. The CE objective never
+    means (``avatarl/reward_max``: the max); ``loss/ce`` is the CE of the same logits. The CE objective never
     builds more than ``chunk_mb`` of fp32 logits (`chunked_ce`), nor does avatarl when both heads are plain linear
     layers (`chunked_avatarl`: student and critic logits chunk by chunk); otherwise avatarl takes full logits. ``ranks``: processes that each hold an
     equal share of the batch (the backward loss is this share's part of the batch mean).
@@ -202,8 +229,9 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
         inputs, targets = micro[:, :-1], micro[:, 1:]  # (b, L) each
         with autocast(device.type, dtype):
             nll = chunked_ce(model, inputs, targets, chunk_mb) if objective == "ce" else None
-            fused = chunked_avatarl(model, critic, inputs, targets, options, chunk_mb) if objective == "avatarl" \
-                else None
+            fused = (
+                chunked_avatarl(model, critic, inputs, targets, options, chunk_mb) if objective == "avatarl" else None
+            )
             if nll is None and fused is None:
                 logits = model(input_ids=inputs, **no_cache(model)).logits  # (b, L, V)
                 critic_logits = None
@@ -215,14 +243,14 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
             ce = loss.detach()
         elif fused is not None:
             loss, stats = fused
-            ce = torch.tensor(stats.pop("train/ce"))
+            ce = torch.tensor(stats.pop("loss/ce"))
         else:
             loss, stats = OBJECTIVES[objective](logits, targets, critic_logits, options)
             with torch.no_grad():
                 ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
         common.check_finite(loss, step)
         (loss * (scale / (grad_accum * ranks))).backward()
-        for key, value in {"loss": loss.item(), "train/ce": ce.item(), **stats}.items():
+        for key, value in {"loss": loss.item(), "loss/ce": ce.item(), **stats}.items():
             if key == "avatarl/reward_max":
                 totals[key] = max(totals.get(key, value), value)
             else:
@@ -234,10 +262,11 @@ def train_step(model, critic, windows: torch.Tensor, objective: str, options: Av
 
 
 @torch.no_grad()
-def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype,
-                     chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
-    """Over every target of ``windows`` (n, L+1), in nats/token: ``val/ce`` = mean -log π(y_t|s_t) (full
-    vocabulary) and ``val/entropy`` = mean H[π(·|s_t)]; entropy > CE means over-dispersed predictions."""
+def validation_stats(
+    model, windows: torch.Tensor, batch_size: int, dtype, chunk_mb: float = DEFAULT_CHUNK_MB
+) -> dict[str, float]:
+    """Over every target of ``windows`` (n, L+1), in nats/token: ``eval/ce`` = mean -log π(y_t|s_t) (full
+    vocabulary) and ``eval/entropy`` = mean H[π(·|s_t)]; entropy > CE means over-dispersed predictions."""
     was_training = model.training
     model.eval()
     ce, entropy, count = 0.0, 0.0, 0
@@ -253,11 +282,12 @@ def validation_stats(model, windows: torch.Tensor, batch_size: int, dtype,
         entropy += nll[1].sum().item()
         count += targets.numel()
     model.train(was_training)
-    return {"val/ce": ce / count, "val/entropy": entropy / count}
+    return {"eval/ce": ce / count, "eval/entropy": entropy / count}
 
 
-def sample_continuations(model, tokenizer, windows: torch.Tensor, config: PretrainConfig, dtype,
-                         step: int) -> list[dict[str, str]]:
+def sample_continuations(
+    model, tokenizer, windows: torch.Tensor, config: PretrainConfig, dtype, step: int
+) -> list[dict[str, str]]:
     """``num_samples`` continuations (T=1, no stop) of the first half of evenly spaced validation windows."""
     if config.num_samples == 0:
         return []
@@ -271,10 +301,10 @@ def sample_continuations(model, tokenizer, windows: torch.Tensor, config: Pretra
 
 
 def evaluate(model, tokenizer, val: torch.Tensor, config: PretrainConfig, dtype, step: int):
-    """val/ce, val/entropy and val/ppl = exp(val/ce) on the first eval_batches·batch_size windows, and samples."""
+    """eval/ce, eval/entropy and eval/ppl = exp(eval/ce) on the first eval_batches·batch_size windows, and samples."""
     metrics = validation_stats(model, val, config.batch_size, dtype, config.logprob_chunk_mb)
     samples = sample_continuations(model, tokenizer, val, config, dtype, step)
-    return {**metrics, "val/ppl": math.exp(metrics["val/ce"])}, samples
+    return {**metrics, "eval/ppl": math.exp(metrics["eval/ce"])}, samples
 
 
 # --------------------------------------------------------------------------- the method
@@ -289,9 +319,11 @@ class Pretrain(loop.MethodDefaults):
     samples_title = "validation continuations"
 
     def describe(self, run: common.Run) -> str:
-        return (f"pretrain objective={self.config.objective}: {describe_parameters(self.model)}, "
-                f"{self.data_summary}, {self.tokens_per_step} tokens/step, precision={self.setup.precision_name}, "
-                f"run dir {run.dir}")
+        return (
+            f"pretrain objective={self.config.objective}: {describe_parameters(self.model)}, "
+            f"{self.data_summary}, {self.tokens_per_step} tokens/step, precision={self.setup.precision_name}, "
+            f"run dir {run.dir}"
+        )
 
     def __init__(self, config: PretrainConfig, setup: ModelSetup):
         """Models, data and start-up checks: everything that can fail does so before the run directory is touched."""
@@ -312,29 +344,45 @@ class Pretrain(loop.MethodDefaults):
     def step(self, step: int) -> dict[str, float]:
         config, t0 = self.config, time.perf_counter()
         rows = runtime.shard(common.epoch_batch_indices(len(self.train_windows), config.batch_size, step, config.seed))
-        stats = train_step(self.model, self.critic, self.train_windows[rows], config.objective, self.options,
-                           config.grad_accum, self.setup.dtype, step=step, chunk_mb=config.logprob_chunk_mb,
-                           ranks=runtime.world())
+        stats = train_step(
+            self.model,
+            self.critic,
+            self.train_windows[rows],
+            config.objective,
+            self.options,
+            config.grad_accum,
+            self.setup.dtype,
+            step=step,
+            chunk_mb=config.logprob_chunk_mb,
+            ranks=runtime.world(),
+        )
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
-        return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "tokens": step * self.tokens_per_step, "tokens_per_s": self.tokens_per_step / runtime.world() / elapsed,
-                "time/train_s": elapsed}
+        return {
+            **stats,
+            "optim/grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "time/tokens": step * self.tokens_per_step,
+            "tokens_per_s": self.tokens_per_step / runtime.world() / elapsed,
+            "time/train_s": elapsed,
+        }
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        """`evaluate`, plus the critic's val/ce at the initial evaluation (step 0) and the tokens seen after it."""
+        """`evaluate`, plus the critic's eval/ce at the initial evaluation (step 0) and the tokens seen after it."""
         config, dtype = self.config, self.setup.dtype
         metrics, samples = evaluate(self.model, self.tokenizer, self.val, config, dtype, step)
         if step > 0:
-            metrics["tokens"] = step * self.tokens_per_step
+            metrics["time/tokens"] = step * self.tokens_per_step
         elif self.critic is not None:
-            metrics["critic/val_ce"] = validation_stats(self.critic, self.val, config.batch_size, dtype,
-                                                          config.logprob_chunk_mb)["val/ce"]
+            metrics["eval/critic_ce"] = validation_stats(
+                self.critic, self.val, config.batch_size, dtype, config.logprob_chunk_mb
+            )["eval/ce"]
         return metrics, samples
 
 
 def train(config: PretrainConfig) -> dict[str, float]:
-    """Pretrain end to end; returns the final val/ce and val/ppl (plus ``initial/...`` and the critic's val/ce)."""
+    """Pretrain end to end; returns the final eval/ce and eval/ppl (plus ``initial/...``: the critic's
+    eval/critic_ce)."""
     result = loop.train(Pretrain, config, f"pretrain {config.objective}")
-    console.print(f"val/ce {result['val/ce']:.4f} (initial {result['initial/val/ce']:.4f})")
+    console.print(f"eval/ce {result['eval/ce']:.4f} (initial {result['initial/eval/ce']:.4f})")
     return result

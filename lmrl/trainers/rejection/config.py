@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-from lmrl.config import ConfigError, RewardSection, TrainConfig, field
+from lmrl.config import ConfigError, DataSection, RewardSection, TrainConfig, field
 from lmrl.parallel.config import env_world_size
 from lmrl.rollout.engine_section import EngineSection
 
@@ -15,33 +15,41 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass
-class RejectionConfig(EngineSection, RewardSection, TrainConfig):
-    dataset: str = field("task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a "
-                                            "prompt column")
+class RejectionConfig(EngineSection, RewardSection, DataSection, TrainConfig):
+    dataset: str = field(
+        "task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a prompt column"
+    )
     task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 1)")
-    split: str = field("train", "dataset split")
     train_rows: int | None = field(200, "prompts sampled each round (M); null: every row")
-    eval_dataset: str | None = field(None, "held-out prompts; default: the test split of a built-in task, none "
-                                           "for files")
-    eval_split: str = field("test", "split of eval_dataset (or of the built-in task)")
     eval_rows: int = field(100, "held-out prompts")
-    eval_samples: int = field(4, "completions sampled per held-out prompt for eval/reward (and eval/gold_score, "
-                                 "eval/kl)")
-    eval_gold: bool = field(False, "also report eval/gold_score, the hidden rule of the built-in preference task "
-                                   "(arithmetic prompts only)")
-    eval_kl: bool = field(True, "report eval/kl: KL(π ‖ π_start) summed over completion tokens (k1 on sampled "
-                                "held-out completions; keeps the starting model in memory)")
+    eval_samples: int = field(
+        4, "completions sampled per held-out prompt for eval/reward (and eval/gold_score, eval/kl)"
+    )
+    eval_gold: bool = field(
+        False, "also report eval/gold_score, the hidden rule of the built-in preference task (arithmetic prompts only)"
+    )
+    eval_kl: bool = field(
+        True,
+        "report eval/kl: KL(π ‖ π_start) summed over completion tokens (k1 on sampled "
+        "held-out completions; keeps the starting model in memory)",
+    )
     samples_per_prompt: int = field(8, "completions sampled per prompt (N)")
     max_new_tokens: int = field(32, "completion length cap in tokens")
     temperature: float = field(1.0, "sampling temperature (book: 0.7-1.0)")
     top_p: float = field(1.0, "nucleus sampling")
     sample_top_k: int = field(0, "top-k sampling (0: off); not to be confused with top_k (selection)")
     generation_batch: int = field(64, "prompts per call of the rollout engine")
-    sampling_shards: int = field(0, "the prompts of a round are sampled in this many shards, each with its own seeded generator (0: one per process); fixed, it makes the samples independent of the number of processes")
-    on_reward_error: Literal["stop"] = field("stop", "each round's pool is scored once: a failing reward function "
-                                                     "stops the run (resume=true redoes the round)")
-    select: Literal["best", "top_k"] = field("best", "best: the per_prompt best of each prompt; top_k: the top_k "
-                                                    "best over all prompts")
+    sampling_shards: int = field(
+        0,
+        "the prompts of a round are sampled in this many shards, each with its own seeded generator (0: one per process); fixed, it makes the samples independent of the number of processes",
+    )
+    on_reward_error: Literal["stop"] = field(
+        "stop",
+        "each round's pool is scored once: a failing reward function stops the run (resume=true redoes the round)",
+    )
+    select: Literal["best", "top_k"] = field(
+        "best", "best: the per_prompt best of each prompt; top_k: the top_k best over all prompts"
+    )
     per_prompt: int = field(1, "select=best: completions kept per prompt")
     top_k: int | None = field(None, "select=top_k: completions kept in total (K)")
     min_reward: float | None = field(None, "never select a completion with a lower reward (e.g. 1 with a 0/1 verifier)")
@@ -58,25 +66,32 @@ class RejectionConfig(EngineSection, RewardSection, TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.engine == "vllm" and max(self.nproc, env_world_size()) > 1:
-            raise ConfigError("engine=vllm samples in one process here; with several processes each rank samples "
-                              "with engine=hf. Fix: engine=hf, or nproc=1.")
+            raise ConfigError(
+                "engine=vllm samples in one process here; with several processes each rank samples "
+                "with engine=hf. Fix: engine=hf, or nproc=1."
+            )
         for name in ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
         if self.temperature <= 0:
-            raise ConfigError(f"'temperature' must be > 0 (rejection sampling needs diverse samples), "
-                              f"got {self.temperature}.")
+            raise ConfigError(
+                f"'temperature' must be > 0 (rejection sampling needs diverse samples), got {self.temperature}."
+            )
         if self.per_prompt > self.samples_per_prompt:
-            raise ConfigError(f"per_prompt={self.per_prompt} exceeds samples_per_prompt={self.samples_per_prompt}; "
-                              "keep at most the N completions drawn per prompt.")
+            raise ConfigError(
+                f"per_prompt={self.per_prompt} exceeds samples_per_prompt={self.samples_per_prompt}; "
+                "keep at most the N completions drawn per prompt."
+            )
         if self.select == "top_k":
             if self.top_k is None or self.top_k < 1:
                 raise ConfigError("select=top_k needs top_k=K >= 1, the number of completions kept over all prompts.")
             available = None if self.train_rows is None else self.train_rows * self.samples_per_prompt
             if available is not None and self.top_k > available:
-                raise ConfigError(f"top_k={self.top_k} exceeds the {available} completions sampled per round "
-                                  f"(train_rows={self.train_rows} x samples_per_prompt={self.samples_per_prompt}); "
-                                  "lower top_k or sample more.")
+                raise ConfigError(
+                    f"top_k={self.top_k} exceeds the {available} completions sampled per round "
+                    f"(train_rows={self.train_rows} x samples_per_prompt={self.samples_per_prompt}); "
+                    "lower top_k or sample more."
+                )
         elif self.top_k is not None:
             raise ConfigError("top_k applies to select=top_k only; with select=best use per_prompt=k.")
         if not self.rewards:
@@ -88,5 +103,6 @@ class RejectionConfig(EngineSection, RewardSection, TrainConfig):
     def sampling(self) -> SamplingParams:
         from lmrl.rollout.types import SamplingParams  # here: the config checks without torch (lmrl.cli)
 
-        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.sample_top_k)
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.sample_top_k
+        )

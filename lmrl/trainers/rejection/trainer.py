@@ -63,11 +63,20 @@ class Pool:
     rows: list[dict]  # the M dataset rows
     batch: RolloutBatch  # M*N rows
     rewards: torch.Tensor  # (M, N) weighted total
-    metrics: dict[str, float]  # RewardSet metrics (rewards/<fn>/mean, reward/mean, ...)
+    metrics: dict[str, float]  # RewardSet metrics (reward/<fn>/mean, reward/mean, ...)
 
 
-def sample_and_score(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, n: int,
-                     generators: list[torch.Generator], dtype, engine=None) -> Pool:
+def sample_and_score(
+    model,
+    tokenizer,
+    rows: list[dict],
+    rewards: RewardSet,
+    config: RejectionConfig,
+    n: int,
+    generators: list[torch.Generator],
+    dtype,
+    engine=None,
+) -> Pool:
     """N completions per row from `model` (batched; the k-th of len(generators) equal shards of `rows` with
     generator k) scored by `rewards`. engine: a long-lived engine (engine=vllm: one for the whole run, synced to
     each round's policy, a new model object, which `sync` pushes); None: an HF engine on `model`."""
@@ -78,13 +87,21 @@ def sample_and_score(model, tokenizer, rows: list[dict], rewards: RewardSet, con
     for k, generator in enumerate(generators):
         part = runtime.shard(rows, k, len(generators))
         for start in range(0, len(part), config.generation_batch):
-            ids = [encode_prompt(tokenizer, r["prompt"], config.chat) for r in part[start : start + config.generation_batch]]
+            ids = [
+                encode_prompt(tokenizer, r["prompt"], config.chat)
+                for r in part[start : start + config.generation_batch]
+            ]
             batches.append(engine.generate(ids, config.sampling, n=n, generator=generator))
     batch = concat_batches(batches, n, tokenizer.pad_token_id)
     keys = [k for k in rows[0] if k not in ("prompt", "completion")]
     columns = {k: [row[k] for row in rows for _ in range(n)] for k in keys}
-    result = rewards.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
-                             completion_lengths=batch.completion_lengths.tolist(), **columns)
+    result = rewards.compute(
+        batch.prompts,
+        batch.completions,
+        truncated=batch.truncated.tolist(),
+        completion_lengths=batch.completion_lengths.tolist(),
+        **columns,
+    )
     return Pool(rows, batch, result.total.view(-1, n), result.metrics)
 
 
@@ -96,8 +113,12 @@ def gather_pool(pool: Pool, pad_id: int) -> Pool:
     batch = dataclasses.replace(pool.batch, **{k: v.cpu() for k, v in vars(pool.batch).items() if torch.is_tensor(v)})
     parts = runtime.gather_objects((pool.rows, batch, pool.rewards.cpu()))
     n = pool.rewards.shape[1]
-    return Pool([row for p in parts for row in p[0]], concat_batches([p[1] for p in parts], n, pad_id),
-                torch.cat([p[2] for p in parts]), runtime.reduce_metrics(pool.metrics))
+    return Pool(
+        [row for p in parts for row in p[0]],
+        concat_batches([p[1] for p in parts], n, pad_id),
+        torch.cat([p[2] for p in parts]),
+        runtime.reduce_metrics(pool.metrics),
+    )
 
 
 def concat_batches(batches: list[RolloutBatch], n: int, pad_id: int) -> RolloutBatch:
@@ -109,12 +130,16 @@ def concat_batches(batches: list[RolloutBatch], n: int, pad_id: int) -> RolloutB
     right = lambda x, w, v: torch.nn.functional.pad(x, (0, w - x.shape[1]), value=v)  # noqa: E731
     cat = lambda f: torch.cat([f(b) for b in batches])  # noqa: E731
     return RolloutBatch(
-        prompt_ids=cat(lambda b: left(b.prompt_ids, p, pad_id)), prompt_mask=cat(lambda b: left(b.prompt_mask, p, 0)),
+        prompt_ids=cat(lambda b: left(b.prompt_ids, p, pad_id)),
+        prompt_mask=cat(lambda b: left(b.prompt_mask, p, 0)),
         completion_ids=cat(lambda b: right(b.completion_ids, t, pad_id)),
         completion_mask=cat(lambda b: right(b.completion_mask, t, 0.0)),
-        sampler_logp=cat(lambda b: right(b.sampler_logp, t, 0.0)), truncated=cat(lambda b: b.truncated),
-        finish_reason=[x for b in batches for x in b.finish_reason], prompts=[x for b in batches for x in b.prompts],
-        completions=[x for b in batches for x in b.completions], group_size=n,
+        sampler_logp=cat(lambda b: right(b.sampler_logp, t, 0.0)),
+        truncated=cat(lambda b: b.truncated),
+        finish_reason=[x for b in batches for x in b.finish_reason],
+        prompts=[x for b in batches for x in b.prompts],
+        completions=[x for b in batches for x in b.completions],
+        group_size=n,
     )
 
 
@@ -145,8 +170,9 @@ def select(pool: Pool, config: RejectionConfig, tracker: Tracker | None = None) 
     k = config.top_k
     if k > int(ok.sum()):  # too few eligible this round: keep them all rather than fail mid-run
         if tracker is not None:
-            tracker.print(f"[yellow]top_k={k} but only {int(ok.sum())} completions are eligible this round; "
-                          "keeping all of them.")
+            tracker.print(
+                f"[yellow]top_k={k} but only {int(ok.sum())} completions are eligible this round; keeping all of them."
+            )
         k = int(ok.sum())
     return select_top_k(pool.rewards, k, ok) if k else torch.zeros(0, dtype=torch.long)
 
@@ -155,11 +181,15 @@ def selection_stats(pool: Pool, chosen: torch.Tensor, config: RejectionConfig) -
     """Mean reward of all samples vs the selected ones, per-prompt max, coverage, and the BoN KL."""
     m, n = pool.rewards.shape
     flat = pool.rewards.reshape(-1)  # (M*N,)
-    stats = {**pool.metrics, "rs/reward_all": flat.mean().item(),
-             "rs/reward_max": pool.rewards.max(1).values.mean().item(),
-             "rs/selected": float(chosen.numel()), "rs/prompts_covered": len(set((chosen // n).tolist())) / m,
-             "rs/truncated_frac": pool.batch.truncated.float().mean().item(),
-             "completion_len/mean": pool.batch.completion_lengths.float().mean().item()}
+    stats = {
+        **pool.metrics,
+        "rs/reward_all": flat.mean().item(),
+        "rs/reward_max": pool.rewards.max(1).values.mean().item(),
+        "rs/selected": float(chosen.numel()),
+        "rs/prompts_covered": len(set((chosen // n).tolist())) / m,
+        "rs/truncated_frac": pool.batch.truncated.float().mean().item(),
+        "completion_len/mean": pool.batch.completion_lengths.float().mean().item(),
+    }
     if chosen.numel():
         stats["rs/reward_selected"] = flat[chosen].mean().item()
     if config.select == "best" and config.per_prompt == 1:  # the selection is a sample of π_BoN
@@ -175,8 +205,14 @@ def write_selection(path: Path, pool: Pool, chosen: torch.Tensor) -> list[dict]:
     for k in chosen.tolist():
         row = pool.rows[k // n]
         extra = {key: v for key, v in row.items() if key not in ("prompt", "completion", "reward")}
-        records.append({"prompt": row["prompt"], "completion": pool.batch.completions[k],
-                        "reward": pool.rewards.view(-1)[k].item(), **extra})
+        records.append(
+            {
+                "prompt": row["prompt"],
+                "completion": pool.batch.completions[k],
+                "reward": pool.rewards.view(-1)[k].item(),
+                **extra,
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return records
@@ -186,8 +222,9 @@ def write_selection(path: Path, pool: Pool, chosen: torch.Tensor) -> list[dict]:
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, dtype,
-             reference=None, engine=None) -> dict[str, float]:
+def evaluate(
+    model, tokenizer, rows: list[dict], rewards: RewardSet, config: RejectionConfig, dtype, reference=None, engine=None
+) -> dict[str, float]:
     """Held-out reward of sampled completions, greedy task accuracy, gold score and KL to the start."""
     if not rows:
         return {}
@@ -195,17 +232,29 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: RewardSet, config: Rej
     model.eval()
     generator = torch.Generator().manual_seed(config.seed + 7)
     pool = sample_and_score(model, tokenizer, rows, rewards, config, config.eval_samples, [generator], dtype, engine)
-    metrics = {"eval/reward": pool.rewards.mean().item(),
-               **{f"eval/{k}": v for k, v in pool.metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
+    metrics = {
+        "eval/reward": pool.rewards.mean().item(),
+        **{
+            f"eval/{k}": v
+            for k, v in pool.metrics.items()  # eval/reward/<fn>/mean
+            if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/mean")
+        },
+    }
     if config.eval_gold:
         expanded = [row for row in rows for _ in range(config.eval_samples)]  # prompt-major, like the batch
         gold = [prefs.gold_score(row["prompt"], c, row.get("meta")) for row, c in zip(expanded, pool.batch.completions)]
         metrics["eval/gold_score"] = sum(gold) / len(gold)
     if reference is not None:
         batch = pool.batch
-        ref_logp = completion_logprobs(reference, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                                       temperature=config.temperature, autocast_dtype=dtype,
-                                       chunk_mb=config.logprob_chunk_mb)  # (N, T)
+        ref_logp = completion_logprobs(
+            reference,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.prompt_ids.shape[1],
+            temperature=config.temperature,
+            autocast_dtype=dtype,
+            chunk_mb=config.logprob_chunk_mb,
+        )  # (N, T)
         metrics["eval/kl"] = ((batch.sampler_logp - ref_logp) * batch.completion_mask).sum(1).mean().item()
     if "task" in rows[0] and "answer" in rows[0]:
         acc, _ = task_accuracy(model, tokenizer, rows, config.max_new_tokens, dtype, num_samples=0)
@@ -229,21 +278,39 @@ def load_prompts(config: RejectionConfig) -> tuple[list[dict], list[dict]]:
         eval_rows = load_rows(source, split=config.eval_split, limit=config.eval_rows, **args)
     shards = max(config.sampling_shards, runtime.world())
     if len(rows) % shards:
-        raise ValueError(f"{config.dataset}: its {len(rows)} prompts do not split into {shards} equal sampling shards "
-                         f"(sampling_shards, processes). Fix: train_rows=<a multiple of {shards}>.")
+        raise ValueError(
+            f"{config.dataset}: its {len(rows)} prompts do not split into {shards} equal sampling shards "
+            f"(sampling_shards, processes). Fix: train_rows=<a multiple of {shards}>."
+        )
     if config.select == "top_k" and config.top_k > len(rows) * config.samples_per_prompt:
-        raise ValueError(f"top_k={config.top_k} exceeds the {len(rows) * config.samples_per_prompt} completions "
-                         f"sampled per round ({len(rows)} prompts x {config.samples_per_prompt}); lower top_k.")
+        raise ValueError(
+            f"top_k={config.top_k} exceeds the {len(rows) * config.samples_per_prompt} completions "
+            f"sampled per round ({len(rows)} prompts x {config.samples_per_prompt}); lower top_k."
+        )
     return rows, eval_rows
 
 
 def sft_config(config: RejectionConfig, dataset: Path, model: str, out: Path, first: bool) -> sft.SFTConfig:
     """The SFT phase of a round: the shared training fields of `config`, on the selection file."""
     shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)}
-    shared.update(model=model, model_args=config.model_args if first else {}, output_dir=str(out),
-                  overwrite=True, eval_every=0, eval_metrics=[], check_contamination=False)  # evaluated per round
-    return sft.SFTConfig(**shared, dataset=str(dataset), train_rows=None, eval_dataset=None, chat=config.chat,
-                         max_length=config.max_length, batch_size=config.batch_size)
+    shared.update(
+        model=model,
+        model_args=config.model_args if first else {},
+        output_dir=str(out),
+        overwrite=True,
+        eval_every=0,
+        eval_metrics=[],
+        check_contamination=False,
+    )  # evaluated per round
+    return sft.SFTConfig(
+        **shared,
+        dataset=str(dataset),
+        train_rows=None,
+        eval_dataset=None,
+        chat=config.chat,
+        max_length=config.max_length,
+        batch_size=config.batch_size,
+    )
 
 
 def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
@@ -255,8 +322,10 @@ def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
     rundir.check_writable(run_dir)
     if (rundir.has_run(run_dir) or done) and not config.resume:
         if not config.overwrite:
-            raise FileExistsError(f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, "
-                                  "overwrite=true to replace it, or choose another output_dir=...")
+            raise FileExistsError(
+                f"output_dir '{run_dir}' already holds a run. Pass resume=true to continue it, "
+                "overwrite=true to replace it, or choose another output_dir=..."
+            )
         for path in [*run_dir.glob("round-*"), run_dir / "final", run_dir / "plots"]:
             shutil.rmtree(path, ignore_errors=True)
         for name in ("metrics.jsonl", "samples.jsonl"):
@@ -266,14 +335,17 @@ def prepare_run_dir(config: RejectionConfig) -> tuple[Path, int]:
     return run_dir, (done if config.resume else 0)
 
 
-def evaluate_on_main(model, tokenizer, rows, rewards, config: RejectionConfig, dtype, reference, engine,
-                     evaluator) -> dict[str, float]:
+def evaluate_on_main(
+    model, tokenizer, rows, rewards, config: RejectionConfig, dtype, reference, engine, evaluator
+) -> dict[str, float]:
     """`evaluate` plus the ``eval_metrics``, run by rank 0 (a sharded π_start unsharded meanwhile); on every rank."""
     result = None
     with runtime.full_params(reference):
         if runtime.is_main():
-            result = {**evaluate(model, tokenizer, rows, rewards, config, dtype, reference, engine),
-                      **evals_metrics(evaluator, model, tokenizer, dtype)}
+            result = {
+                **evaluate(model, tokenizer, rows, rewards, config, dtype, reference, engine),
+                **evals_metrics(evaluator, model, tokenizer, dtype),
+            }
     return runtime.broadcast_object(result)
 
 
@@ -286,12 +358,15 @@ def train(config: RejectionConfig) -> dict[str, float]:
     rewards = RewardSet.from_config(config)
     # samples and is evaluated only (each round's SFT trains its own, distributed copy): a full copy on each rank
     model, tokenizer = setup.policy(distribute=False)
-    evaluator = build_evaluator(config)  # eval_metrics, logged as evals/<name> after every round
+    evaluator = build_evaluator(config)  # eval_metrics, logged as eval/metrics/<name> after every round
     run_dir, done = runtime.broadcast_object(prepare_run_dir(config) if runtime.is_main() else None)
     dtype = setup.dtype
     reference = model if config.eval_kl else None  # π_start: `model` is rebound to each round's trained policy
-    tracker = (Tracker(run_dir, config.rounds, to_dict(config), config.report_to, "rejection sampling", done)
-               if runtime.is_main() else runtime.NullTracker())
+    tracker = (
+        Tracker(run_dir, config.rounds, to_dict(config), config.report_to, "rejection sampling", done)
+        if runtime.is_main()
+        else runtime.NullTracker()
+    )
     policy = config.model if done == 0 else str(run_dir / f"round-{done}" / "sft" / "final")
     if done:
         reference = setup.frozen(config.model, tokenizer) if config.eval_kl else None
@@ -300,29 +375,45 @@ def train(config: RejectionConfig) -> dict[str, float]:
     if config.engine == "vllm":
         longest = max(len(encode_prompt(tokenizer, r["prompt"], config.chat)) for r in rows + eval_rows)
         engine = make_engine(config, model, tokenizer, dtype, sampling=config.sampling, longest_prompt=longest)
-    initial = {f"initial/{k}": v for k, v in evaluate_on_main(model, tokenizer, eval_rows, rewards, config, dtype,
-                                                              None, engine, evaluator).items()}
+    initial = {
+        f"initial/{k}": v
+        for k, v in evaluate_on_main(
+            model, tokenizer, eval_rows, rewards, config, dtype, None, engine, evaluator
+        ).items()
+    }
     if not done:
         tracker.log(0, {k.removeprefix("initial/"): v for k, v in initial.items()})
     final = dict(initial)
     for r in range(done + 1, config.rounds + 1):
         share = runtime.shard(rows)  # this rank's prompts, in its seeded sampling shards
         generators = [generator for _, _, generator in seeded_shards(share, config.sampling_shards, config.seed, r)]
-        pool = gather_pool(sample_and_score(model, tokenizer, share, rewards, config, config.samples_per_prompt,
-                                            generators, dtype, engine), tokenizer.pad_token_id)
+        pool = gather_pool(
+            sample_and_score(
+                model, tokenizer, share, rewards, config, config.samples_per_prompt, generators, dtype, engine
+            ),
+            tokenizer.pad_token_id,
+        )
         chosen = select(pool, config, tracker)
         if chosen.numel() == 0:
-            raise ValueError(f"round {r}: no completion was eligible for selection (all truncated, or below "
-                             f"min_reward={config.min_reward}); lower min_reward or raise max_new_tokens.")
+            raise ValueError(
+                f"round {r}: no completion was eligible for selection (all truncated, or below "
+                f"min_reward={config.min_reward}); lower min_reward or raise max_new_tokens."
+            )
         if runtime.is_main():
             records = write_selection(run_dir / f"round-{r}" / "selection.jsonl", pool, chosen)
             tracker.log(r, selection_stats(pool, chosen, config))
-            tracker.log_samples(r, [{k: rec[k] for k in ("prompt", "completion", "reward")}
-                                    for rec in records[: config.num_samples]], f"round {r} selection")
+            tracker.log_samples(
+                r,
+                [{k: rec[k] for k in ("prompt", "completion", "reward")} for rec in records[: config.num_samples]],
+                f"round {r} selection",
+            )
             tracker.progress.stop()  # the SFT trainer shows its own progress bar
         runtime.barrier()  # the selection file is written
-        sft.train(sft_config(config, run_dir / f"round-{r}" / "selection.jsonl", policy,
-                             run_dir / f"round-{r}" / "sft", first=r == 1))
+        sft.train(
+            sft_config(
+                config, run_dir / f"round-{r}" / "selection.jsonl", policy, run_dir / f"round-{r}" / "sft", first=r == 1
+            )
+        )
         if runtime.is_main():
             tracker.progress.start()
         policy = str(run_dir / f"round-{r}" / "sft" / "final")

@@ -8,27 +8,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.config import ConfigError, DataSection, TrainConfig, field
 
 
 @dataclasses.dataclass
-class RewardConfig(TrainConfig):
-    mode: Literal["train", "score"] = field("train", "train a reward model, or score every row of `dataset` with "
-                                                     "the RM at `model`")
+class RewardConfig(DataSection, TrainConfig):
+    mode: Literal["train", "score"] = field(
+        "train", "train a reward model, or score every row of `dataset` with the RM at `model`"
+    )
     loss: Literal["bt", "plackett_luce", "orm", "prm"] = field(
-        "bt", "bt (pairs; all C(K,2) pairs for K > 2), plackett_luce (rankings), orm, prm")
+        "bt", "bt (pairs; all C(K,2) pairs for K > 2), plackett_luce (rankings), orm, prm"
+    )
     dataset: str = field("builtin:prefs", "builtin:prefs|orm|prm, a .jsonl/.json/.parquet/.csv file, or an HF dataset")
     data_args: dict = field({}, "arguments of a built-in source (digits, num_completions, kinds, seed, ...)")
-    split: str = field("train", "dataset split")
-    train_rows: int | None = field(2000, "rows generated for a built-in source, or the first N rows (null: all)")
-    eval_dataset: str | None = field(None, "held-out data; default: the built-in source's test split, none for files")
-    eval_split: str = field("test", "split of eval_dataset (or of the built-in source)")
-    eval_rows: int = field(200, "held-out rows to evaluate on")
-    chat: bool = field(True, "render prompt/completion with the chat template (False: raw text + EOS)")
-    max_length: int = field(256, "tokens per prompt + completion")
     overlong: Literal["drop", "error"] = field("drop", "rows longer than max_length: drop them, or stop")
     batch_size: int = field(32, "prompts per optimizer step, each with all its K completions (split into grad_accum)")
-    max_tokens_per_microbatch: int | None = field(None, "pack prompts (all K completions together) into micro-batches of at most this many tokens (positions restart per sequence; replaces grad_accum; null: padded rows)")
+    max_tokens_per_microbatch: int | None = field(
+        None,
+        "pack prompts (all K completions together) into micro-batches of at most this many tokens (positions restart per sequence; replaces grad_accum; null: padded rows)",
+    )
     margin: bool = field(False, "bt, K = 2: subtract the row's margin (or chosen_score − rejected_score), Llama 2")
     center_coef: float = field(0.0, "bt, K = 2: + c·mean((r_c + r_r)²), keeps rewards centred (Eisenstein 2023)")
     scores_file: str | None = field(None, "mode=score: output JSONL (default: <output_dir>/scores.jsonl)")
@@ -40,14 +38,16 @@ class RewardConfig(TrainConfig):
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
         if self.center_coef < 0:
             raise ConfigError(f"'center_coef' must be >= 0, got {self.center_coef}.")
-        from lmrl.algorithms import REWARD_MODEL_LOSSES  # here: a config checks without torch (lmrl.cli)
+        if self.margin or self.center_coef:  # only then the registry (torch): a default config checks without it
+            from lmrl.algorithms import REWARD_MODEL_LOSSES
 
-        if (self.margin or self.center_coef) and not REWARD_MODEL_LOSSES.trait(self.loss, "margin", False):
-            raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
-        if self.max_length < 2:
-            raise ConfigError(f"'max_length' must be >= 2, got {self.max_length}.")
-        if self.max_tokens_per_microbatch is not None and (self.grad_accum != 1
-                                                           or self.max_tokens_per_microbatch < self.max_length):
-            raise ConfigError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs prompts into "
-                              f"micro-batches of that many tokens: it replaces grad_accum (got {self.grad_accum}; set 1) "
-                              f"and must be >= max_length ({self.max_length}).")
+            if not REWARD_MODEL_LOSSES.trait(self.loss, "margin", False):
+                raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
+        if self.max_tokens_per_microbatch is not None and (
+            self.grad_accum != 1 or self.max_tokens_per_microbatch < self.max_length
+        ):
+            raise ConfigError(
+                f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs prompts into "
+                f"micro-batches of that many tokens: it replaces grad_accum (got {self.grad_accum}; set 1) "
+                f"and must be >= max_length ({self.max_length})."
+            )

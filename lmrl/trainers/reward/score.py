@@ -1,6 +1,6 @@
 """``lmrl reward mode=score``: score every completion of a file with a trained reward model, written as JSONL.
 
-    lmrl reward mode=score model=runs/reward/final dataset=pairs.jsonl scores_file=scored.jsonl
+lmrl reward mode=score model=runs/reward/final dataset=pairs.jsonl scores_file=scored.jsonl
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ def score(config: RewardConfig) -> dict[str, float]:
     setup = ModelSetup.from_config(config)
     model, tokenizer = setup.reward_model(config.model)
     builtin = config.dataset in prefs.BUILTIN_SOURCES  # a file is scored whole; train_rows sizes built-in data
-    rows = prefs.load_preference_rows(config.dataset, config.split, config.train_rows if builtin else None,
-                                      **config.data_args)
+    rows = prefs.load_preference_rows(
+        config.dataset, config.split, config.train_rows if builtin else None, **config.data_args
+    )
     prompts, texts, spans = [], [], []  # spans[i]: (first, the row's completions best first or None)
     for i, row in enumerate(rows):
         where = row_where(i, config.dataset)
@@ -46,8 +47,10 @@ def score(config: RewardConfig) -> dict[str, float]:
             texts.append(row["completion"])
         else:
             found = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{where}: mode=score needs prompt+completion, prompt+chosen+rejected or "
-                             f"prompt+completions columns; found {found}.")
+            raise ValueError(
+                f"{where}: mode=score needs prompt+completion, prompt+chosen+rejected or "
+                f"prompt+completions columns; found {found}."
+            )
     values = score_texts(model, tokenizer, prompts, texts, dtype=setup.dtype)
     out_path = Path(config.scores_file or Path(config.output_dir) / "scores.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,10 +63,15 @@ def score(config: RewardConfig) -> dict[str, float]:
                 v = values[first : first + len(ranked)]  # best first
                 pairs += len(v) * (len(v) - 1) // 2
                 correct += sum(v[a] > v[b] for a in range(len(v)) for b in range(a + 1, len(v)))
-                extra = ({"reward_chosen": v[0], "reward_rejected": v[1]} if "chosen" in row else
-                         {"rewards": [v[ranked.index(c)] for c in row["completions"]]})
+                extra = (
+                    {"reward_chosen": v[0], "reward_rejected": v[1]}
+                    if "chosen" in row
+                    else {"rewards": [v[ranked.index(c)] for c in row["completions"]]}
+                )
             f.write(json.dumps({**row, **extra}) + "\n")
     result = {"rows": float(len(rows)), **({"accuracy": correct / pairs} if pairs else {})}
-    print(f"Scored {len(rows)} rows with {config.model} -> {out_path}"
-          + (f"; pairwise accuracy {result['accuracy']:.3f} over {pairs} pairs" if pairs else ""))
+    print(
+        f"Scored {len(rows)} rows with {config.model} -> {out_path}"
+        + (f"; pairwise accuracy {result['accuracy']:.3f} over {pairs} pairs" if pairs else "")
+    )
     return result

@@ -88,11 +88,14 @@ def build_items(rows: list[dict], tokenizer, config: RewardConfig, where: str) -
     keep = [max(len(s) for s in item.seqs) <= config.max_length for item in items]
     dropped = keep.count(False)
     if dropped and config.overlong == "error":
-        raise ValueError(f"{where}: {dropped} of {len(items)} rows are longer than max_length={config.max_length} "
-                         "tokens. Raise max_length or set overlong=drop.")
+        raise ValueError(
+            f"{where}: {dropped} of {len(items)} rows are longer than max_length={config.max_length} "
+            "tokens. Raise max_length or set overlong=drop."
+        )
     if not any(keep):
-        raise ValueError(f"{where}: all {len(items)} rows are longer than max_length={config.max_length}. "
-                         "Raise max_length.")
+        raise ValueError(
+            f"{where}: all {len(items)} rows are longer than max_length={config.max_length}. Raise max_length."
+        )
     return [i for i, k in zip(items, keep) if k], [r for r, k in zip(records, keep) if k], dropped
 
 
@@ -101,8 +104,10 @@ def check_groups(groups: list[prefs.PreferenceGroup], config: RewardConfig, wher
     k = groups[0].k
     other = next((g for g in groups if g.k != k), None)
     if other is not None:
-        raise ValueError(f"{other.where}: has {other.k} completions but {groups[0].where} has {k}; every row needs "
-                         "the same number K (a batch is B prompts x K). Split the file by K.")
+        raise ValueError(
+            f"{other.where}: has {other.k} completions but {groups[0].where} has {k}; every row needs "
+            "the same number K (a batch is B prompts x K). Split the file by K."
+        )
     if (config.margin or config.center_coef) and k > 2:
         raise ValueError(f"{where}: margin and center_coef apply to pairs (K = 2), but rows have K = {k}.")
     missing = next((g for g in groups if g.margin is None), None)
@@ -116,9 +121,11 @@ def load_data(config: RewardConfig, tokenizer):
     budget = config.max_tokens_per_microbatch
     longest = max(sum(len(s) for s in item.seqs) for item in items)
     if budget is not None and longest > budget:
-        raise ValueError(f"{config.dataset}: a prompt's {len(items[0].seqs)} sequences take {longest} tokens, more "
-                         f"than max_tokens_per_microbatch={budget} (a prompt's completions are packed together). "
-                         f"Raise it to at least {longest}.")
+        raise ValueError(
+            f"{config.dataset}: a prompt's {len(items[0].seqs)} sequences take {longest} tokens, more "
+            f"than max_tokens_per_microbatch={budget} (a prompt's completions are packed together). "
+            f"Raise it to at least {longest}."
+        )
     eval_source = config.eval_dataset or (config.dataset if config.dataset in prefs.BUILTIN_SOURCES else None)
     eval_items, eval_records = [], []
     if eval_source:
@@ -136,17 +143,24 @@ def sequence_batch(seqs: list[prefs.Tokenized], pad_id: int, packed: bool) -> tu
     right-padded row per sequence; packed: every sequence in one row (`lmrl.data.packing`)."""
     if not packed:
         batch = prefs.collate_sequences(seqs, pad_id)
-        return ({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
-                torch.arange(len(seqs)), torch.zeros(len(seqs), dtype=torch.long))
+        return (
+            {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
+            torch.arange(len(seqs)),
+            torch.zeros(len(seqs), dtype=torch.long),
+        )
     ids = [s.prompt_ids + s.completion_ids for s in seqs]
     batch = packing.pack(ids, ids)
     starts = torch.tensor([0, *[len(x) for x in ids[:-1]]]).cumsum(0)
-    return ({"input_ids": batch["input_ids"], "attention_mask": None, "position_ids": batch["position_ids"]},
-            torch.zeros(len(seqs), dtype=torch.long), starts)
+    return (
+        {"input_ids": batch["input_ids"], "attention_mask": None, "position_ids": batch["position_ids"]},
+        torch.zeros(len(seqs), dtype=torch.long),
+        starts,
+    )
 
 
-def batch_loss(model: RewardModel, items: list[Item], config: RewardConfig, pad_id: int,
-               dtype, packed: bool = False) -> tuple[torch.Tensor, dict]:
+def batch_loss(
+    model: RewardModel, items: list[Item], config: RewardConfig, pad_id: int, dtype, packed: bool = False
+) -> tuple[torch.Tensor, dict]:
     """Mean loss over `items` and its statistics: pair (or token/step) accuracy, mean pair margin. ``packed``: all
     sequences in one packed row (training with `max_tokens_per_microbatch`)."""
     seqs = [s for item in items for s in item.seqs]
@@ -192,7 +206,9 @@ def micro_batches(items: list[Item], config: RewardConfig) -> list[tuple[list[It
         micro = len(items) // config.grad_accum
         return [(items[i * micro : (i + 1) * micro], 1) for i in range(config.grad_accum)]
     lengths = [sum(len(s) for s in item.seqs) for item in items]
-    parts = [([items[i] for i in b], 1) for b in packing.first_fit_decreasing(lengths, config.max_tokens_per_microbatch)]
+    parts = [
+        ([items[i] for i in b], 1) for b in packing.first_fit_decreasing(lengths, config.max_tokens_per_microbatch)
+    ]
     return parts + [(parts[0][0], 0)] * runtime.parts_behind(len(parts))
 
 
@@ -201,8 +217,9 @@ def item_weight(item: Item, config: RewardConfig) -> int:
     return len(item.labels) if trait(config, "data") != "ranked" else 1
 
 
-def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtype, step: int,
-               total: int | None = None) -> dict[str, float]:
+def train_step(
+    model, items: list[Item], config: RewardConfig, pad_id: int, dtype, step: int, total: int | None = None
+) -> dict[str, float]:
     """Forward/backward over grad_accum micro-batches; the loss is the mean over the whole batch
     (over prompts for bt/PL, over labelled tokens for orm/prm), so accumulation is exact. ``total``: the whole
     batch's weight when ``items`` is one process's share of it (default: ``items``' own)."""
@@ -214,15 +231,16 @@ def train_step(model, items: list[Item], config: RewardConfig, pad_id: int, dtyp
         loss, stats = batch_loss(model, chunk, config, pad_id, dtype, config.max_tokens_per_microbatch is not None)
         common.check_finite(loss, step)
         (loss * w / total).backward()
-        for key, value in {"loss": loss.item(), **stats}.items():
-            if key != "n":
-                sums[key] = sums.get(key, 0.0) + value * w / total
+        named = {"loss": loss.item(), **{f"policy/{k}": v for k, v in stats.items() if k != "n"}}
+        for key, value in named.items():
+            sums[key] = sums.get(key, 0.0) + value * w / total
     return sums
 
 
 @torch.no_grad()
-def evaluate(model, items: list[Item], config: RewardConfig, pad_id: int, dtype,
-             batch_size: int = 64) -> dict[str, float]:
+def evaluate(
+    model, items: list[Item], config: RewardConfig, pad_id: int, dtype, batch_size: int = 64
+) -> dict[str, float]:
     if not items:
         return {}
     was_training = model.training
@@ -245,12 +263,20 @@ def eval_samples(model, tokenizer, records, config: RewardConfig, dtype) -> list
         if isinstance(r, prefs.PreferenceGroup):
             best, worst = r.completions[0], r.completions[-1]
             s_best, s_worst = score_texts(model, tokenizer, [r.prompt] * 2, [best, worst], dtype=dtype)
-            rows.append({"prompt": str(r.prompt)[-60:], "chosen": str(best), "rejected": str(worst),
-                         "reward_chosen": s_best, "reward_rejected": s_worst})
+            rows.append(
+                {
+                    "prompt": str(r.prompt)[-60:],
+                    "chosen": str(best),
+                    "rejected": str(worst),
+                    "reward_chosen": s_best,
+                    "reward_rejected": s_worst,
+                }
+            )
         else:
             (score,) = score_texts(model, tokenizer, [r.prompt], [r.completion], dtype=dtype)
-            rows.append({"prompt": str(r.prompt)[-60:], "completion": str(r.completion), "label": str(r.label),
-                         "score": score})
+            rows.append(
+                {"prompt": str(r.prompt)[-60:], "completion": str(r.completion), "label": str(r.label), "score": score}
+            )
     return rows
 
 
@@ -288,13 +314,20 @@ class RewardModelTraining(loop.MethodDefaults):
         tokens = sum(len(s) for item in shard for s in item.seqs)
         # each rank's stats are its part of the batch mean: world x part, averaged over the ranks, is the mean
         stats = {key: value * runtime.world() for key, value in stats.items()}
-        return {**stats, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "tokens_per_s": tokens / elapsed, "time/train_s": elapsed}
+        return {
+            **stats,
+            "optim/grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_per_s": tokens / elapsed,
+            "time/train_s": elapsed,
+        }
 
     def describe(self, run: common.Run) -> str:
-        return (f"Reward model ({self.config.loss}): {describe_parameters(self.model)}, {len(self.items)} training "
-                f"rows ({self.dropped} dropped as overlong), {len(self.eval_items)} held-out, "
-                f"precision={self.setup.precision_name}, run dir {run.dir}")
+        return (
+            f"Reward model ({self.config.loss}): {describe_parameters(self.model)}, {len(self.items)} training "
+            f"rows ({self.dropped} dropped as overlong), {len(self.eval_items)} held-out, "
+            f"precision={self.setup.precision_name}, run dir {run.dir}"
+        )
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         dtype = self.setup.dtype
@@ -311,6 +344,10 @@ def train(config: RewardConfig) -> dict[str, float]:
         return reward_score.score(config)
     result = loop.train(RewardModelTraining, config, f"reward ({config.loss})")
     final_dir = Path(config.output_dir).expanduser() / "final"
-    console.print(escape(f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
-                         f"as rewards=[model:{final_dir}])"))
+    console.print(
+        escape(
+            f"Reward model: {final_dir} (load with lmrl.models.reward.load_reward_model; use in RL "
+            f"as rewards=[model:{final_dir}])"
+        )
+    )
     return result

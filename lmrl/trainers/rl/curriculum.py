@@ -61,8 +61,10 @@ class Curriculum:
 
     def metrics(self) -> dict[str, float]:
         epoch = self.cursor // self.num_rows
-        return {"curriculum/skipped": float(self.last_skipped),
-                "curriculum/sitting_out": float(sum(e > epoch for e in self.returns_at.values()))}
+        return {
+            "rollout/curriculum_skipped": float(self.last_skipped),
+            "rollout/curriculum_sitting_out": float(sum(e > epoch for e in self.returns_at.values())),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"cursor": self.cursor, "returns_at": dict(self.returns_at)}

@@ -32,14 +32,16 @@ def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, config, dtype, 
         old_values = completion_values(value_model, batch, dtype)
     runtime.reshard(value_model)  # FSDP: its root unit must not stay gathered into the training backward
     kl_tok = (old_logp - ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)  # k1 in the reward
-    token_rewards = kl_penalized_rewards(rewards.to(mask.device), kl_tok, mask,
-                                         config.kl_coef if kl_coef is None else kl_coef)  # rewards: CPU
+    token_rewards = kl_penalized_rewards(
+        rewards.to(mask.device), kl_tok, mask, config.kl_coef if kl_coef is None else kl_coef
+    )  # rewards: CPU
     adv, returns = gae(token_rewards, old_values, mask, config.gamma, config.lam)
     return whiten(adv, mask, all_sum=runtime.all_sum), returns, old_values
 
 
-def value_term(value_model, sub: RolloutBatch, old_values, returns, value_clip: float | None, dtype,
-               mb_rows) -> tuple[torch.Tensor, dict]:
+def value_term(
+    value_model, sub: RolloutBatch, old_values, returns, value_clip: float | None, dtype, mb_rows
+) -> tuple[torch.Tensor, dict]:
     """The clipped value loss of the rows of ``sub`` as their part of the minibatch's: sum_i l_i / mb_rows, l_i the
     row's token-mean loss (RLHF book §6.1: per-sequence mean, then batch mean) and ``mb_rows`` the minibatch's trained
     rows over every rank, so neither grad_accum nor the number of processes changes it. Returns (that part, stats)."""

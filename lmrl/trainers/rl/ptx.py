@@ -25,8 +25,13 @@ class PretrainingMix:
 
     def __init__(self, config, tokenizer):
         """``config``: the run's (`lmrl.trainers.rl.config.PtxSection` keys and ``seed``)."""
-        source = SimpleNamespace(data=config.ptx_dataset, data_split="train", text_column="text", val_fraction=0.05,
-                                 block_size=config.ptx_block_size)
+        source = SimpleNamespace(
+            data=config.ptx_dataset,
+            data_split="train",
+            text_column="text",
+            val_fraction=0.05,
+            block_size=config.ptx_block_size,
+        )
         windows = load_windows(source, tokenizer)
         self.train, self.val, self.summary = windows.train, windows.val[:64], windows.summary
         self.coef, self.batch_size, self.seed = config.ptx_coef, config.ptx_batch_size, config.seed
@@ -36,7 +41,7 @@ class PretrainingMix:
         returns the CE (nats/token)."""
         rows = common.epoch_batch_indices(len(self.train), self.batch_size, position, self.seed)
         stats = pretrain_step(model, None, self.train[rows], "ce", None, 1, dtype, position, chunk_mb, scale=self.coef)
-        return stats["train/ce"]
+        return stats["loss/ce"]
 
     def forgetting(self, model, dtype, chunk_mb: float) -> dict[str, float]:
-        return {"eval/ptx_ce": validation_stats(model, self.val, self.batch_size, dtype, chunk_mb)["val/ce"]}
+        return {"eval/ptx_ce": validation_stats(model, self.val, self.batch_size, dtype, chunk_mb)["eval/ce"]}

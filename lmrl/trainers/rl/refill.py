@@ -8,7 +8,7 @@ stream (a refilling run moves through its epochs faster), samples and scores the
 groups with reward variance in data order, round after round; the surplus of the last round is discarded (at the next
 step it would be off-policy). As in verl the advantages are computed on the kept groups only (``drop`` computes them
 on the whole batch first), and ``max_refill_batches=K`` is verl's ``max_num_gen_batches=K+1``. One deviation, on
-purpose: at the bound the run goes on and the step trains on the groups it has (``groups/filled_frac`` < 1; verl
+purpose: at the bound the run goes on and the step trains on the groups it has (``rollout/refill_filled_frac`` < 1; verl
 raises).
 
 Several processes: each rank samples and scores its contiguous shard of every round; the zero-variance masks are
@@ -71,12 +71,21 @@ class Filled:
     want: int
 
     def metrics(self) -> dict[str, float]:
-        return {"groups/refill_batches": float(self.rounds), "groups/kept_frac": self.kept / self.sampled,
-                "groups/filled_frac": self.kept / self.want}
+        return {
+            "rollout/refill_batches": float(self.rounds),
+            "rollout/refill_kept_frac": self.kept / self.sampled,
+            "rollout/refill_filled_frac": self.kept / self.want,
+        }
 
 
-def refill(batch: RolloutBatch, rewards: torch.Tensor, draw: Callable[[int], tuple[RolloutBatch, torch.Tensor] | None],
-           want: int, max_rounds: int, pad_id: int) -> Filled:
+def refill(
+    batch: RolloutBatch,
+    rewards: torch.Tensor,
+    draw: Callable[[int], tuple[RolloutBatch, torch.Tensor] | None],
+    want: int,
+    max_rounds: int,
+    pad_id: int,
+) -> Filled:
     """Keep ``batch``'s groups with reward variance and add those of rounds ``draw(1)``, ``draw(2)``, ... until
     ``want`` groups over every rank are kept or ``max_rounds`` rounds were drawn. ``draw(k)`` samples and scores
     this rank's shard of round k; it returns None on every rank when a round's rewards failed (refilling stops)."""

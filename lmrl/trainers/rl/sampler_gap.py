@@ -1,13 +1,13 @@
 """The alarm on a broken weight sync: in fp32 the sampler's and the learner's log-probs of the same tokens agree to
 rounding (~1e-5 with engine=vllm, 0 with engine=hf reusing the sampling forward), so a step whose
-`sampler_logp_gap` (mean |log pi_learner - log pi_sampler| over the trained tokens) exceeds `max_sampler_logp_gap`
+`policy/sampler_logp_gap` (mean |log pi_learner - log pi_sampler| over the trained tokens) exceeds `max_sampler_logp_gap`
 samples some other policy: stale or half-loaded weights in the engine (measured gaps 0.7-6.6 for MoE experts left
 unpacked or a tied head not re-packed after an in-place reload; shared/notes/vllm-cpu.md). The run trains on, off
 policy, and nothing else shows it.
 
     check_sampler_gap(metrics, config, dtype, step, tracker)   # after the update's metrics are in
 
-Loud by default (a red warning on every such step, `sampler_logp_gap_alarm` = 1 in the metrics); with
+Loud by default (a red warning on every such step, `policy/sampler_logp_gap_alarm` = 1 in the metrics); with
 `stop_on_sampler_logp_gap=true` the run stops there (`TrainingStopped`: the CLI exits 1, the last checkpoint stays).
 Off in bf16, where the gap is rounding of ~4e-2 that TIS corrects, and with `async_steps` > 0, where the sampler is
 older by design; every rank takes the same decision (a collective).
@@ -22,7 +22,7 @@ from lmrl.trainers.common import TrainingStopped
 def gap_over(metrics: dict[str, float], limit: float) -> float | None:
     """This step's gap when it exceeds `limit` on some rank (that rank's gap, or the limit's own value on the
     others), else None. A collective with several processes."""
-    gap = metrics.get("sampler_logp_gap")
+    gap = metrics.get("policy/sampler_logp_gap")
     over = gap is not None and gap > limit
     if runtime.world() > 1:
         return (gap if over else limit) if runtime.any_rank(over) else None
@@ -38,11 +38,13 @@ def check_sampler_gap(metrics: dict[str, float], config, dtype, step: int, track
     gap = gap_over(metrics, limit)
     if gap is None:
         return
-    metrics["sampler_logp_gap_alarm"] = 1.0
-    message = (f"step {step}: sampler_logp_gap={gap:.3g} exceeds max_sampler_logp_gap={limit:g} in fp32, where a "
-               f"correct sync stays near 1e-5: the engine (engine={getattr(config, 'engine', 'hf')}) does not sample "
-               "the learner's weights (a broken weight sync), so this step trained off-policy. Fix: compare with "
-               "engine=hf, and report the model's architecture; max_sampler_logp_gap=null turns the check off.")
+    metrics["policy/sampler_logp_gap_alarm"] = 1.0
+    message = (
+        f"step {step}: sampler_logp_gap={gap:.3g} exceeds max_sampler_logp_gap={limit:g} in fp32, where a "
+        f"correct sync stays near 1e-5: the engine (engine={getattr(config, 'engine', 'hf')}) does not sample "
+        "the learner's weights (a broken weight sync), so this step trained off-policy. Fix: compare with "
+        "engine=hf, and report the model's architecture; max_sampler_logp_gap=null turns the check off."
+    )
     if getattr(config, "stop_on_sampler_logp_gap", False):
         raise TrainingStopped(f"{message} Stopped (stop_on_sampler_logp_gap=true); the last checkpoint is intact.")
     tracker.print(f"[bold red]WARNING[/bold red] {message} (stop_on_sampler_logp_gap=true stops the run here.)")

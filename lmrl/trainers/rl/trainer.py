@@ -34,9 +34,6 @@ import torch
 
 from lmrl.algorithms import ADVANTAGES, advantages, overlong_filter, zero_variance_groups
 from lmrl.data import packing
-from lmrl.data.chat import render_prompt
-from lmrl.data.loading import check_prompt, is_generated, load_rows, row_where
-from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
@@ -52,18 +49,13 @@ from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.rl.config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 from lmrl.trainers.rl.curriculum import Curriculum
 from lmrl.trainers.rl.ppo_value import ppo_targets
+from lmrl.trainers.rl.prompts import evaluate, load_prompts, longest_prompt, repeat_columns  # noqa: F401 - re-exported
 from lmrl.trainers.rl.ptx import PretrainingMix
 from lmrl.trainers.rl.refill import refill, round_key
 from lmrl.trainers.rl.sampler_gap import check_sampler_gap
 from lmrl.trainers.rl.update import Coefficients, Targets, UpdateOptions, update
 
 # ----------------------------------------------------------------------------- rollout and scoring
-
-
-def repeat_columns(rows: list[dict[str, Any]], group_size: int) -> dict[str, list]:
-    """Dataset columns of each prompt, repeated for its G completions (prompt-major)."""
-    keys = [k for k in rows[0] if k not in ("prompt", "completion")]
-    return {k: [row[k] for row in rows for _ in range(group_size)] for k in keys}
 
 
 def rollout(parts: Parts, rows, config: RLConfig, step: int) -> RolloutBatch:
@@ -77,8 +69,13 @@ def rollout(parts: Parts, rows, config: RLConfig, step: int) -> RolloutBatch:
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
     columns = {**repeat_columns(rows, group_size), **agentic.episode_columns(batch)}
-    return reward_set.compute(batch.prompts, batch.completions, truncated=batch.truncated.tolist(),
-                              completion_lengths=batch.completion_lengths.tolist(), **columns)
+    return reward_set.compute(
+        batch.prompts,
+        batch.completions,
+        truncated=batch.truncated.tolist(),
+        completion_lengths=batch.completion_lengths.tolist(),
+        **columns,
+    )
 
 
 # ----------------------------------------------------------------------------- learning
@@ -86,10 +83,16 @@ def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
 
 @torch.no_grad()
 def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> torch.Tensor:
-    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1],
-                               temperature=config.temperature, autocast_dtype=dtype,
-                               share_prompts=getattr(config, "share_prompts", False),
-                               chunk_mb=config.logprob_chunk_mb)
+    logp = completion_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.prompt_ids.shape[1],
+        temperature=config.temperature,
+        autocast_dtype=dtype,
+        share_prompts=getattr(config, "share_prompts", False),
+        chunk_mb=config.logprob_chunk_mb,
+    )
     runtime.reshard(model)  # FSDP: a trained policy's root unit must not stay gathered into its training backward
     return logp
 
@@ -116,8 +119,10 @@ def refill_round(parts: Parts, rows: list[dict], config: RLConfig, step: int, k:
     with RewardFailure() as failure:
         rewards = score(parts.reward_set, batch, rows, config.samples_per_prompt)[0]
     if runtime.any_rank(failure.error is not None):
-        tracker.print(f"[yellow]step {step}: refill round {k} unused, refilling stopped: "
-                      f"{failure.error or 'a reward function failed on another process'}")
+        tracker.print(
+            f"[yellow]step {step}: refill round {k} unused, refilling stopped: "
+            f"{failure.error or 'a reward function failed on another process'}"
+        )
         return None
     return batch, rewards
 
@@ -146,7 +151,7 @@ class Parts:
     engine: Engine | None
     """this process's engine (`lmrl.rollout.engines.make_engine`); None with placement=ray"""
     sampler: GroupSampler
-    """the step's groups: `LocalGroups` over ``engine``, or `RayRollouts`"""
+    """the step's groups: `LocalGroups` over ``engine``, `ServerAhead` (vLLM servers, async_steps), or `RayRollouts`"""
     reward_set: RewardSet
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -162,8 +167,15 @@ class Parts:
     """(B,) mean reward of each prompt's group in the last step (None: its rewards failed); the curriculum reads it"""
 
 
-def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, tracker,
-            more_rows: Callable[[int], list[dict]] | None = None) -> dict[str, float]:
+def rl_step(
+    parts: Parts,
+    rows: list[dict],
+    config: RLConfig,
+    dtype,
+    step: int,
+    tracker,
+    more_rows: Callable[[int], list[dict]] | None = None,
+) -> dict[str, float]:
     """Sample, score, compute advantages, update. Returns the step's metrics. ``more_rows(k)``: this rank's rows of
     refill round k (dynamic_sampling=refill)."""
     G = config.samples_per_prompt
@@ -178,22 +190,41 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
         parts.group_rewards = rewards.view(-1, G).mean(dim=1)
     if failure.skips(tracker, step):
         return failure.skipped(parts.reward_set.errors)
-    metrics.update({"completion_len/mean": batch.completion_lengths.float().mean().item(),
-                    "completion/truncated_frac": batch.truncated.float().mean().item(),
-                    "time/rollout_s": t_rollout, "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
-                    **agentic.episode_metrics(batch)})
+    metrics.update(
+        {
+            "completion_len/mean": batch.completion_lengths.float().mean().item(),
+            "rollout/truncated_frac": batch.truncated.float().mean().item(),
+            "time/rollout_s": t_rollout,
+            "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
+            **agentic.episode_metrics(batch),
+        }
+    )
     metrics.update(parts.sampler.metrics())  # engine=vllm: the weight push; placement=ray: staleness, waiting
     if step % config.sample_every == 0 or step == 1:
-        tracker.log_samples(step, [{**agentic.sample_fields(batch, i),
-                                    **{k: v[i].item() for k, v in components.items()}, "reward": rewards[i].item()}
-                                   for i in range(0, min(len(batch), config.num_samples * G), G)])
+        tracker.log_samples(
+            step,
+            [
+                {
+                    **agentic.sample_fields(batch, i),
+                    **{k: v[i].item() for k, v in components.items()},
+                    "reward": rewards[i].item(),
+                }
+                for i in range(0, min(len(batch), config.num_samples * G), G)
+            ],
+        )
     zero_var = zero_variance_groups(rewards, G)  # (B,)
-    metrics["groups/zero_variance_frac"] = zero_var.float().mean().item()
+    metrics["rollout/zero_variance_frac"] = zero_var.float().mean().item()
     mode, trained = config.dynamic_sampling or config.preset.dynamic_sampling, None
     if mode == "refill":  # zero-variance groups replaced by fresh prompts' groups (lmrl.trainers.rl.refill)
         t_refill = time.perf_counter()
-        filled = refill(batch, rewards, lambda k: refill_round(parts, more_rows(k), config, step, k, tracker),
-                        config.prompts_per_step, config.max_refill_batches, parts.tokenizer.pad_token_id)
+        filled = refill(
+            batch,
+            rewards,
+            lambda k: refill_round(parts, more_rows(k), config, step, k, tracker),
+            config.prompts_per_step,
+            config.max_refill_batches,
+            parts.tokenizer.pad_token_id,
+        )
         metrics.update({**filled.metrics(), "time/refill_s": time.perf_counter() - t_refill})
         if filled.batch is None:  # no group of any round on any rank had reward variance
             return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
@@ -216,48 +247,32 @@ def rl_step(parts: Parts, rows: list[dict], config: RLConfig, dtype, step: int, 
     if coefs is not None:
         options = options.with_coefficients(coefs)
     if parts.value_model is not None:
-        adv, returns, old_values = ppo_targets(parts.value_model, batch, rewards, ref_logp,
-                                               old_logp if old_logp is not None else batch.sampler_logp, config, dtype,
-                                               kl_coef=coefs.kl_coef if coefs is not None else None)
+        adv, returns, old_values = ppo_targets(
+            parts.value_model,
+            batch,
+            rewards,
+            ref_logp,
+            old_logp if old_logp is not None else batch.sampler_logp,
+            config,
+            dtype,
+            kl_coef=coefs.kl_coef if coefs is not None else None,
+        )
     if config.mask_truncated:  # after the value targets: GAE needs every row's tokens
         batch = dataclasses.replace(batch, loss_mask=overlong_filter(batch.train_mask, batch.truncated))
     generator = torch.Generator().manual_seed(config.seed * 7_919 + step)
-    stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), options, dtype, step,
-                   generator)
+    stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), options, dtype, step, generator)
     metrics.update(stats)
     check_sampler_gap(metrics, config, dtype, step, tracker)  # fp32: a gap far above rounding is a broken sync
     if coefs is not None:
         metrics.update(coefs.advance(stats, len(batch) * runtime.world()))
-    metrics.update({"time/train_s": time.perf_counter() - t1, "lr": parts.scheduler.get_last_lr()[0],
-                    "loss": stats.get("loss/policy", 0.0) + config.vf_coef * stats.get("loss/value", 0.0)})
+    metrics.update(
+        {
+            "time/train_s": time.perf_counter() - t1,
+            "lr": parts.scheduler.get_last_lr()[0],
+            "loss": stats.get("loss/policy", 0.0) + config.vf_coef * stats.get("loss/value", 0.0),
+        }
+    )
     return metrics
-
-
-def evaluate(model, tokenizer, eval_rows, config: RLConfig, dtype, env_factory=None) -> tuple[dict[str, float], list[dict]]:
-    if not eval_rows or "task" not in eval_rows[0]:
-        return {}, []
-    if env_factory is not None:
-        return agentic.evaluate_episodes(model, tokenizer, eval_rows, config, dtype, env_factory)
-    metrics, samples = task_accuracy(model, tokenizer, eval_rows, config.max_new_tokens, dtype, num_samples=config.num_samples)
-    return {"eval/accuracy": metrics["accuracy"]}, samples
-
-
-def longest_prompt(tokenizer, rows: list[dict]) -> int:
-    """Tokens of the longest rendered prompt (the engine=vllm context check at start-up)."""
-    return max(len(tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"])
-               for row in rows)
-
-
-def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:
-    """Training prompts and, for built-in tasks, held-out prompts; a dataset without a prompt column fails here."""
-    rows = load_rows(config.dataset, split="train", limit=config.train_rows, **config.task_args)
-    if not rows or "prompt" not in rows[0]:
-        raise ValueError(f"Dataset {config.dataset} needs a 'prompt' column; found {sorted(rows[0]) if rows else 'no rows'}.")
-    for i, row in enumerate(rows):  # text or messages, or a message naming the row (not a traceback mid-run)
-        check_prompt(row.get("prompt"), row_where(i, config.dataset))
-    eval_rows = load_rows(config.dataset, split="test", limit=config.eval_rows, **config.task_args) \
-        if is_generated(config.dataset) else []
-    return rows, eval_rows
 
 
 class OnlineRL(loop.MethodDefaults):
@@ -277,8 +292,9 @@ class OnlineRL(loop.MethodDefaults):
         value_model = setup.value(self.model, config.value_init, self.tokenizer) if config.advantage == "gae" else None
         self.model = setup.distribute(self.model)  # after the value model copied its backbone
         # several processes: the value model's shards and optimizer state are in the DCP checkpoint beside the policy's
-        self.checkpoint_module = (torch.nn.ModuleDict({"policy": self.model, "value": value_model})
-                                  if value_model is not None else self.model)
+        self.checkpoint_module = (
+            torch.nn.ModuleDict({"policy": self.model, "value": value_model}) if value_model is not None else self.model
+        )
         params = [*self.model.parameters(), *(value_model.parameters() if value_model is not None else [])]
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
@@ -288,16 +304,48 @@ class OnlineRL(loop.MethodDefaults):
 
             engine, sampler = None, RayRollouts(config, self.rows_of, self.model, self.tokenizer)
         else:
-            engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config),
-                                 longest_prompt=longest)
+            engine = make_engine(
+                config,
+                self.model,
+                self.tokenizer,
+                setup.dtype,
+                sampling=sampling_params(config),
+                longest_prompt=longest,
+            )
             sampler = LocalGroups(engine, self.tokenizer, GroupOptions.from_config(config))
+            if config.async_steps:  # vLLM server(s) sample the next steps while this one trains
+                from lmrl.rollout.vllm_async import ServerAhead
+
+                sampler = ServerAhead(
+                    engine,
+                    self.tokenizer,
+                    GroupOptions.from_config(config),
+                    self.rows_of,
+                    config.async_steps,
+                    config.max_steps,
+                )
         self.env_factory = env_factory = build_env_factory(config, self.tokenizer)
-        self.curriculum = (Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
-                           if config.curriculum is not None else None)
+        self.curriculum = (
+            Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
+            if config.curriculum is not None
+            else None
+        )
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
-        self.parts = Parts(self.model, self.tokenizer, ref_model, value_model, engine, sampler, reward_set,
-                           self.optimizer, self.scheduler, env_factory, ptx, UpdateOptions.from_config(config),
-                           Coefficients.from_config(config))
+        self.parts = Parts(
+            self.model,
+            self.tokenizer,
+            ref_model,
+            value_model,
+            engine,
+            sampler,
+            reward_set,
+            self.optimizer,
+            self.scheduler,
+            env_factory,
+            ptx,
+            UpdateOptions.from_config(config),
+            Coefficients.from_config(config),
+        )
         self.refilled = 0  # dynamic_sampling=refill: batches of prompts drawn beyond one a step
 
     def indices_of(self, step: int) -> list[int]:
@@ -314,9 +362,16 @@ class OnlineRL(loop.MethodDefaults):
         at = step + self.refilled  # the data position: refill rounds drew batches of the stream too
         indices = curriculum.next_batch(config.prompts_per_step) if curriculum is not None else self.indices_of(at)
         rows = runtime.shard([self.rows[i] for i in indices])  # this rank's share of the step's prompts
-        metrics = rl_step(self.parts, rows, config, self.setup.dtype, step, self.tracker,
-                          lambda k: runtime.shard(self.rows_of(at + k)))
-        self.refilled += int(metrics.get("groups/refill_batches", 0))
+        metrics = rl_step(
+            self.parts,
+            rows,
+            config,
+            self.setup.dtype,
+            step,
+            self.tracker,
+            lambda k: runtime.shard(self.rows_of(at + k)),
+        )
+        self.refilled += int(metrics.get("rollout/refill_batches", 0))
         if curriculum is not None:  # one process (refused with several or with placement=ray)
             if self.parts.group_rewards is not None:
                 curriculum.record(indices, self.parts.group_rewards.tolist())
@@ -328,13 +383,16 @@ class OnlineRL(loop.MethodDefaults):
 
     def describe(self, run: common.Run) -> str:
         config = self.config
-        return (f"{config.algorithm}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
-                f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
-                f"precision={self.setup.precision_name}, run dir {run.dir}")
+        return (
+            f"{config.algorithm}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
+            f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
+            f"precision={self.setup.precision_name}, run dir {run.dir}"
+        )
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        metrics, samples = evaluate(self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype,
-                                    self.parts.env_factory)
+        metrics, samples = evaluate(
+            self.model, self.tokenizer, self.eval_rows, self.config, self.setup.dtype, self.parts.env_factory
+        )
         if self.parts.ptx is not None:  # forgetting of the pretraining distribution
             metrics.update(self.parts.ptx.forgetting(self.model, self.setup.dtype, self.config.logprob_chunk_mb))
         return metrics, samples
@@ -346,7 +404,7 @@ class OnlineRL(loop.MethodDefaults):
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
         state["coefficients"] = self.parts.coefs.state_dict()
-        state["sampler"] = self.parts.sampler.state_dict()  # placement=ray: the batches sampled ahead (exact resume)
+        state["sampler"] = self.parts.sampler.state_dict()  # async_steps: the batches sampled ahead (exact resume)
         state["refill_batches"] = self.refilled
         return state
 

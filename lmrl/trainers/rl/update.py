@@ -94,21 +94,42 @@ class UpdateOptions:
         """From an `RLConfig` (or any object with its keys): the algorithm's loss with its options."""
         preset, (low, high) = config.preset, config.preset.clip
         max_len = config.max_total_tokens if config.multi_turn else config.max_new_tokens  # seq_sum_norm's constant
-        options: dict[str, Any] = {"agg": config.loss_agg or preset.agg, "max_len": max_len,
-                                   "kl_estimator": config.kl_estimator,
-                                   **{k: getattr(config, k) for k in CORRECTION_KEYS}}  # lmrl.algorithms.mismatch
-        options.update(POLICY_LOSSES.own_options(preset.loss, {
-            "clip_low": config.clip_low if config.clip_low is not None else low,
-            "clip_high": config.clip_high if config.clip_high is not None else high,
-            **{k: getattr(config, k) for k in ("clip_ratio_c", "clip_delta") if getattr(config, k) is not None}}))
+        options: dict[str, Any] = {
+            "agg": config.loss_agg or preset.agg,
+            "max_len": max_len,
+            "kl_estimator": config.kl_estimator,
+            **{k: getattr(config, k) for k in CORRECTION_KEYS},
+        }  # lmrl.algorithms.mismatch
+        options.update(
+            POLICY_LOSSES.own_options(
+                preset.loss,
+                {
+                    "clip_low": config.clip_low if config.clip_low is not None else low,
+                    "clip_high": config.clip_high if config.clip_high is not None else high,
+                    **{k: getattr(config, k) for k in ("clip_ratio_c", "clip_delta") if getattr(config, k) is not None},
+                },
+            )
+        )
         if config.kl_coef > 0 and preset.kl_in == "loss":
             options["kl_coef"] = config.kl_coef
         if config.entropy_coef > 0 or config.entropy_target is not None:
             options["entropy_coef"] = config.entropy_coef
-        return cls(LossSpec(preset.loss, options), config.ppo_epochs, config.minibatches, config.grad_accum,
-                   config.samples_per_prompt, config.temperature, config.logprob_chunk_mb, config.share_prompts,
-                   config.max_grad_norm, config.vf_coef, config.value_clip, config.skip_zero_advantage,
-                   config.top_entropy_quantile, getattr(config, "max_tokens_per_microbatch", None))
+        return cls(
+            LossSpec(preset.loss, options),
+            config.ppo_epochs,
+            config.minibatches,
+            config.grad_accum,
+            config.samples_per_prompt,
+            config.temperature,
+            config.logprob_chunk_mb,
+            config.share_prompts,
+            config.max_grad_norm,
+            config.vf_coef,
+            config.value_clip,
+            config.skip_zero_advantage,
+            config.top_entropy_quantile,
+            getattr(config, "max_tokens_per_microbatch", None),
+        )
 
 
 @dataclasses.dataclass
@@ -126,8 +147,14 @@ class Coefficients:
 
     @classmethod
     def from_config(cls, config) -> Coefficients:
-        return cls(config.kl_coef, config.entropy_coef, config.kl_target, config.kl_horizon, config.entropy_target,
-                   config.entropy_coef_step)
+        return cls(
+            config.kl_coef,
+            config.entropy_coef,
+            config.kl_target,
+            config.kl_horizon,
+            config.entropy_target,
+            config.entropy_coef_step,
+        )
 
     def advance(self, stats: dict[str, float], completions: int) -> dict[str, float]:
         """After a step's update: move each adaptive coefficient with the step's measured ``kl`` and ``entropy``
@@ -135,11 +162,12 @@ class Coefficients:
         out = {}
         if self.kl_target is not None and "kl" in stats:
             self.kl_coef = adaptive_kl_coef(self.kl_coef, stats["kl"], self.kl_target, self.kl_horizon, completions)
-            out["kl_coef"] = self.kl_coef
+            out["optim/kl_coef"] = self.kl_coef
         if self.entropy_target is not None and "entropy" in stats:
-            self.entropy_coef = adaptive_entropy_coef(self.entropy_coef, stats["entropy"], self.entropy_target,
-                                                      self.entropy_coef_step)
-            out["entropy_coef"] = self.entropy_coef
+            self.entropy_coef = adaptive_entropy_coef(
+                self.entropy_coef, stats["entropy"], self.entropy_target, self.entropy_coef_step
+            )
+            out["optim/entropy_coef"] = self.entropy_coef
         return out
 
     def state_dict(self) -> dict[str, float]:
@@ -167,8 +195,9 @@ class Targets:
         return Targets(*(t[index] if t is not None else None for t in dataclasses.astuple(self)))
 
 
-def update(parts, batch: RolloutBatch, targets: Targets, options: UpdateOptions, dtype, step: int,
-           generator: torch.Generator) -> dict[str, float]:
+def update(
+    parts, batch: RolloutBatch, targets: Targets, options: UpdateOptions, dtype, step: int, generator: torch.Generator
+) -> dict[str, float]:
     """``options.updates`` optimizer steps on the batch; returns the stats averaged over them (over every rank)."""
     params = [*parts.model.parameters(), *(parts.value_model.parameters() if parts.value_model is not None else [])]
     skip = zero_gradient_rows(targets.advantages, options, parts.value_model is not None)  # (N,) CPU or None
@@ -178,18 +207,38 @@ def update(parts, batch: RolloutBatch, targets: Targets, options: UpdateOptions,
     for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
         counts = minibatch_counts(batch, mb)
         for micro, last, weight in micro_batches(batch, mb, skip, options, totals):
-            stats = train_micro(parts, batch.select(micro), targets.rows(micro), options, dtype, step, counts, usage,
-                                last_use=last and index == options.updates, weight=weight)
+            stats = train_micro(
+                parts,
+                batch.select(micro),
+                targets.rows(micro),
+                options,
+                dtype,
+                step,
+                counts,
+                usage,
+                last_use=last and index == options.updates,
+                weight=weight,
+            )
             add(totals, stats, 1 / options.updates)
         if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
             ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.chunk_mb)
             add(totals, {"loss/ptx": ce}, 1 / options.updates)
-        add(totals, {"grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
+        add(totals, {"optim/grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
     return {**mean_over_ranks(totals), **usage_metrics(usage)}
 
 
-def train_micro(parts, sub: RolloutBatch, targets: Targets, options: UpdateOptions, dtype, step: int, counts,
-                usage: dict, last_use: bool, weight: float = 1.0) -> dict[str, float]:
+def train_micro(
+    parts,
+    sub: RolloutBatch,
+    targets: Targets,
+    options: UpdateOptions,
+    dtype,
+    step: int,
+    counts,
+    usage: dict,
+    last_use: bool,
+    weight: float = 1.0,
+) -> dict[str, float]:
     """Forward and backward of one micro-batch: its policy loss weighted by its share of the minibatch (+ vf_coef x
     its part of the value loss). Returns its stats times that share (the value loss: its part), and the share.
     ``weight`` 0: a repeat that only keeps the ranks' backward passes in step (packed micro-batches)."""
@@ -197,25 +246,51 @@ def train_micro(parts, sub: RolloutBatch, targets: Targets, options: UpdateOptio
     if record is not None and last_use:
         record = record.for_last_use()  # freed as the forward replays it: not held through the backward
     mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-    logp, entropy = completion_logprobs(parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
-                                        temperature=options.temperature, return_entropy=True, autocast_dtype=dtype,
-                                        share_prompts=options.share_prompts, chunk_mb=options.chunk_mb,
-                                        linear_outputs=record, usage=usage, entropy_grad=options.entropy_in_loss,
-                                        packed=options.max_tokens is not None)
+    logp, entropy = completion_logprobs(
+        parts.model,
+        sub.input_ids,
+        sub.attention_mask,
+        sub.prompt_ids.shape[1],
+        temperature=options.temperature,
+        return_entropy=True,
+        autocast_dtype=dtype,
+        share_prompts=options.share_prompts,
+        chunk_mb=options.chunk_mb,
+        linear_outputs=record,
+        usage=usage,
+        entropy_grad=options.entropy_in_loss,
+        packed=options.max_tokens is not None,
+    )
     old_logp = logp.detach() if targets.old_logp is None else targets.old_logp
-    keep = high_entropy_tokens(entropy, mask, options.top_entropy_quantile) if options.top_entropy_quantile < 1 else None
-    loss, stats = policy_loss(options.loss.name, logp, old_logp, targets.advantages, mask, ref_logp=targets.ref_logp,
-                              sampler_logp=sub.sampler_logp, entropy=entropy, train_tokens=keep, **options.loss.options)
+    keep = (
+        high_entropy_tokens(entropy, mask, options.top_entropy_quantile) if options.top_entropy_quantile < 1 else None
+    )
+    loss, stats = policy_loss(
+        options.loss.name,
+        logp,
+        old_logp,
+        targets.advantages,
+        mask,
+        ref_logp=targets.ref_logp,
+        sampler_logp=sub.sampler_logp,
+        entropy=entropy,
+        train_tokens=keep,
+        **options.loss.options,
+    )
     share = float(global_share(options.loss.options["agg"], mask, *counts)) * weight
-    stats.update({"loss/policy": loss.item(),
-                  "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))})
+    stats.update(
+        {"loss/policy": loss.item(), "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
+    )
     stats = {key: float(value) * share for key, value in stats.items()}
     loss = loss * share
     if parts.value_model is not None:  # its own normalisation: a mean over every rank's trained rows
-        vloss, vstats = value_term(parts.value_model, sub, targets.old_values, targets.returns, options.value_clip,
-                                   dtype, counts[1])
+        vloss, vstats = value_term(
+            parts.value_model, sub, targets.old_values, targets.returns, options.value_clip, dtype, counts[1]
+        )
         loss = loss + options.vf_coef * vloss * weight
-        stats.update({**{key: float(value) * share for key, value in vstats.items()}, "loss/value": vloss.item() * weight})
+        stats.update(
+            {**{key: float(value) * share for key, value in vstats.items()}, "loss/value": vloss.item() * weight}
+        )
     common.check_finite(loss, step)
     loss.backward()
     return {**stats, "train/share": share}
@@ -247,16 +322,19 @@ def minibatch_counts(batch: RolloutBatch, mb: torch.Tensor) -> tuple[torch.Tenso
     return tokens, rows
 
 
-def micro_batches(batch: RolloutBatch, mb: torch.Tensor, skip: torch.Tensor | None, options: UpdateOptions,
-                  totals: dict[str, float]) -> Iterator[tuple[torch.Tensor, bool, float]]:
+def micro_batches(
+    batch: RolloutBatch, mb: torch.Tensor, skip: torch.Tensor | None, options: UpdateOptions, totals: dict[str, float]
+) -> Iterator[tuple[torch.Tensor, bool, float]]:
     """The micro-batches of minibatch ``mb`` without the skipped rows (they add exactly 0 to the loss; the shares keep
     the minibatch's size), each with whether it is the minibatch's last and its loss weight; counts the skipped
     share. ``grad_accum`` equal parts, or with ``max_tokens`` the rows packed first-fit-decreasing by their real
     tokens; then every rank runs as many as the rank with the most (a repeat at weight 0: each backward reduces
     gradients across ranks)."""
     if skip is not None:
-        totals["train/skipped_rows_frac"] = (totals.get("train/skipped_rows_frac", 0.0)
-                                             + float(skip[mb].float().sum()) / len(batch) / options.ppo_epochs)
+        totals["update/skipped_rows_frac"] = (
+            totals.get("update/skipped_rows_frac", 0.0)
+            + float(skip[mb].float().sum()) / len(batch) / options.ppo_epochs
+        )
     if options.max_tokens is None:
         micros = [micro[~skip[micro]] if skip is not None else micro for micro in mb.chunk(options.grad_accum)]
     else:
@@ -276,8 +354,14 @@ def zero_gradient_rows(adv: torch.Tensor, options: UpdateOptions, has_value_mode
     scales each row's term by its advantage (a registry trait), no KL or entropy term in the loss and no value loss.
     None: skip nothing (also with several processes: every rank runs the same forwards, FSDP gathers weights in
     each)."""
-    if (not options.skip_zero_advantage or not options.loss.scales_by_advantage or options.kl_in_loss
-            or options.entropy_in_loss or has_value_model or runtime.world() > 1):
+    if (
+        not options.skip_zero_advantage
+        or not options.loss.scales_by_advantage
+        or options.kl_in_loss
+        or options.entropy_in_loss
+        or has_value_model
+        or runtime.world() > 1
+    ):
         return None
     return ((adv == 0).all(dim=-1) if adv.dim() == 2 else adv == 0).cpu()
 
@@ -305,7 +389,7 @@ def mean_over_ranks(totals: dict[str, float]) -> dict[str, float]:
     for key, value in totals.items():
         if key.startswith("loss/"):
             out[key] = value * world
-        elif every_rank > 0 and not key.startswith(("grad_norm", "train/")):
+        elif every_rank > 0 and not key.startswith(("optim/", "update/")):
             out[key] = value * world / every_rank
         else:
             out[key] = value
@@ -318,7 +402,9 @@ def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
     outputs."""
     forwards = max(usage.get("forwards", 0), 1)
     calls = usage.get("replayed", 0) + usage.get("computed", 0)
-    return {"train/shared_prompts": usage.get("shared_prompts", 0) / forwards,
-            "train/chunked_head": usage.get("chunked_head", 0) / forwards,
-            "train/packed": usage.get("packed", 0) / forwards,
-            "train/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0}
+    return {
+        "update/shared_prompts": usage.get("shared_prompts", 0) / forwards,
+        "update/chunked_head": usage.get("chunked_head", 0) / forwards,
+        "update/packed": usage.get("packed", 0) / forwards,
+        "update/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0,
+    }

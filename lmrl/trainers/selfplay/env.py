@@ -49,8 +49,9 @@ def open_query(text: str) -> Query | None:
     return Query(text, {}, {}) if text else None
 
 
-def arithmetic_query(text: str, max_digits: int = 3, max_operands: int = 3, ops: str = "+-",
-                     negative: bool = True, prefix: str = "") -> Query | None:
+def arithmetic_query(
+    text: str, max_digits: int = 3, max_operands: int = 3, ops: str = "+-", negative: bool = True, prefix: str = ""
+) -> Query | None:
     """An integer expression such as ``12+34=`` (spaces and the final ``=`` optional), or None.
 
     Operands: 2..max_operands non-negative integers of at most max_digits digits, no leading zeros;
@@ -63,7 +64,7 @@ def arithmetic_query(text: str, max_digits: int = 3, max_operands: int = 3, ops:
     text = text.strip()
     if not text.startswith(prefix.strip()):
         return None
-    written = text[len(prefix.strip()):].strip()
+    written = text[len(prefix.strip()) :].strip()
     expr = written.removesuffix("=").replace(" ", "")
     if not re.fullmatch(r"[0-9+\-*/]+", expr):
         return None
@@ -95,11 +96,13 @@ def query_metrics(batch: RolloutBatch, queries: list[Query | None]) -> dict[str,
     texts = [t.strip() for t in batch.completions]
     grams = [t[i : i + 3] for t in texts for i in range(max(0, len(t) - 2))]
     valid = [q for q in queries if q is not None]
-    metrics = {"challenger/malformed_frac": 1 - len(valid) / len(queries),
-               "challenger/truncated_frac": batch.truncated.float().mean().item(),
-               "challenger/distinct_frac": len(set(texts)) / len(texts),
-               "challenger/distinct_3gram_frac": len(set(grams)) / max(1, len(grams)),
-               "challenger/query_len": sum(map(len, texts)) / len(texts)}
+    metrics = {
+        "challenger/malformed_frac": 1 - len(valid) / len(queries),
+        "challenger/truncated_frac": batch.truncated.float().mean().item(),
+        "challenger/distinct_frac": len(set(texts)) / len(texts),
+        "challenger/distinct_3gram_frac": len(set(grams)) / max(1, len(grams)),
+        "challenger/query_len": sum(map(len, texts)) / len(texts),
+    }
     for key in valid[0].stats if valid else ():
         metrics[f"challenger/{key}_mean"] = sum(q.stats[key] for q in valid) / len(valid)
     return metrics

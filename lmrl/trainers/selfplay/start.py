@@ -26,27 +26,39 @@ from lmrl.trainers.sft.trainer import train_step as sft_train_step
 
 def warm_start_examples(config: SelfPlayConfig, tokenizer) -> list[SFTExample]:
     """Both roles' formats as SFT pairs: (<cp> -> problem) and (problem -> answer), from built-in task train rows."""
-    rows = [r for args in config.warm_start_task_args
-            for r in load_rows(config.warm_start_dataset, split="train", limit=config.warm_start_rows, **args)]
+    rows = [
+        r
+        for args in config.warm_start_task_args
+        for r in load_rows(config.warm_start_dataset, split="train", limit=config.warm_start_rows, **args)
+    ]
     cp = challenger_text(config)
-    pairs = [{"prompt": cp, "completion": r["prompt"]} for r in rows] + \
-            [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]
+    pairs = [{"prompt": cp, "completion": r["prompt"]} for r in rows] + [
+        {"prompt": r["prompt"], "completion": r["completion"]} for r in rows
+    ]
     examples, _ = build_sft_examples(pairs, tokenizer, max_length=1024, overlong="drop", where="warm start")
     return examples
 
 
-def warm_start(model, tokenizer, examples: list[SFTExample], config: SelfPlayConfig, dtype, tracker) -> dict[str, float]:
+def warm_start(
+    model, tokenizer, examples: list[SFTExample], config: SelfPlayConfig, dtype, tracker
+) -> dict[str, float]:
     """SFT on ``examples`` (`warm_start_examples`) with its own optimizer and cosine schedule."""
-    wconfig = dataclasses.replace(config, lr=config.warm_start_lr, max_steps=config.warm_start_steps,
-                                  warmup_steps=min(10, config.warm_start_steps // 10), lr_schedule="cosine")
+    wconfig = dataclasses.replace(
+        config,
+        lr=config.warm_start_lr,
+        max_steps=config.warm_start_steps,
+        warmup_steps=min(10, config.warm_start_steps // 10),
+        lr_schedule="cosine",
+    )
     optimizer = common.build_optimizer(model, wconfig)
     scheduler = common.build_scheduler(optimizer, wconfig)
     model.train()
     for step in range(1, config.warm_start_steps + 1):
         indices = common.epoch_batch_indices(len(examples), config.warm_start_batch_size, step, config.seed)
         batch = [examples[i] for i in indices]
-        stats = sft_train_step(model, padded_micro_batches(batch, tokenizer.pad_token_id, 1), dtype, step,
-                               labelled_tokens(batch))
+        stats = sft_train_step(
+            model, padded_micro_batches(batch, tokenizer.pad_token_id, 1), dtype, step, labelled_tokens(batch)
+        )
         common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
         if step % 50 == 0 or step == config.warm_start_steps:
             tracker.print(f"warm start {step}/{config.warm_start_steps}: loss {stats['loss']:.4f}")
@@ -58,8 +70,10 @@ def reference_model(setup: ModelSetup, model, tokenizer, run: common.Run, config
     path = Path(run.dir) / "reference"
     if run.checkpoint and config.warm_start_steps:
         if not path.is_dir():
-            raise FileNotFoundError(f"Resuming {run.dir} needs its reference model in {path}, which is missing. "
-                                    "Start a fresh run (overwrite=true).")
+            raise FileNotFoundError(
+                f"Resuming {run.dir} needs its reference model in {path}, which is missing. "
+                "Start a fresh run (overwrite=true)."
+            )
         return setup.frozen(str(path), tokenizer)
     if run.checkpoint or (setup.lora is not None and not config.warm_start_steps) or runtime.world() > 1:
         # with LoRA: the base with adapters disabled, no copy; several processes (no warm start): sharded like it

@@ -26,9 +26,9 @@ Why not ``online.update``: it takes one optimizer step per batch and aggregates 
 while LSP sums two separately normalised losses into one step. This module reuses its
 ``logprobs_no_grad``, ``policy_loss`` and the common optimizer step instead.
 
-Layout: this module is the method (one step, held-out evaluation, set-up); its keys are in ``selfplay_config.py``,
-the environment (challenger prompt, query checks) in ``selfplay_env.py``, the warm start and the reference model
-in ``selfplay_start.py``.
+Layout: this module is the method (one step, set-up); its keys are in ``config.py``, the environment (challenger
+prompt, query checks) in ``env.py``, the held-out evaluation in ``heldout.py``, the warm start and the reference
+model in ``start.py``.
 
 Launch::
 
@@ -47,13 +47,10 @@ import torch
 
 from lmrl.algorithms import policy_loss
 from lmrl.algorithms.selfplay import selfplay_advantages
-from lmrl.data.chat import IGNORE_INDEX, render_prompt
+from lmrl.data.chat import render_prompt
 from lmrl.data.loading import load_rows
-from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
-from lmrl.eval.generation import task_accuracy
-from lmrl.models import autocast, describe_parameters
-from lmrl.models.hf_compat import no_cache
-from lmrl.models.logprobs import completion_logprobs, selective_log_softmax
+from lmrl.models import describe_parameters
+from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
@@ -73,6 +70,7 @@ from lmrl.trainers.selfplay.env import (  # noqa: F401 - re-exported
     open_query,
     query_metrics,
 )
+from lmrl.trainers.selfplay.heldout import evaluate
 from lmrl.trainers.selfplay.start import (
     reference_model,
     warm_start,
@@ -98,8 +96,13 @@ class Parts:
     scheduler: Any
 
 
-def update(parts: Parts, roles: list[tuple[str, RolloutBatch | None, torch.Tensor, float]],
-           config: SelfPlayConfig, dtype, step: int) -> dict[str, float]:
+def update(
+    parts: Parts,
+    roles: list[tuple[str, RolloutBatch | None, torch.Tensor, float]],
+    config: SelfPlayConfig,
+    dtype,
+    step: int,
+) -> dict[str, float]:
     """One optimizer step on sum_role coef * L_role; L_role = policy_loss("pg") with KL, over that role's rows of
     every rank (token and row counts all-reduced; a rank with fewer rows forwards masked pads, `pad_rows`)."""
     totals: dict[str, float] = {"loss": 0.0}
@@ -115,23 +118,44 @@ def update(parts: Parts, roles: list[tuple[str, RolloutBatch | None, torch.Tenso
             sub = batch.select(micro)
             mask = sub.train_mask
             weight = float(mask.sum() / tokens) if config.loss_agg == "token_mean" else len(micro) / float(rows)
-            logp, entropy = completion_logprobs(parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1],
-                                                temperature=config.temperature, return_entropy=True,
-                                                autocast_dtype=dtype, chunk_mb=config.logprob_chunk_mb)  # (m, T) each
+            logp, entropy = completion_logprobs(
+                parts.model,
+                sub.input_ids,
+                sub.attention_mask,
+                sub.prompt_ids.shape[1],
+                temperature=config.temperature,
+                return_entropy=True,
+                autocast_dtype=dtype,
+                chunk_mb=config.logprob_chunk_mb,
+            )  # (m, T) each
             # on-policy, one update: pi_old = sg(pi_theta), so the ratio is 1 in value and grad log pi in gradient
-            loss, stats = policy_loss("pg", logp, logp.detach(), adv[micro].to(logp.device), mask, agg=config.loss_agg,
-                                      max_len=max_len, kl_coef=config.kl_coef, kl_estimator=config.kl_estimator,
-                                      ref_logp=ref_logp[micro] if ref_logp is not None else None,
-                                      tis_cap=config.tis_cap, sampler_logp=sub.sampler_logp)
+            loss, stats = policy_loss(
+                "pg",
+                logp,
+                logp.detach(),
+                adv[micro].to(logp.device),
+                mask,
+                agg=config.loss_agg,
+                max_len=max_len,
+                kl_coef=config.kl_coef,
+                kl_estimator=config.kl_estimator,
+                ref_logp=ref_logp[micro] if ref_logp is not None else None,
+                tis_cap=config.tis_cap,
+                sampler_logp=sub.sampler_logp,
+            )
             common.check_finite(loss, step)
             (coef * weight * loss).backward()
-            stats.update(loss=loss.item(), entropy=float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1)))
-            for key, value in stats.items():
-                totals[f"{name}/{key}"] = totals.get(f"{name}/{key}", 0.0) + float(value) * weight
+            stats.update(
+                {"loss": loss.item(), "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
+            )
+            for key, value in stats.items():  # challenger/kl, solver/ratio_mean: the role's namespace
+                key = f"{name}/{key.removeprefix('policy/')}"
+                totals[key] = totals.get(key, 0.0) + float(value) * weight
             totals["loss"] += coef * weight * loss.item()
     totals = {key: value * runtime.world() for key, value in totals.items()}  # this rank's part x world (mean)
-    totals["grad_norm"] = common.optimizer_step(parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm,
-                                                step)
+    totals["optim/grad_norm"] = common.optimizer_step(
+        parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm, step
+    )
     for key in ("kl", "entropy"):  # the standard names carry the Solver's values
         if f"solver/{key}" in totals:
             totals[key] = totals[f"solver/{key}"]
@@ -163,9 +187,13 @@ def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: Sel
         return rewards, None, metrics
     t0 = time.perf_counter()
     quality, _, judge_metrics = parts.judge_set.compute(texts, solver.completions, **extra)
-    metrics.update({k: v for k, v in judge_metrics.items() if k.startswith("rewards/")})  # R_Q's own stats
-    metrics.update({"time/judge_s": time.perf_counter() - t0,
-                    "self_reward/parse_failures_total": float(parts.judge_set.fns[0].failures)})
+    metrics.update({k: v for k, v in judge_metrics.items() if k.count("/") == 2})  # R_Q's own: reward/<fn>/<stat>
+    metrics.update(
+        {
+            "time/judge_s": time.perf_counter() - t0,
+            "reward/self_reward/parse_failures_total": float(parts.judge_set.fns[0].failures),
+        }
+    )
     return rewards, config.self_reward_weight * quality, metrics
 
 
@@ -173,12 +201,21 @@ def sample_shard(parts: Parts, config: SelfPlayConfig, generator: torch.Generato
     """One shard of the step (`lmrl.rollout.groups.seeded_shards`: its seeded generator, resume-exact): ``n``
     Challenger queries, their checks, and G Solver answers to each valid one (None if none is valid)."""
     sampling, tok = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k), parts.tokenizer
-    challenger = parts.engine.generate([parts.challenger_ids], SamplingParams(config.challenger_max_new_tokens,
-                                       **sampling), n=n, generator=generator)  # (n rows)
+    challenger = parts.engine.generate(
+        [parts.challenger_ids], SamplingParams(config.challenger_max_new_tokens, **sampling), n=n, generator=generator
+    )  # (n rows)
     queries = [parts.check(text) for text in challenger.completions]
     ids = [tok(render_prompt(tok, q.text), add_special_tokens=False)["input_ids"] for q in queries if q is not None]
-    solver = parts.engine.generate(ids, SamplingParams(config.solver_max_new_tokens, **sampling),
-                                   n=config.answers_per_query, generator=generator) if ids else None  # (m*G rows)
+    solver = (
+        parts.engine.generate(
+            ids,
+            SamplingParams(config.solver_max_new_tokens, **sampling),
+            n=config.answers_per_query,
+            generator=generator,
+        )
+        if ids
+        else None
+    )  # (m*G rows)
     return challenger, queries, solver
 
 
@@ -188,23 +225,37 @@ def rollout(parts: Parts, config: SelfPlayConfig, step: int):
     parts.engine.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
     queries = runtime.shard(range(config.queries_per_step))
     with runtime.full_params(parts.model):
-        shards = [sample_shard(parts, config, generator, len(part)) for _, part, generator
-                  in seeded_shards(queries, config.sampling_shards, config.seed, step, parts.engine.device)]
+        shards = [
+            sample_shard(parts, config, generator, len(part))
+            for _, part, generator in seeded_shards(
+                queries, config.sampling_shards, config.seed, step, parts.engine.device
+            )
+        ]
     solvers = [solver for _, _, solver in shards if solver is not None]
-    return (concat_batches([c for c, _, _ in shards], pad_id), [q for _, queries, _ in shards for q in queries],
-            concat_batches(solvers, pad_id) if solvers else None)
+    return (
+        concat_batches([c for c, _, _ in shards], pad_id),
+        [q for _, queries, _ in shards for q in queries],
+        concat_batches(solvers, pad_id) if solvers else None,
+    )
 
 
 def global_advantages(rewards, self_rewards, valid: torch.Tensor, config: SelfPlayConfig):
     """Both roles' advantages on every rank's queries (the Challenger's baseline is the mean over all of them),
     and this rank's Solver and Challenger rows of them."""
     G, lsp = config.answers_per_query, config.variant == "lsp"  # lsp: self-rewards R_Q of every answer
-    parts = runtime.gather_objects((rewards.tolist(), self_rewards.tolist() if self_rewards is not None else [],
-                                    valid.tolist()))
+    parts = runtime.gather_objects(
+        (rewards.tolist(), self_rewards.tolist() if self_rewards is not None else [], valid.tolist())
+    )
     every = lambda i: torch.tensor([x for p in parts for x in p[i]])  # noqa: E731
-    adv = selfplay_advantages(every(0), G, every(1) if lsp else None, every(2).bool(),
-                              malformed_reward=config.malformed_reward, baseline=config.solver_baseline,
-                              scale=config.adv_scale)
+    adv = selfplay_advantages(
+        every(0),
+        G,
+        every(1) if lsp else None,
+        every(2).bool(),
+        malformed_reward=config.malformed_reward,
+        baseline=config.solver_baseline,
+        scale=config.adv_scale,
+    )
     rank = runtime.rank()
     start = sum(len(p[0]) for p in parts[:rank])  # this rank's first Solver row, then its first query
     own = slice(start, start + len(rewards)), slice(rank * len(valid), (rank + 1) * len(valid))
@@ -220,8 +271,12 @@ def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracke
     metrics = query_metrics(challenger, queries)
     rewards, self_rewards = torch.zeros(0), None
     if answered:
-        metrics.update({"completion_len/mean": solver.completion_lengths.float().mean().item(),
-                        "completion/truncated_frac": solver.truncated.float().mean().item()})
+        metrics.update(
+            {
+                "completion_len/mean": solver.completion_lengths.float().mean().item(),
+                "rollout/truncated_frac": solver.truncated.float().mean().item(),
+            }
+        )
     metrics["time/rollout_s"] = time.perf_counter() - t0
     with runtime.full_params(parts.ref_model if parts.judge_set is not None else None), RewardFailure() as failure:
         if answered:  # LSP's judge generates with the reference model
@@ -238,8 +293,16 @@ def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracke
     if step % config.sample_every == 0 or step == 1:  # rank 0's queries lead every rank's
         log_samples(tracker, step, challenger, queries, solver, rewards, adv, config)
     t1 = time.perf_counter()
-    stats = update(parts, [("challenger", challenger, adv.challenger[own_queries], config.challenger_coef),
-                           ("solver", solver, adv.solver[own_rows], 1.0)], config, dtype, step)
+    stats = update(
+        parts,
+        [
+            ("challenger", challenger, adv.challenger[own_queries], config.challenger_coef),
+            ("solver", solver, adv.solver[own_rows], 1.0),
+        ],
+        config,
+        dtype,
+        step,
+    )
     metrics.update(stats, **{"time/train_s": time.perf_counter() - t1, "lr": parts.scheduler.get_last_lr()[0]})
     return metrics
 
@@ -249,46 +312,15 @@ def log_samples(tracker, step, challenger, queries, solver, rewards, adv, config
     for i, (text, query) in enumerate(zip(challenger.completions, queries)):
         row = {"query": text, "valid": query is not None, "challenger_reward": adv.challenger_rewards[i].item()}
         if query is not None:
-            row.update(answer=solver.completions[k * config.answers_per_query],
-                       reward=rewards[k * config.answers_per_query].item(), pass_rate=adv.query_values[k].item())
+            row.update(
+                answer=solver.completions[k * config.answers_per_query],
+                reward=rewards[k * config.answers_per_query].item(),
+                pass_rate=adv.query_values[k].item(),
+            )
             k += 1
         if i < config.num_samples:
             rows.append(row)
     tracker.log_samples(step, rows, "self-play queries and first answers")
-
-
-# ----------------------------------------------------------------------------- held-out evaluation
-
-
-@torch.no_grad()
-def answer_probability(model, examples: list[SFTExample], pad_id: int, temperature: float, dtype,
-                       batch_size: int = 64) -> float:
-    """mean_i pi(y_i | x_i) at the sampling temperature, y_i = the reference answer and its end of turn.
-
-    The Solver's exact expected pass@1 on these problems if only the reference form counts (a lower
-    bound of its expected reward): a held-out measure without sampling noise.
-    """
-    device, total = next(model.parameters()).device, 0.0
-    for start in range(0, len(examples), batch_size):
-        batch = {k: v.to(device) for k, v in collate_sft(examples[start : start + batch_size], pad_id).items()}
-        with autocast(device.type, dtype):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           **no_cache(model)).logits
-        targets = batch["labels"][:, 1:]  # (B, L-1): token t+1 is predicted at t
-        logp = selective_log_softmax(logits[:, :-1], targets.clamp(min=0), temperature=temperature)  # (B, L-1)
-        total += (logp * (targets != IGNORE_INDEX)).sum(dim=1).exp().sum().item()
-    return total / len(examples)
-
-
-def evaluate(model, tokenizer, eval_rows, config: SelfPlayConfig, dtype) -> tuple[dict[str, float], list[dict]]:
-    """Held-out Solver: greedy accuracy (task verifier) and the exact probability of the reference answers."""
-    if not eval_rows:
-        return {}, []
-    metrics, samples = task_accuracy(model, tokenizer, eval_rows, config.solver_max_new_tokens, dtype,
-                                     num_samples=config.num_samples)
-    examples, _ = build_sft_examples(eval_rows, tokenizer, max_length=1024, where=config.eval_dataset)
-    prob = answer_probability(model, examples, tokenizer.pad_token_id, config.temperature, dtype)
-    return {"eval/accuracy": metrics["accuracy"], "eval/answer_prob": prob}, samples
 
 
 # ----------------------------------------------------------------------------- the method
@@ -308,8 +340,11 @@ class SelfPlay(loop.MethodDefaults):
         self.config, self.setup = config, setup
         self.model, self.tokenizer = setup.policy()
         self.reward_set = RewardSet.from_config(config)
-        self.eval_rows = load_rows(config.eval_dataset, split="test", limit=config.eval_rows,
-                                   **config.eval_task_args) if config.eval_dataset else []
+        self.eval_rows = (
+            load_rows(config.eval_dataset, split="test", limit=config.eval_rows, **config.eval_task_args)
+            if config.eval_dataset
+            else []
+        )
         self.warm_start_data = warm_start_examples(config, self.tokenizer) if config.warm_start_steps else []
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
@@ -325,23 +360,44 @@ class SelfPlay(loop.MethodDefaults):
         ref_model = reference_model(self.setup, self.model, tokenizer, run, config) if needs_ref else None
         judge_set = None
         if config.variant == "lsp":
-            judge = SelfReward(ref_model, tokenizer, fallback=config.self_reward_fallback, autocast_dtype=dtype,
-                               template=QUALITY_PROMPT if config.judge_prompt == "lsp" else config.judge_prompt,
-                               max_new_tokens=config.judge_max_new_tokens)
-            judge_set = RewardSet([judge], on_reward_error=config.on_reward_error,
-                                  max_skipped_steps=config.max_skipped_steps)
+            judge = SelfReward(
+                ref_model,
+                tokenizer,
+                fallback=config.self_reward_fallback,
+                autocast_dtype=dtype,
+                template=QUALITY_PROMPT if config.judge_prompt == "lsp" else config.judge_prompt,
+                max_new_tokens=config.judge_max_new_tokens,
+            )
+            judge_set = RewardSet(
+                [judge], on_reward_error=config.on_reward_error, max_skipped_steps=config.max_skipped_steps
+            )
         cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
-        longest = SamplingParams(max(config.challenger_max_new_tokens, config.solver_max_new_tokens),
-                                 temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+        longest = SamplingParams(
+            max(config.challenger_max_new_tokens, config.solver_max_new_tokens),
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+        )
         engine = make_engine(config, self.model, tokenizer, dtype, sampling=longest, longest_prompt=len(cp_ids))
-        self.parts = Parts(self.model, tokenizer, ref_model, engine, self.reward_set, judge_set,
-                           lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args), cp_ids,
-                           self.optimizer, self.scheduler)
+        self.parts = Parts(
+            self.model,
+            tokenizer,
+            ref_model,
+            engine,
+            self.reward_set,
+            judge_set,
+            lambda text: QUERY_CHECKERS[config.verifier](text, **config.query_args),
+            cp_ids,
+            self.optimizer,
+            self.scheduler,
+        )
 
     def describe(self, run: common.Run) -> str:
         config = self.config
-        return (f"selfplay {config.variant}: {describe_parameters(self.model)}, {config.queries_per_step} queries x "
-                f"{config.answers_per_query} answers/step, precision={self.setup.precision_name}, run dir {run.dir}")
+        return (
+            f"selfplay {config.variant}: {describe_parameters(self.model)}, {config.queries_per_step} queries x "
+            f"{config.answers_per_query} answers/step, precision={self.setup.precision_name}, run dir {run.dir}"
+        )
 
     def step(self, step: int) -> dict[str, float]:
         return selfplay_step(self.parts, self.config, self.setup.dtype, step, self.tracker)

@@ -33,8 +33,9 @@ from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.sft.config import SFTConfig  # also `lmrl sft`'s config (lmrl/cli.py)
 
 
-def token_cross_entropy(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,
-                        chunk_mb: float = DEFAULT_CHUNK_MB) -> tuple[torch.Tensor, int]:
+def token_cross_entropy(
+    model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None, chunk_mb: float = DEFAULT_CHUNK_MB
+) -> tuple[torch.Tensor, int]:
     """Summed next-token CE over labelled tokens of ``batch`` (padded rows, or packed ones: `lmrl.data.packing`) and
     the number of labelled tokens. Logits beyond ``chunk_mb`` of fp32 go through the LM head in chunks."""
     logp, labelled = labelled_logprobs(model, to_device(batch, model_device(model)), dtype, chunk_mb)
@@ -66,8 +67,14 @@ def packed_micro_batches(examples: list[SFTExample], max_tokens: int) -> list[tu
     return batches
 
 
-def train_step(model, micro_batches: list[tuple[dict, float]], dtype, step: int, total_tokens: int,
-               chunk_mb: float = DEFAULT_CHUNK_MB) -> dict[str, float]:
+def train_step(
+    model,
+    micro_batches: list[tuple[dict, float]],
+    dtype,
+    step: int,
+    total_tokens: int,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+) -> dict[str, float]:
     """Forward/backward over ``micro_batches`` (batch, loss weight); the loss is the token mean over the whole
     optimizer batch, whose labelled tokens (over every rank) are ``total_tokens``."""
     loss_sum = 0.0
@@ -88,11 +95,21 @@ def eval_loss(model, examples: list[SFTExample], pad_id: int, dtype, batch_size:
     return total / max(1, tokens)
 
 
-def load_data(config: SFTConfig, tokenizer, tool_context=None) -> tuple[list[SFTExample], list[SFTExample], list[dict[str, Any]]]:
+def load_data(
+    config: SFTConfig, tokenizer, tool_context=None
+) -> tuple[list[SFTExample], list[SFTExample], list[dict[str, Any]]]:
     """Training examples, held-out examples and held-out rows (for task accuracy), validated at start-up."""
     rows = load_rows(config.dataset, split=config.split, limit=config.train_rows, **config.task_args)
-    examples, stats = build_sft_examples(rows, tokenizer, config.max_length, config.overlong, config.train_on,
-                                         config.chat, where=config.dataset, tool_context=tool_context)
+    examples, stats = build_sft_examples(
+        rows,
+        tokenizer,
+        config.max_length,
+        config.overlong,
+        config.train_on,
+        config.chat,
+        where=config.dataset,
+        tool_context=tool_context,
+    )
     if not examples:
         raise ValueError(f"No usable training examples in {config.dataset} ({stats}).")
     eval_source = config.eval_dataset or (config.dataset if is_generated(config.dataset) else None)
@@ -100,12 +117,22 @@ def load_data(config: SFTConfig, tokenizer, tool_context=None) -> tuple[list[SFT
     eval_examples: list[SFTExample] = []
     if eval_source:
         eval_rows = load_rows(eval_source, split=config.eval_split, limit=config.eval_rows, **config.task_args)
-        eval_examples, _ = build_sft_examples(eval_rows, tokenizer, config.max_length, "truncate", config.train_on,
-                                              config.chat, where=eval_source, tool_context=tool_context)
+        eval_examples, _ = build_sft_examples(
+            eval_rows,
+            tokenizer,
+            config.max_length,
+            "truncate",
+            config.train_on,
+            config.chat,
+            where=eval_source,
+            tool_context=tool_context,
+        )
     return examples, eval_examples, eval_rows, stats
 
 
-def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtype, env_factory=None) -> tuple[dict, list]:
+def evaluate(
+    model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtype, env_factory=None
+) -> tuple[dict, list]:
     metrics: dict[str, float] = {}
     samples: list[dict] = []
     was_training = model.training
@@ -113,12 +140,14 @@ def evaluate(model, tokenizer, config: SFTConfig, eval_examples, eval_rows, dtyp
     if eval_examples:
         metrics["eval/loss"] = eval_loss(model, eval_examples, tokenizer.pad_token_id, dtype)
     if eval_rows and "task" in eval_rows[0] and env_factory is not None:  # tool episodes
-        episode_metrics, samples = agentic.evaluate_episodes(model, tokenizer, eval_rows, config, dtype, env_factory,
-                                                             config.eval_max_new_tokens)
+        episode_metrics, samples = agentic.evaluate_episodes(
+            model, tokenizer, eval_rows, config, dtype, env_factory, config.eval_max_new_tokens
+        )
         metrics.update(episode_metrics)
     elif eval_rows and "task" in eval_rows[0]:
-        acc, samples = task_accuracy(model, tokenizer, eval_rows, config.eval_max_new_tokens, dtype,
-                                     num_samples=config.num_samples)
+        acc, samples = task_accuracy(
+            model, tokenizer, eval_rows, config.eval_max_new_tokens, dtype, num_samples=config.num_samples
+        )
         metrics["eval/accuracy"] = acc["accuracy"]
     model.train(was_training)
     return metrics, samples
@@ -152,37 +181,55 @@ class SFT(loop.MethodDefaults):
 
             schemas = ToolBox(build_tools(config.tools, config.tool_kwargs)).schemas() if config.tools else []
             tool_context = ToolContext(schemas, config.turn_options().parser, config.train_tool_calls)
-        self.examples, self.eval_examples, self.eval_rows, self.data_stats = load_data(config, self.tokenizer,
-                                                                                       tool_context)
+        self.examples, self.eval_examples, self.eval_rows, self.data_stats = load_data(
+            config, self.tokenizer, tool_context
+        )
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
 
     def step(self, step: int) -> dict[str, float]:
         config, t0 = self.config, time.perf_counter()
-        batch = [self.examples[i] for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step,
-                                                                      config.seed)]
+        batch = [
+            self.examples[i]
+            for i in common.epoch_batch_indices(len(self.examples), config.batch_size, step, config.seed)
+        ]
         if config.max_tokens_per_microbatch:
             micro_batches = packed_micro_batches(batch, config.max_tokens_per_microbatch)
         else:
             micro_batches = padded_micro_batches(runtime.shard(batch), self.tokenizer.pad_token_id, config.grad_accum)
-        stats = train_step(self.model, micro_batches, self.setup.dtype, step, labelled_tokens(batch),
-                           config.logprob_chunk_mb)
+        stats = train_step(
+            self.model, micro_batches, self.setup.dtype, step, labelled_tokens(batch), config.logprob_chunk_mb
+        )
         grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
         elapsed = time.perf_counter() - t0
         # each rank's loss is its share of the batch's token mean: world x share, averaged over ranks, is the mean
-        return {"loss": stats["loss"] * runtime.world(), "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "tokens_per_s": stats["tokens"] / elapsed, "time/train_s": elapsed}
+        return {
+            "loss": stats["loss"] * runtime.world(),
+            "optim/grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_per_s": stats["tokens"] / elapsed,
+            "time/train_s": elapsed,
+        }
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        return evaluate(self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows, self.setup.dtype,
-                        self.env_factory)
+        return evaluate(
+            self.model,
+            self.tokenizer,
+            self.config,
+            self.eval_examples,
+            self.eval_rows,
+            self.setup.dtype,
+            self.env_factory,
+        )
 
     def stop(self, metrics: dict[str, float]) -> str | None:
         return accuracy_reached(self.config.stop_at_accuracy, metrics)
 
     def describe(self, run: common.Run) -> str:
-        return (f"SFT: {describe_parameters(self.model)}, {len(self.examples)} examples ({self.data_stats}), "
-                f"precision={self.setup.precision_name}, run dir {run.dir}")
+        return (
+            f"SFT: {describe_parameters(self.model)}, {len(self.examples)} examples ({self.data_stats}), "
+            f"precision={self.setup.precision_name}, run dir {run.dir}"
+        )
 
 
 def train(config: SFTConfig) -> dict[str, float]:
