@@ -7,27 +7,12 @@ import os
 from types import SimpleNamespace
 
 import pytest
+from tiny_sft import TINY
 
 from lmrl import cli
 from lmrl.config import ConfigError, load_config
 from lmrl.tracking import truncate_jsonl
 from lmrl.trainers import ckpt_world, common
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=1",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-    "precision=fp32",
-    "task_args.digits=1",
-    "train_rows=32",
-    "eval_rows=4",
-    "batch_size=4",
-    "eval_every=0",
-    "warmup_steps=0",
-    "lr_schedule=constant",
-    "log_every=1",
-]
 
 
 def test_a_metrics_line_with_a_null_step_is_dropped_on_resume(tmp_path, capsys):

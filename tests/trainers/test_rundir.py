@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 import yaml
+from tiny_sft import TINY
 
 from lmrl import cli
 from lmrl.models import precision
@@ -13,22 +14,6 @@ from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common, rundir
 from lmrl.trainers.sft import trainer as sft
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=1",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-    "precision=fp32",
-    "task_args.digits=1",
-    "train_rows=32",
-    "eval_rows=4",
-    "batch_size=4",
-    "eval_every=0",
-    "warmup_steps=0",
-    "lr_schedule=constant",
-    "log_every=1",
-]
 
 
 def sft_main(run_dir, *overrides, config=None):

@@ -10,28 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_sft import TINY
 
 from lmrl import cli
 from lmrl.config import from_dict
 from lmrl.trainers import runlock
 from lmrl.trainers.sft import trainer as sft
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=1",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-    "precision=fp32",
-    "task_args.digits=1",
-    "train_rows=32",
-    "eval_rows=4",
-    "batch_size=4",
-    "eval_every=0",
-    "warmup_steps=0",
-    "lr_schedule=constant",
-    "log_every=1",
-    "check_contamination=false",
-]
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = (
     "import sys, time\nfrom lmrl.trainers import runlock\nrunlock.acquire(sys.argv[1])\n"
