@@ -144,6 +144,10 @@ class DtypeProbe:
             elif all(sum(c.values()) >= self.CALLS for c in self.counts.values()):
                 self._handle.remove()
 
+    def reset(self) -> None:
+        for counts in self.counts.values():
+            counts.clear()
+
     @property
     def seen(self) -> dict[str, str]:
         return {phase: c.most_common(1)[0][0] for phase, c in self.counts.items() if c}
@@ -599,8 +603,11 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     peak_at_last_step: list[float] = []
     original_step = online.rl_step
     memory = MemoryModel(args.precision)
+    probe = DtypeProbe()
 
     def timed_step(*a, **kw):  # read-only wrapper: the step's end time and peak RSS so far
+        if not step_ends:  # the steps' calls, not the start-up checks (`fuse_layers`, the LM head's split)
+            probe.reset()
         metrics = original_step(*a, **kw)
         step_ends.append(time.perf_counter())
         memory.mark("after step")  # then the loop's own work: logging, checkpoints, and at the end the final save
@@ -608,7 +615,6 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return metrics
 
     online.rl_step = timed_step
-    probe = DtypeProbe()
     baseline = rss_mb()
     online.train(config)
     memory.mark("exit")

@@ -5,6 +5,7 @@ Run in the environment that has vLLM (it starts the two servers as child process
 
     .venv-vllm/bin/python benchmarks/vllm_servers.py                 # a few minutes on 2 CPU cores
     .venv-vllm/bin/python benchmarks/vllm_servers.py --rounds 5 --steps 12
+    .venv-vllm/bin/python benchmarks/vllm_servers.py --push --rounds 5   # push time: http vs gloo (weight transport)
 
 - Rollout: a random 4-layer Qwen2 (hidden 256, fp32), ``--prompts`` prompts x 4 samples x 32 new tokens at
   temperature 1; each round perturbs the weights, times the push (``sync_weights``: to one replica, or serialized
@@ -133,16 +134,79 @@ def async_rows(servers, rounds: int, steps: int) -> list[dict]:
     return rows
 
 
+def push_rows(servers, rounds: int) -> list[dict]:
+    """Seconds per push (median of `rounds`, after a warm-up push) over HTTP and over a gloo group, to 1 and 2
+    replicas, for the rollout's tiny Qwen2 and engine_speed.py's 40.9M-parameter Qwen2 (vocabulary 32768)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from lmrl.rollout.vllm_driver import VLLMOptions
+    from lmrl.rollout.vllm_engine import VLLMEngine
+    from lmrl.rollout.vllm_replicas import Replicas, start_all
+
+    rows = []
+    for name, vocab, hidden, layers in (("tiny", 128, 256, 4), ("qwen2 40.9M", 32768, 512, 8)):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=vocab,
+                hidden_size=hidden,
+                num_hidden_layers=layers,
+                num_attention_heads=hidden // 64,
+                num_key_value_heads=2,
+                intermediate_size=2 * hidden if name == "tiny" else 3 * hidden,
+                max_position_embeddings=256,
+                tie_word_embeddings=True,
+            )
+        ).eval()
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        options = VLLMOptions(max_model_len=128, kv_cache_gb=0.25, seed=0)
+        remotes = start_all(servers, 600, model, options)
+        for replicas in (1, 2):
+            for transport in ("http", "gloo"):
+                driver = Replicas(remotes[:replicas])
+                driver.use_transport(transport, "cpu")
+                engine = VLLMEngine(model, None, options, driver=driver)
+                engine.sync_weights()  # warm-up (and the group's first use)
+                times = []
+                for _ in range(rounds):
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(torch.randn_like(p) * 1e-3)
+                    times.append(engine.sync_weights())
+                rows.append(
+                    {"model": f"{name} ({params:.1f}M)", "replicas": replicas, "transport": transport,
+                     "push_s": statistics.median(times), "min_s": min(times)}
+                )  # fmt: skip
+                print(rows[-1], flush=True)
+        for remote in remotes:
+            remote.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--push", action="store_true", help="only the push time: vllm_weight_transport=http vs gloo")
     args = parser.parse_args()
     from lmrl.rollout.vllm_client import spawn
 
     spawned = [spawn(timeout=600) for _ in range(2)]
     servers = [remote.url.removeprefix("http://") for remote in spawned]
+    if args.push:
+        try:
+            pushes = push_rows(servers, args.rounds)
+        finally:
+            for remote in spawned:
+                remote.close()
+        print("| model | replicas | vllm_weight_transport | push (s, median) | fastest (s) |\n|---|---|---|---|---|")
+        for row in pushes:
+            print(
+                f"| {row['model']} | {row['replicas']} | {row['transport']} | {row['push_s']:.3f} | {row['min_s']:.3f} |"
+            )
+        print(json.dumps(pushes))
+        return
     try:
         rollout = rollout_rows(servers, args.rounds, args.prompts)
         asyncs = async_rows(servers, args.rounds, args.steps)

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~25-40 s: a real GRPO child process on builtin:medium
 def test_the_lmrl_memory_model_sees_the_forward_backward_and_optimizer():
     cmd = [
         sys.executable,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from lmrl.data.tokenizers import load_tokenizer
+from lmrl.models.fused import fuse_layers
 from lmrl.models.loading import is_builtin, load_model, load_model_and_tokenizer
 from lmrl.models.lora import BaseModelView, apply_lora, unwrap
 from lmrl.models.memory import enable_gradient_checkpointing
@@ -49,6 +50,7 @@ class ModelSetup:
     lora: LoraSettings | None = None
     load_in_4bit: bool = False
     parallel: str = "fsdp"  # with several processes (torchrun): fsdp | ddp (`lmrl.parallel.wrap`)
+    fused_layers: bool = True  # RMSNorm and SwiGLU as one autograd op each (`lmrl.models.fused`)
 
     def __post_init__(self) -> None:
         self.device = runtime.init(resolve_device(str(self.device)))  # joins torchrun's process group, if any
@@ -84,6 +86,7 @@ class ModelSetup:
             lora,
             getattr(config, "load_in_4bit", False),
             getattr(config, "parallel", "fsdp"),
+            getattr(config, "fused_layers", True),
         )
 
     @property
@@ -126,6 +129,8 @@ class ModelSetup:
         """Apply this setup to a freshly built trainable model: device, gradient checkpointing, LoRA."""
         if not self.load_in_4bit:  # a 4-bit model is placed by from_pretrained
             model = model.to(self.device)
+        if self.fused_layers:
+            fuse_layers(model)
         if self.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if self.lora is not None:

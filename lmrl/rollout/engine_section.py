@@ -39,6 +39,17 @@ class EngineSection(Section):
         "prompts split across them in order, weights pushed to all after "
         "every step (null: vllm_server; docs/vllm.md)",
     )
+    vllm_replicas: int | None = field(
+        None,
+        "start this many `lmrl vllm-serve` replicas as child processes on free local ports (as vllm_server=auto "
+        "does for one), stopped with the run; null: vllm_server / vllm_servers",
+    )
+    vllm_weight_transport: Literal["http", "gloo", "nccl", "auto"] = field(
+        "http",
+        "server mode: how pushes reach the servers; http: safetensors bodies over the HTTP API; gloo / nccl: "
+        "announced over HTTP, tensors broadcast over a process group with the servers (nccl: CUDA on both sides; "
+        "untested here); auto: nccl when the trainer and every server are on CUDA, else http",
+    )
     vllm_lora_sync: Literal["merged", "adapter"] = field(
         "merged",
         "LoRA runs: push the merged weights W + BA after "
@@ -64,6 +75,14 @@ class EngineSection(Section):
             parse_server(self.vllm_server)
         if self.vllm_servers is not None:
             self.check_replicas(parse_server)
+        if self.vllm_replicas is not None:
+            self.check_spawned_replicas()
+        if self.vllm_weight_transport != "http" and not server_list(self):
+            raise ConfigError(
+                f"vllm_weight_transport={self.vllm_weight_transport} sets how weights reach vLLM servers, but this "
+                "run samples with vLLM in its own process (weights loaded in place) or with engine=hf. Fix: "
+                "vllm_weight_transport=http, or a server (vllm_server, vllm_servers or vllm_replicas)."
+            )
         if self.vllm_lora_sync == "adapter" and (server_list(self) or getattr(self, "nproc", 1) > 1):
             raise ConfigError(
                 "vllm_lora_sync=adapter loads the adapters from files this process writes, into vLLM in "
@@ -71,6 +90,25 @@ class EngineSection(Section):
                 "or no vllm_server and nproc=1."
             )
         super().__post_init__()
+
+    def check_spawned_replicas(self) -> None:
+        check_at_least(self, ("vllm_replicas",), 1)
+        other = (
+            f"vllm_servers={self.vllm_servers}"
+            if self.vllm_servers is not None
+            else f"vllm_server={self.vllm_server!r}"
+            if self.vllm_server is not None
+            else None
+        )
+        if other:
+            raise ConfigError(
+                f"vllm_replicas={self.vllm_replicas} starts the servers and {other} names them. Fix: one of "
+                "them (vllm_replicas=1 is vllm_server=auto; running servers go in vllm_servers)."
+            )
+        if self.engine != "vllm":
+            raise ConfigError(
+                f"vllm_replicas samples with vLLM, but engine={self.engine}. Fix: engine=vllm, or vllm_replicas=null."
+            )
 
     def check_replicas(self, parse_server) -> None:
         if self.vllm_server is not None:
@@ -103,7 +141,10 @@ class EngineSection(Section):
 
 
 def server_list(config) -> list[str]:
-    """The vLLM servers a config samples on: vllm_servers, or [vllm_server], or [] (vLLM in this process)."""
+    """The vLLM servers a config samples on: vllm_servers, or [vllm_server], or ["auto"] * vllm_replicas (started
+    for the run), or [] (vLLM in this process)."""
+    if getattr(config, "vllm_replicas", None):
+        return ["auto"] * config.vllm_replicas
     servers = getattr(config, "vllm_servers", None)
     if servers:
         return list(servers)

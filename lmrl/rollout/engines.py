@@ -70,6 +70,12 @@ def vllm_engine(config, model, tokenizer, dtype, sampling: SamplingParams, longe
         from lmrl.rollout.vllm_replicas import replica_driver
 
         driver = replica_driver(servers, config.vllm_server_timeout, model, options)
+    if driver is not None:  # server mode: pushes over HTTP, or over a process group with the server(s)
+        try:
+            driver.use_transport(config.vllm_weight_transport, next(model.parameters()).device.type)
+        except BaseException:
+            driver.close()  # the sessions end, replicas this run started stop
+            raise
     return VLLMEngine(model, tokenizer, options, driver=driver)
 
 

@@ -10,7 +10,15 @@ the order the learner queued them:
 Because the queue is first in, first out, a step's batch is sampled with the last weights queued before its request,
 whatever the timing: step s+k is requested after the push of update s-1, so in steady state every batch is k
 updates old (``rollout/staleness`` = k; the first steps less). Requests queued before a push finish on the old
-weights (the push waits behind them). The learner's update corrects for the gap with the importance weight
+weights (the push waits behind them).
+
+``async_abort_on_push=true``: a push cancels the queued requests that have not started yet (a request the server is
+sampling runs to its end: vLLM's offline `LLM.generate` that the server runs cannot be interrupted from the HTTP
+side, so this works at the level of this queue) and `sample` sends them again behind the push, with the new
+version: they sample the new weights and their staleness drops. Every batch still carries the version its request
+was sent with (``rollout/policy_version``), and its rows depend only on their seeds (drawn from the step) and those
+weights; but which requests had started when a push came depends on timing, so two runs with the same seed can
+train on different versions (the default, false, is exactly reproducible). ``rollout/resent_requests`` counts them. The learner's update corrects for the gap with the importance weight
 pi_learner/pi_sampler against the sampler's log-probs (``tis_cap``, ``is_level``, ``is_mode``;
 `lmrl.algorithms.mismatch`), as with placement=ray.
 
@@ -46,14 +54,16 @@ class ServerAhead:
         rows_of: Callable[[int], list[dict]],
         async_steps: int,
         max_steps: int,
+        abort_on_push: bool = False,
     ):
         """engine: a `VLLMEngine` whose driver is a server (`RemoteVLLM`, `Replicas`); rows_of(step): the step's
-        prompts in the fixed data order (sampled ahead)."""
+        prompts in the fixed data order (sampled ahead); abort_on_push: `async_abort_on_push` (module docstring)."""
         # the background thread tokenizes and decodes with a tokenizer of its own: a fast (Rust) tokenizer shared
         # with the learner's thread can fail with "Already borrowed" when one thread changes its padding settings
         self.tokenizer = engine.tokenizer = copy.deepcopy(tokenizer)
         self.engine, self.options, self.rows_of = engine, options, rows_of
-        self.async_steps, self.max_steps = async_steps, max_steps
+        self.async_steps, self.max_steps, self.abort_on_push = async_steps, max_steps, abort_on_push
+        self.resent = 0  # requests cancelled at the last push and sent again after it (abort_on_push)
         self.queue = ThreadPoolExecutor(1, thread_name_prefix="lmrl-rollout-ahead")  # one thread: FIFO
         self.pending: dict[int, Future] = {}  # step -> (batch, version), being sampled
         self.ready: dict[int, tuple[RolloutBatch, int]] = {}  # step -> (batch, version): fetched, or restored
@@ -80,6 +90,12 @@ class ServerAhead:
         parts = self.engine.snapshot(model)
         self.snapshot_s = time.perf_counter() - t0
         self.version = version
+        self.resent = 0
+        if self.abort_on_push:  # requests that have not started: cancelled, re-queued behind the push by `sample`
+            for step in sorted(self.pending):
+                if self.pending[step].cancel():
+                    del self.pending[step]
+                    self.resent += 1
         self.queue.submit(self.run, self.engine.push_snapshot, parts)
 
     def sample_now(self, rows: list[dict], step: int, version: int) -> tuple[RolloutBatch, int]:
@@ -106,6 +122,8 @@ class ServerAhead:
             "time/wait_rollout_s": time.perf_counter() - t0,
             "time/weight_snapshot_s": self.snapshot_s,
         }
+        if self.abort_on_push:
+            self.last_metrics["rollout/resent_requests"] = float(self.resent)
         return batch
 
     def metrics(self) -> dict[str, float]:

@@ -64,6 +64,8 @@ class RemoteVLLM:
         """session: the token of a session rank 0 took (nproc > 1); pushes: False on the ranks that leave the push
         to rank 0."""
         self.url, self.timeout, self.process, self.session, self.pushes = url, timeout, process, session, pushes
+        self.device = "cpu"  # where the server's vLLM runs (its /init says)
+        self.group = None  # vllm_weight_transport=gloo|nccl: a `vllm_group.WeightGroup` with this server
         if process is not None:
             weakref.finalize(self, stop_process, process)
 
@@ -92,6 +94,13 @@ class RemoteVLLM:
                 + ". Restart it (lmrl vllm-serve port=...) and continue the run with resume=true."
             ) from exc
 
+    def request_json(self, path: str, payload: dict, timeout: float | None = None) -> dict:
+        """POST `payload` as JSON; a ConfigError (the server refused bad input) names the server."""
+        try:
+            return self.request(path, json.dumps(payload).encode(), timeout)
+        except ConfigError as exc:
+            raise ConfigError(f"the vLLM server at {self.url}: {exc}") from exc
+
     def start(self, config: dict, architecture: str, options) -> bool:
         """Start vLLM on the server for this model (no weights); True if the server reused a running engine."""
         body = json.dumps(
@@ -104,21 +113,30 @@ class RemoteVLLM:
             }
         ).encode()
         reply = self.request("/init", body, timeout=max(self.timeout, SPAWN_TIMEOUT_S))
-        self.session = reply["session"]
+        self.session, self.device = reply["session"], reply.get("device", "cpu")
         return reply["reused"]
+
+    def use_transport(self, transport: str, trainer_device: str) -> None:
+        """Pushes go over HTTP, or (vllm_weight_transport=gloo|nccl|auto) through a process group with the server
+        (`lmrl.rollout.vllm_group`), formed now by the pushing process."""
+        from lmrl.rollout.vllm_group import form_group
+
+        self.group = form_group([self], transport, trainer_device, self.timeout, self.pushes)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
         """Push in parts of about PUSH_PART_BYTES; the server loads them all in one in-place reload when the last
         part arrives. Several processes: rank 0 pushes, every rank walks the weights (a sharded one is gathered by
         all) and waits until the push is in."""
-        push_to_all([self], weights, tied, self.pushes)
+        push_to_all([self], weights, tied, self.pushes, self.group)
 
-    def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[bytes]:
-        """The weights as the bodies of one push, a snapshot (the model may change afterwards): async_steps."""
-        return encode_push(weights)
+    def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list:
+        """The weights as the parts of one push, a snapshot (the model may change afterwards): async_steps."""
+        return self.group.snapshot(parts_of(weights)) if self.group else encode_push(weights)
 
-    def push_encoded(self, parts: list[bytes], tied: bool) -> None:
-        """`encode_weights`' bodies, loaded by the server when the last arrives."""
+    def push_encoded(self, parts: list, tied: bool) -> None:
+        """`encode_weights`' parts, loaded by the server when the last arrives."""
+        if self.group:
+            return self.group.push_snapshot(parts, tied)
         push = uuid.uuid4().hex[:12]
         for i, body in enumerate(parts):
             self.push_part(body, i, len(parts), tied, push)
@@ -144,6 +162,9 @@ class RemoteVLLM:
 
     def close(self) -> None:
         """The session ends (the server is free for another trainer); a server this run spawned is stopped."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
         if self.session is not None and self.pushes:
             try:
                 self.request("/release", b"{}", timeout=CONNECT_TIMEOUT_S)
@@ -167,10 +188,11 @@ def encode_push(weights: Iterable[tuple[str, torch.Tensor]]) -> list[bytes]:
 
 
 def push_to_all(
-    remotes: list[RemoteVLLM], weights: Iterable[tuple[str, torch.Tensor]], tied: bool, pushes: bool
+    remotes: list[RemoteVLLM], weights: Iterable[tuple[str, torch.Tensor]], tied: bool, pushes: bool, group=None
 ) -> None:
     """One push of `weights` to every server of `remotes`: each part serialized once (one part in memory at a time)
-    and sent to the servers concurrently; each loads the whole push in place when its last part arrives.
+    and sent to the servers concurrently; each loads the whole push in place when its last part arrives. With a
+    `group` (vllm_weight_transport=gloo|nccl) each part is announced over HTTP and broadcast over the group.
     pushes=False (ranks > 0 of several processes): walk the weights (FSDP: every rank takes part in gathering each
     sharded parameter) and wait at the barrier for rank 0's push."""
     error = None
@@ -179,10 +201,13 @@ def push_to_all(
             pass
     else:
         try:
-            parts, push = list(split_bytes(weights, PUSH_PART_BYTES)), uuid.uuid4().hex[:12]
-            for i, part in enumerate(parts):
-                body = encode(part)
-                each(remotes, lambda remote: remote.push_part(body, i, len(parts), tied, push))  # noqa: B023
+            if group is not None:
+                group.push(parts_of(weights), tied)
+            else:
+                parts, push = list(split_bytes(weights, PUSH_PART_BYTES)), uuid.uuid4().hex[:12]
+                for i, part in enumerate(parts):
+                    body = encode(part)
+                    each(remotes, lambda remote: remote.push_part(body, i, len(parts), tied, push))  # noqa: B023
         except Exception as exc:  # noqa: BLE001 - every rank learns of it below (none waits forever)
             error = exc
     # several processes: also the barrier that keeps every rank from sampling before the push is in
@@ -207,6 +232,11 @@ def each(remotes: list[RemoteVLLM], call) -> list:
     if errors:
         raise errors[0]
     return [f.result() for f in futures]
+
+
+def parts_of(weights: Iterable[tuple[str, torch.Tensor]]):
+    """The parts of one push (`split_bytes` at `PUSH_PART_BYTES`, read at the call)."""
+    return split_bytes(weights, PUSH_PART_BYTES)
 
 
 def split_bytes(weights: Iterable[tuple[str, torch.Tensor]], limit: int):
@@ -250,23 +280,45 @@ def connect(server: str, timeout: float) -> RemoteVLLM:
 
 def spawn(timeout: float) -> RemoteVLLM:
     """`python -m lmrl vllm-serve` as a child of this process on a free local port, once it answers /health."""
+    return spawn_all(1, timeout)[0]
+
+
+def spawn_all(count: int, timeout: float) -> list[RemoteVLLM]:
+    """`count` `lmrl vllm-serve` children on free local ports (vllm_server=auto, vllm_replicas=N), started together
+    and each waited for on /health; if one does not start, all are stopped and the error names it. Each child ends
+    with its `RemoteVLLM` (close, or when it is collected) and exits by itself when this process is gone."""
+    remotes = [launch(timeout) for _ in range(count)]
+    try:
+        for i, remote in enumerate(remotes):
+            wait_healthy(remote, "vllm_server=auto" if count == 1 else f"vllm_replicas={count}: replica {i + 1}")
+    except BaseException:  # a replica that failed, or Ctrl-C while waiting: none is left running
+        for remote in remotes:
+            stop_process(remote.process)
+        raise
+    return remotes
+
+
+def launch(timeout: float) -> RemoteVLLM:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "lmrl", "vllm-serve", "host=127.0.0.1", f"port={port}", f"parent_pid={os.getpid()}"]
     )
-    remote = RemoteVLLM(f"http://127.0.0.1:{port}", timeout, process)
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    return RemoteVLLM(f"http://127.0.0.1:{port}", timeout, process)
+
+
+def wait_healthy(remote: RemoteVLLM, label: str) -> None:
+    process, deadline = remote.process, time.monotonic() + SPAWN_TIMEOUT_S
     while True:
         try:
             remote.request("/health", timeout=CONNECT_TIMEOUT_S)
-            return remote
+            return
         except VLLMServerError as exc:
             if process.poll() is not None or time.monotonic() > deadline:
                 stop_process(process)
                 raise ConfigError(
-                    f"vllm_server=auto: the vLLM server did not start (status {process.poll()}; "
+                    f"{label}: the vLLM server {remote.url} did not start (status {process.poll()}; "
                     f"{exc}). Its output is above; try `lmrl vllm-serve` by hand."
                 ) from exc
             time.sleep(0.5)

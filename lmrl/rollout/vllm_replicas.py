@@ -31,7 +31,7 @@ import torch
 
 from lmrl.config_base import ConfigError
 from lmrl.parallel import runtime
-from lmrl.rollout.vllm_client import RemoteVLLM, connect, each, encode_push, push_to_all
+from lmrl.rollout.vllm_client import RemoteVLLM, connect, each, encode_push, parts_of, push_to_all, spawn_all
 
 
 def spans(count: int, parts: int) -> list[tuple[int, int]]:
@@ -48,19 +48,29 @@ class Replicas:
 
     def __init__(self, remotes: list[RemoteVLLM], pushes: bool = True):
         self.remotes, self.pushes = remotes, pushes
+        self.group = None  # vllm_weight_transport=gloo|nccl: one `vllm_group.WeightGroup` with every replica
 
     @property
     def url(self) -> str:
         return ", ".join(remote.url for remote in self.remotes)
 
+    def use_transport(self, transport: str, trainer_device: str) -> None:
+        """vllm_weight_transport=gloo|nccl|auto: one process group with every replica (`lmrl.rollout.vllm_group`)."""
+        from lmrl.rollout.vllm_group import form_group
+
+        timeout = self.remotes[0].timeout
+        self.group = form_group(self.remotes, transport, trainer_device, timeout, self.pushes)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
-        push_to_all(self.remotes, weights, tied, self.pushes)
+        push_to_all(self.remotes, weights, tied, self.pushes, self.group)
 
-    def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[bytes]:
-        """One push's bodies, a snapshot of the weights (async_steps: the model trains on meanwhile)."""
-        return encode_push(weights)
+    def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list:
+        """One push's parts, a snapshot of the weights (async_steps: the model trains on meanwhile)."""
+        return self.group.snapshot(parts_of(weights)) if self.group else encode_push(weights)
 
-    def push_encoded(self, parts: list[bytes], tied: bool) -> None:
+    def push_encoded(self, parts: list, tied: bool) -> None:
+        if self.group:
+            return self.group.push_snapshot(parts, tied)
         push = uuid.uuid4().hex[:12]
         for i, body in enumerate(parts):
             each(self.remotes, lambda remote: remote.push_part(body, i, len(parts), tied, push))  # noqa: B023
@@ -86,7 +96,10 @@ class Replicas:
         return tokens, logps, stopped
 
     def close(self) -> None:
-        """Every replica's session ends (each is free for another trainer)."""
+        """Every replica's session ends (each is free for another trainer); replicas this run started stop."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
         for remote in self.remotes:
             remote.close()
 
@@ -96,15 +109,18 @@ def start_all(servers: list[str], timeout: float, model, options) -> list[Remote
     concurrently; if one refuses (another trainer's) or fails, the ones already taken are released first."""
     from lmrl.rollout.vllm_engine import model_spec
 
-    remotes = [connect(server, timeout) for server in servers]
+    if all(server == "auto" for server in servers):  # vllm_replicas=N: started here, stopped with the run
+        remotes = spawn_all(len(servers), timeout)
+    else:
+        remotes = [connect(server, timeout) for server in servers]
     spec = model_spec(model)
     with ThreadPoolExecutor(len(remotes)) as pool:
         futures = [pool.submit(remote.start, *spec, options) for remote in remotes]
     errors = [f.exception() for f in futures]
     if any(e is not None for e in errors):
         for remote, error in zip(remotes, errors):
-            if error is None:
-                remote.close()  # this trainer holds no replica when it cannot hold them all
+            if error is None or remote.process is not None:
+                remote.close()  # this trainer holds no replica when it cannot hold them all (started ones stop)
         raise next(e for e in errors if e is not None)
     return remotes
 

@@ -17,13 +17,17 @@ replaces it. Shape follows TRL's `vllm-serve` (HTTP for generation, a separate w
                    last arrives (a part out of turn drops the push: 409); tied=1 re-packs a tied LM head
     POST /sample   JSON {prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds} -> {tokens, logps, stopped}
     POST /release  the owner is done: the server is free for another trainer
+    POST /group    vllm_weight_transport=gloo|nccl: join the owner's weight group {host, port, rank, world_size,
+                   backend, prefix, join_s} (`lmrl.rollout.vllm_group`)
+    POST /group_weights  JSON {push, part, parts, tied, entries, nbytes}: a part's names, dtypes, shapes and offsets;
+                   its bytes come through the group's broadcast; loaded as a /weights part is (`Server.add_part`)
 
 One trainer at a time: every request after /init carries the owner's token (header X-LMRL-Session); another
 trainer's /init is refused with a message naming the server and the fix, until the owner releases it (at the end of
 its run) or sends nothing for longer than its lease (its `vllm_server_timeout`: a crashed run frees the server).
 
-The weight channel here is the safetensors body over HTTP (CPU: no NCCL; ~tens of ms per 10M parameters on one
-host). On GPUs TRL/OpenRLHF broadcast over NCCL from the trainer to the server's workers instead; see docs/vllm.md.
+Weights come as safetensors bodies over HTTP (the default), or announced over HTTP and broadcast over a process group
+with the trainer (gloo on CPU, NCCL on GPUs, as TRL/OpenRLHF do); both end in the same in-place reload. docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class Server:
         self.driver, self.spec, self.address = None, None, address
         self.owner: dict | None = None  # {session, trainer, since, last, lease_s}: the trainer this server samples for
         self.push: dict | None = None  # the weight push being received: {id, parts, chunks}
+        self.group: dict | None = None  # the owner's weight group (vllm_weight_transport=gloo|nccl)
         self.lock = threading.Lock()
 
     # -- the owner ---------------------------------------------------------------------------------------------
@@ -89,7 +94,7 @@ class Server:
                 "last": now,
                 "lease_s": lease_s,
             }
-            self.push = None
+            self.push, self.group = None, None
         self.owner.update(last=now, trainer=trainer, lease_s=lease_s)
         return self.owner["session"]
 
@@ -119,7 +124,7 @@ class Server:
 
     def release(self, session: str | None) -> dict:
         self.check(session)
-        self.owner, self.push = None, None
+        self.owner, self.push, self.group = None, None, None
         return {"released": True}
 
     # -- the engine --------------------------------------------------------------------------------------------
@@ -130,7 +135,7 @@ class Server:
         new = self.owner is None or session != self.owner["session"]
         session = self.claim(session, request.get("trainer", "a trainer"), float(request.get("lease_s", 600.0)))
         try:
-            return {"reused": self.start_engine(request), "session": session}
+            return {"reused": self.start_engine(request), "session": session, "device": device()}
         except BaseException:  # e.g. an architecture this vLLM cannot run: the failed trainer holds no session
             if new:
                 self.owner = None
@@ -161,10 +166,41 @@ class Server:
     def weights(
         self, body: bytes, part: int, parts: int, tied: bool, push: str = "", session: str | None = None
     ) -> dict:
-        """Part `part` of `parts` of push `push`; the last one loads them all in one in-place reload. A part that
-        does not continue the push in progress (another push's, out of order) drops both: nothing mixed is loaded."""
+        """Part `part` of `parts` of push `push` as a safetensors body; the last one loads them all in one in-place
+        reload. A part that does not continue the push in progress (another push's, out of order) drops both:
+        nothing mixed is loaded."""
         from safetensors.torch import load
 
+        self.turn(part, parts, push, session)
+        return self.add_part(load(body), part, parts, tied)
+
+    def join_group(self, request: dict, session: str | None = None) -> dict:
+        """vllm_weight_transport=gloo|nccl: join the owner's weight group (`lmrl.rollout.vllm_group`); later pushes
+        come as `group_weights` announcements plus a broadcast."""
+        from lmrl.rollout.vllm_group import join
+
+        self.check(session)
+        self._require_driver()
+        self.group = None  # a trainer that joins again (its start) replaces its old group
+        self.group = join(request)
+        return {"joined": True, "rank": self.group["rank"]}
+
+    def group_weights(self, request: dict, session: str | None = None) -> dict:
+        """One part announced over HTTP, its bytes received through the group's broadcast; then as `weights`."""
+        from lmrl.rollout.vllm_group import receive
+
+        part, parts = int(request["part"]), int(request["parts"])
+        self.turn(part, parts, request["push"], session)
+        if self.group is None:
+            self.push = None
+            raise SessionError(
+                "a weight push over a process group, but this server has not joined the trainer's group "
+                "(restarted, or the session was taken anew). Restart the run (resume=true)."
+            )
+        return self.add_part(receive(self.group, request), part, parts, bool(request["tied"]))
+
+    def turn(self, part: int, parts: int, push: str, session: str | None) -> None:
+        """A part from the owner that continues the push in progress (part 0 starts one), or SessionError."""
         self.check(session)
         self._require_driver()
         if part == 0:
@@ -185,7 +221,11 @@ class Server:
                 "parts of two pushes must not mix, so neither is loaded. Every push of one trainer "
                 "goes part by part from one process; push again (the next sync sends every part)."
             )
-        self.push["chunks"].append(load(body))
+
+    def add_part(self, chunk: dict, part: int, parts: int, tied: bool) -> dict:
+        """The part's tensors (by checkpoint name) kept; the last part loads the whole push in one in-place reload
+        (`VLLMDriver.load_weights`: tied-head and MoE re-packs), whichever transport brought it."""
+        self.push["chunks"].append(chunk)
         if part < parts - 1:
             return {"parts": len(self.push["chunks"])}
         weights = [item for chunk in self.push["chunks"] for item in chunk.items()]
@@ -215,6 +255,13 @@ class Server:
     def _require_driver(self) -> None:
         if self.driver is None:
             raise ConfigError("the vLLM server has no model yet: the trainer's /init sends it first")
+
+
+def device() -> str:
+    """Where this server's vLLM runs (the trainer's vllm_weight_transport=auto picks nccl for cuda)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def handler(server: Server):
@@ -256,6 +303,10 @@ def handler(server: Server):
                             query.get("push", ""),
                             session,
                         )
+                    elif url.path == "/group":
+                        result = server.join_group(json.loads(body), session)
+                    elif url.path == "/group_weights":
+                        result = server.group_weights(json.loads(body), session)
                     elif url.path == "/sample":
                         result = server.sample(json.loads(body), session)
                     elif url.path == "/release":

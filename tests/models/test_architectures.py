@@ -14,6 +14,8 @@ from arch_zoo import ARCHITECTURES, build_model
 from support_table import record
 
 from lmrl.data.tokenizers import load_tokenizer
+from lmrl.models import fused
+from lmrl.models.fused import fuse_layers, fused_count
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.lora import apply_lora
 from lmrl.models.memory import enable_gradient_checkpointing
@@ -21,7 +23,15 @@ from lmrl.models.replay import has_dropout
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
 
-OPTIONS = ["plain", "share_prompts", "reuse_sampling_forward", "chunked_head", "gradient_checkpointing", "lora"]
+OPTIONS = [
+    "plain",
+    "share_prompts",
+    "reuse_sampling_forward",
+    "chunked_head",
+    "gradient_checkpointing",
+    "lora",
+    "fused_layers",
+]
 
 TOLERANCE = 1e-4
 
@@ -35,6 +45,8 @@ def prepared(arch: str, option: str, tokenizer):
     model = build_model(arch, tokenizer)
     if option == "gradient_checkpointing":
         enable_gradient_checkpointing(model)
+    if option == "fused_layers":
+        fuse_layers(model)
     if option == "lora":
         model = apply_lora(model, 4, 8, 0.0, ["all-linear"], {"model": arch, "seed": 0})
         trained = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -88,7 +100,9 @@ def test_sampler_and_learner_log_probs_agree_with_every_option(arch, option, tok
     assert not any(modes[1:]) or option == "lora"  # RL policies run in eval mode: no dropout in sampler or learner
     usage = {}
     counts, handles = layer_calls(model)
+    fused_before = sum(fused.CALLS.values())
     logp = learner_logprobs(model, batch, option, usage)
+    usage["fused"] = sum(fused.CALLS.values()) - fused_before
     mask = batch.completion_mask.bool()
     gap = (logp - batch.sampler_logp)[mask].abs().max().item()
     logp.sum().backward()
@@ -106,6 +120,8 @@ def test_sampler_and_learner_log_probs_agree_with_every_option(arch, option, tok
         computed_ok = usage["computed"] == 0 or flat_mlp and usage["computed"] < usage["replayed"]
         replayed_all = usage["replayed"] > 0 and computed_ok
         assert replayed_all if expect_replay else usage["replayed"] == 0, usage
+    # fused RMSNorm/SwiGLU ran in the forward exactly where `fuse_layers` swapped them in (none in other options)
+    assert usage["fused"] == (fused_count(model) if option == "fused_layers" else 0), usage
     if option == "gradient_checkpointing":  # the backward recomputed each layer (it may stop once it has what it needs)
         assert counts and all(1 <= n <= 2 for n in counts.values()) and max(counts.values()) == 2, counts
 

@@ -260,3 +260,44 @@ def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, ch
     torch.testing.assert_close(outs[True][1], outs[False][1], rtol=0, atol=1e-5)
     for name, grad in outs[True][2].items():
         torch.testing.assert_close(grad, outs[False][2][name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+def test_the_chunked_head_runs_on_completion_tokens_only_with_the_same_values_and_gradients(build, monkeypatch):
+    model = build()
+    g = torch.Generator().manual_seed(1)
+    n, p, t = 6, 5, 7
+    mask = torch.ones(n, p + t, dtype=torch.long)
+    for b in range(n):  # right-padded completions of lengths 7, 6, 5, 4, 7, 6 (the padding after each row's stop)
+        mask[b, p + t - b % 4 :] = 0
+    ids = torch.randint(3, 97, (n, p + t), generator=g) * mask
+    head_rows = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head_rows.append(a[0].shape[0]))
+    outs = {}
+    for chunk_mb in (128.0, 1e-6):  # one ordinary forward (full logits); the chunked LM head
+        head_rows.clear()
+        model.zero_grad(set_to_none=True)
+        logp, entropy = completion_logprobs(
+            model, ids, mask, p, temperature=0.7, return_entropy=True, chunk_mb=chunk_mb
+        )
+        logp.sum().backward()
+        outs[chunk_mb] = (logp.detach(), entropy, {k: v.grad.clone() for k, v in model.named_parameters()})
+    hook.remove()
+    torch.testing.assert_close(outs[1e-6][0], outs[128.0][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(outs[1e-6][1], outs[128.0][1], rtol=0, atol=1e-5)
+    for name, grad in outs[1e-6][2].items():
+        torch.testing.assert_close(grad, outs[128.0][2][name], rtol=1e-4, atol=1e-6)
+    # the chunked head's rows, counted where they enter it (the fused path calls no module hook)
+    from lmrl.models import head
+
+    seen = []
+    original = head.head_logprobs
+
+    def counting(hidden, *args, **kwargs):
+        seen.append(hidden.reshape(-1, hidden.shape[-1]).shape[0])
+        return original(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(head, "head_logprobs", counting)
+    completion_logprobs(model, ids, mask, p, chunk_mb=1e-6)
+    completion_tokens = int(mask[:, p:].sum())
+    assert seen == [completion_tokens] and completion_tokens < n * t  # 35 of 42 positions reach the head

@@ -216,16 +216,16 @@ def run(tmp_path, method, name, *overrides):
         ("dpo", "ddp"),
         ("grpo", "fsdp"),
         ("sft", "ddp"),
-        ("dpo", "fsdp"),
+        pytest.param("dpo", "fsdp", marks=pytest.mark.slow),  # the other backend runs by default
         ("grpo", "ddp"),
         ("pretrain", "fsdp"),
         ("reward", "fsdp"),
-        ("reward", "ddp"),
-        ("online_dpo", "fsdp"),
+        pytest.param("reward", "ddp", marks=pytest.mark.slow),  # the other backend runs by default
+        pytest.param("online_dpo", "fsdp", marks=pytest.mark.slow),  # the other backend runs by default
         ("online_dpo", "ddp"),
-        ("distill", "fsdp"),
+        pytest.param("distill", "fsdp", marks=pytest.mark.slow),  # the other backend runs by default
         ("distill", "ddp"),
-        ("selfplay", "fsdp"),
+        pytest.param("selfplay", "fsdp", marks=pytest.mark.slow),  # the other backend runs by default
         ("selfplay", "ddp"),
         pytest.param("selfplay_lsp", "fsdp", marks=pytest.mark.slow),
     ],
@@ -263,7 +263,13 @@ DROPS = ["algorithm=dapo", "rewards=[dist_helpers:has_digit]"]  # steps 1-2 drop
 
 
 @pytest.mark.parametrize(
-    "overrides", [["algorithm=reinforce"], ["adv_scale=batch"], DROPS, [*DROPS, "loss_agg=seq_mean"]]
+    "overrides",
+    [
+        ["algorithm=reinforce"],
+        pytest.param(["adv_scale=batch"], marks=pytest.mark.slow),  # the same batch-wide statistics as reinforce's
+        DROPS,
+        pytest.param([*DROPS, "loss_agg=seq_mean"], marks=pytest.mark.slow),
+    ],
 )
 def test_rl_batch_statistics_are_over_every_rank(tmp_path, overrides):
     """REINFORCE's batch-mean baseline and GRPO's adv_scale=batch use every rank's rewards; DAPO's dropped groups
@@ -302,6 +308,7 @@ def test_ppo_value_model_trains_like_one_process_and_resumes(tmp_path, parallel)
 MULTI_TURN = ["env=agentic_envs:digits", "rewards=[env]", "max_turns=3", "max_total_tokens=40"]
 
 
+@pytest.mark.slow
 def test_multi_turn_episodes_train_like_one_process(tmp_path):
     """Environment episodes (two turns with user feedback between): each rank runs the episodes of its shards with
     the policy unsharded, so episodes of different lengths need no lockstep; every rank has the same rows."""

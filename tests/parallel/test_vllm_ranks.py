@@ -3,7 +3,9 @@
 - colocated: every rank runs a vLLM engine of its own in its process and pushes its (DDP: replicated; FSDP: gathered)
   weights into it after every step;
 - a server (vllm_server=auto): rank 0 starts it and takes its session, both ranks sample through it, rank 0 alone
-  pushes the weights while the other waits.
+  pushes the weights while the other waits;
+- two replicas started for the run (vllm_replicas=2) with pushes over a gloo group (vllm_weight_transport=gloo):
+  rank 0 starts both, forms the group and pushes to both; both ranks split their prompts across the replicas.
 Both used to crash at start-up (the architecture was read from the wrapped class, "DDPLlamaForCausalLM"). Each run
 checks that the engines sample the learner's weights: sampler_logp_gap stays at fp32 rounding on every step.
 The ranks are fresh processes (the CLI starts torchrun), not forks of the test process: a fork of a process that
@@ -65,7 +67,9 @@ def train(out: Path, parallel: str, *overrides) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "parallel,overrides", [("fsdp", []), ("ddp", ["vllm_server=auto"])], ids=["colocated-fsdp", "server-ddp"]
+    "parallel,overrides",
+    [("fsdp", []), ("ddp", ["vllm_server=auto"]), ("ddp", ["vllm_replicas=2", "vllm_weight_transport=gloo"])],
+    ids=["colocated-fsdp", "server-ddp", "replicas-gloo-ddp"],
 )
 def test_two_ranks_sample_with_engine_vllm_and_their_engines_follow_the_weights(tmp_path, parallel, overrides):
     done = train(tmp_path / "run", parallel, *overrides)

@@ -157,3 +157,33 @@ def test_vllm_servers_config_errors_name_the_key_and_the_fix():
 def test_async_steps_without_a_sampler_that_can_run_ahead_is_a_start_up_error(args, message):
     with pytest.raises(ConfigError, match=message):
         load_config(RLConfig, None, args)
+
+
+def test_started_replicas_that_fail_are_named_and_none_is_left_running(replicas, monkeypatch):
+    """vllm_replicas=N (`vllm_client.spawn_all`) with stand-in children: replica 1 answers (a fake server), replica 2
+    exits at once; and a Ctrl-C while waiting. Every child is stopped either way."""
+    import subprocess
+    import sys
+
+    children = []
+
+    def launch(timeout):
+        answering = len(children) == 0
+        code = "import time; time.sleep(60)" if answering else "raise SystemExit(3)"
+        children.append(subprocess.Popen([sys.executable, "-c", code]))
+        url = f"http://{replicas[0][1]}" if answering else "http://127.0.0.1:9"
+        return RemoteVLLM(url, timeout, children[-1])
+
+    monkeypatch.setattr(vllm_client, "launch", launch)
+    with pytest.raises(ConfigError, match=r"vllm_replicas=2: replica 2: the vLLM server .* did not start \(status 3"):
+        vllm_client.spawn_all(2, 30)
+    assert all(child.poll() is not None for child in children)
+    children.clear()
+
+    def interrupted(remote, label):
+        raise KeyboardInterrupt  # Ctrl-C while waiting for a replica
+
+    monkeypatch.setattr(vllm_client, "wait_healthy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        vllm_client.spawn_all(2, 30)
+    assert len(children) == 2 and all(child.poll() is not None for child in children)

@@ -55,3 +55,26 @@ def test_two_replicas_sample_the_rows_of_one_server_and_both_get_every_push(serv
         assert torch.equal(hf.completion_ids, both.completion_ids), version
         assert (hf.sampler_logp - both.sampler_logp).abs().max().item() < 1e-4
     replicas.close()
+
+
+def test_gloo_pushes_give_both_replicas_the_trainers_weights(servers, tok):
+    """vllm_weight_transport=gloo: the tensors reach both replicas through one broadcast on a process group; after a
+    weight change each replica's half of the prompts is the HF model's greedy output (its log-probs within 1e-4)."""
+    model = tiny("qwen2", len(tok), seed=1)
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    driver = Replicas(start_all(servers, 60, model, OPTIONS))
+    driver.use_transport("gloo", "cpu")
+    assert driver.group is not None
+    engine = VLLMEngine(model, tok, OPTIONS, driver=driver)
+    greedy = SamplingParams(max_new_tokens=12, greedy=True, temperature=0)
+    for version in (0, 1, 2):
+        if version:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            engine.sync(model, version)
+        hf, both = HFEngine(model, tok).generate(prompts, greedy), engine.generate(prompts, greedy)
+        assert torch.equal(hf.completion_ids, both.completion_ids), version
+        assert (hf.sampler_logp - both.sampler_logp).abs().max().item() < 1e-4, version
+    assert engine.syncs == 3
+    engine.close()

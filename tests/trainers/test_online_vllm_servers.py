@@ -2,7 +2,8 @@
 exactly as `vllm_server=a` (same seed, same weights, same rows); a replica that dies mid-run stops the run with its
 address, and resume=true on a restarted replica continues as the uninterrupted run; `async_steps=1` samples each
 batch one update ahead (staleness 1), and its resume (the batch sampled ahead is in the checkpoint) equals the
-uninterrupted async run."""
+uninterrupted async run; vllm_weight_transport=gloo (pushes over a process group) trains as HTTP pushes, on one
+server, on two replicas and with async_steps; vllm_replicas=2 starts its servers and stops them."""
 
 import os
 
@@ -97,9 +98,28 @@ def assert_same_steps(got: dict, want: dict, steps) -> None:
         assert abs(got[step]["loss"] - want[step]["loss"]) < 1e-5, (step, got[step]["loss"], want[step]["loss"])
 
 
-def test_two_replicas_train_as_one_server_and_a_dead_replica_stops_the_run_resumably(tmp_path, servers):
+@pytest.fixture(scope="module")
+def one(servers, tmp_path_factory):
+    """4 GRPO steps on one server, weights over HTTP: what the other transports and replica counts must give."""
+    return grpo(tmp_path_factory.mktemp("one"), f"vllm_server={address(servers[0])}", "max_steps=4", "save_every=0")
+
+
+def test_gloo_pushes_on_one_and_two_replicas_train_as_http_pushes(tmp_path, servers, one, monkeypatch):
+    from lmrl.rollout import vllm_group
+
+    parts, send = [], vllm_group.WeightGroup.send
+    monkeypatch.setattr(
+        vllm_group.WeightGroup, "send", lambda self, *a: parts.append(len(self.remotes)) or send(self, *a)
+    )
     a, b = servers
-    one = grpo(tmp_path / "one", f"vllm_server={address(a)}", "max_steps=4", "save_every=0")
+    args = ["vllm_weight_transport=gloo", "max_steps=4", "save_every=0"]
+    assert_same_steps(grpo(tmp_path / "gloo1", f"vllm_server={address(a)}", *args), one, range(1, 5))
+    assert_same_steps(grpo(tmp_path / "gloo2", f"vllm_servers=[{address(a)},{address(b)}]", *args), one, range(1, 5))
+    assert parts == [1] * 4 + [2] * 4  # every push of both runs went over the group (one part each)
+
+
+def test_two_replicas_train_as_one_server_and_a_dead_replica_stops_the_run_resumably(tmp_path, servers, one):
+    a, b = servers
     two = grpo(tmp_path / "two", f"vllm_servers=[{address(a)},{address(b)}]", "max_steps=4", "save_every=0")
     assert_same_steps(two, one, range(1, 5))
     assert len({r["reward/mean"] for r in one.values()}) > 1  # the steps differ: the comparison is not vacuous
@@ -125,6 +145,13 @@ def test_async_steps_on_two_replicas_samples_one_update_ahead_and_resumes_exactl
     assert_same_steps(full, sync, [1])  # the first batch: the initial weights in both
     assert full[2]["loss"] != sync[2]["loss"]  # then a batch one update old, corrected by the importance weight
     assert all(full[s]["policy/tis_weight_mean"] != 1.0 for s in (2, 3, 4) if "policy/tis_weight_mean" in full[s])
+    gloo = grpo(tmp_path / "gloo", *args, "save_every=0", "vllm_weight_transport=gloo")  # snapshots over the group
+    assert_same_steps(gloo, full, range(1, 5))
+    aborting = grpo(
+        tmp_path / "abort", replicas, "async_steps=2", "max_steps=4", "save_every=0", "async_abort_on_push=true"
+    )
+    assert all(aborting[s]["rollout/staleness"] in (0, 1, 2) for s in range(1, 5))  # depends on timing
+    assert all(aborting[s]["rollout/resent_requests"] >= 0 for s in range(1, 5))
     run = tmp_path / "resumed"
     KILL.update(calls=0, crash=3)  # the run ends in step 3, after the step-2 checkpoint (which holds step 3's batch)
     with pytest.raises(Crash):
@@ -132,3 +159,15 @@ def test_async_steps_on_two_replicas_samples_one_update_ahead_and_resumes_exactl
     KILL.clear()
     resumed = grpo(run, *args, "save_every=2", "resume=true")
     assert_same_steps(resumed, full, range(1, 5))
+
+
+def test_vllm_replicas_starts_two_servers_for_the_run_and_stops_them(tmp_path, one, monkeypatch):
+    """vllm_replicas=2: two `lmrl vllm-serve` children on free ports, trained on as the listed replicas are (the
+    first 2 steps equal one server's), stopped when the run ends."""
+    from lmrl.rollout import vllm_client
+
+    started, launch = [], vllm_client.launch
+    monkeypatch.setattr(vllm_client, "launch", lambda timeout: started.append(launch(timeout)) or started[-1])
+    two = grpo(tmp_path / "spawned", "vllm_replicas=2", "max_steps=2", "save_every=0")
+    assert len(started) == 2 and all(remote.process.poll() is not None for remote in started)
+    assert_same_steps(two, one, range(1, 3))

@@ -166,6 +166,10 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         0,
         "placement=ray, or engine=vllm with vllm_server(s): sample up to this many steps ahead while the learner trains, with weights at most this many updates old (0: synchronous; docs/async.md)",
     )
+    async_abort_on_push: bool = field(
+        False,
+        "async_steps on vLLM servers: a weight push cancels the queued requests that have not started and sends them again after it (they sample the new weights; staleness drops; which requests depends on timing). false: they finish on the old weights (docs/async.md)",
+    )
     worker_restarts: int = field(3, "placement=ray: dead workers replaced in a row before the run stops")
     ray_address: str | None = field(
         None, "placement=ray: a Ray cluster to join (null: RAY_ADDRESS, or a local cluster)"
@@ -238,6 +242,13 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
             self.check_async_servers()
         if self.async_steps:
             self.check_async()
+        if self.async_abort_on_push and (not self.async_steps or self.placement == "ray"):
+            raise ConfigError(
+                "async_abort_on_push re-sends requests queued on vLLM servers ahead of a weight push: it "
+                f"applies to async_steps > 0 with engine=vllm and vllm_server(s) (got async_steps="
+                f"{self.async_steps}, placement={self.placement}). Fix: async_abort_on_push=false, or "
+                "async_steps on vLLM servers."
+            )
 
     def check_knobs(self) -> None:
         """The loss knobs: ranges, and options that the algorithm's policy loss must declare."""
@@ -352,8 +363,8 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
         if self.engine != "vllm" or not server_list(self):
             raise ConfigError(
                 f"async_steps={self.async_steps} samples ahead while the learner trains: on Ray rollout "
-                "workers (placement=ray) or on vLLM servers (engine=vllm vllm_server=host:port or "
-                "vllm_servers=[...]); "
+                "workers (placement=ray) or on vLLM servers (engine=vllm vllm_server=host:port, "
+                "vllm_servers=[...] or vllm_replicas=N); "
                 f"{'engine=vllm without a server' if self.engine == 'vllm' else 'engine=hf'} samples in "
                 "the learner's process, with the learner's weights. Fix: async_steps=0, placement=ray, "
                 "or a vLLM server."

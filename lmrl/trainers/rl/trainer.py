@@ -323,6 +323,7 @@ class OnlineRL(loop.MethodDefaults):
                     self.rows_of,
                     config.async_steps,
                     config.max_steps,
+                    config.async_abort_on_push,
                 )
         self.env_factory = env_factory = build_env_factory(config, self.tokenizer)
         self.curriculum = (

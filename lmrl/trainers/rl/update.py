@@ -28,6 +28,7 @@ from lmrl.algorithms import (
     policy_loss,
 )
 from lmrl.data import packing
+from lmrl.models import fused
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
@@ -246,6 +247,7 @@ def train_micro(
     if record is not None and last_use:
         record = record.for_last_use()  # freed as the forward replays it: not held through the backward
     mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
+    fused_before = sum(fused.CALLS.values())
     logp, entropy = completion_logprobs(
         parts.model,
         sub.input_ids,
@@ -261,6 +263,7 @@ def train_micro(
         entropy_grad=options.entropy_in_loss,
         packed=options.max_tokens is not None,
     )
+    usage["fused"] = usage.get("fused", 0) + sum(fused.CALLS.values()) - fused_before
     old_logp = logp.detach() if targets.old_logp is None else targets.old_logp
     keep = (
         high_entropy_tokens(entropy, mask, options.top_entropy_quantile) if options.top_entropy_quantile < 1 else None
@@ -399,7 +402,7 @@ def mean_over_ranks(totals: dict[str, float]) -> dict[str, float]:
 def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
     """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once,
     through the chunked LM head and as packed rows, and the share of linear-layer calls that returned the sampler's
-    outputs."""
+    outputs; the fused RMSNorm/SwiGLU calls per training forward (`lmrl.models.fused`)."""
     forwards = max(usage.get("forwards", 0), 1)
     calls = usage.get("replayed", 0) + usage.get("computed", 0)
     return {
@@ -407,4 +410,5 @@ def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
         "update/chunked_head": usage.get("chunked_head", 0) / forwards,
         "update/packed": usage.get("packed", 0) / forwards,
         "update/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0,
+        "update/fused_calls": usage.get("fused", 0) / forwards,
     }

@@ -1,0 +1,157 @@
+"""Fused RMSNorm and SwiGLU (`lmrl.models.fused`): hand-computed values and gradients, the HF modules' own values and
+gradients on real decoders, what is refused, and a GRPO run that counts the fused calls it reports."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from lmrl.models import fused
+from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fused_count
+from lmrl.tracking import read_jsonl
+
+
+def test_rms_norm_hand_values_and_gradients():
+    # x = (3, 4), w = (1, 2), eps 0: mean(x^2) = 12.5, r = 1/sqrt(12.5), n = x r = (0.848528, 1.131371), y = w n
+    x = torch.tensor([[3.0, 4.0]], requires_grad=True)
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    y = RMSNormFunction.apply(x, w, 0.0)
+    r = 1 / math.sqrt(12.5)
+    torch.testing.assert_close(y, torch.tensor([[3 * r, 8 * r]]))
+    # dy = (1, 0): g = dy w = (1, 0), mean(g n) = 3r/2; dx = r (g - n 3r/2), dw = dy n = (3r, 0)
+    y.backward(torch.tensor([[1.0, 0.0]]))
+    mean_gn = 3 * r / 2
+    torch.testing.assert_close(x.grad, torch.tensor([[r * (1 - 3 * r * mean_gn), r * (0 - 4 * r * mean_gn)]]))
+    torch.testing.assert_close(w.grad, torch.tensor([3 * r, 0.0]))
+
+
+def test_swiglu_hand_values_and_gradients():
+    # a = 0: silu(0) = 0, silu'(0) = 1/2; a = 2: sigmoid(2) = s, silu = 2s, silu' = s (1 + 2 (1 - s))
+    a = torch.tensor([0.0, 2.0], requires_grad=True)
+    b = torch.tensor([3.0, 5.0], requires_grad=True)
+    out = SwiGLUFunction.apply(a, b)
+    s = 1 / (1 + math.exp(-2))
+    torch.testing.assert_close(out, torch.tensor([0.0, 2 * s * 5]))
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, torch.tensor([0.5 * 3, s * (1 + 2 * (1 - s)) * 5]))
+    torch.testing.assert_close(b.grad, torch.tensor([0.0, 2 * s]))
+    a64 = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    b64 = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(SwiGLUFunction.apply, (a64, b64))
+
+
+def tiny(cls, config_cls, **extra):
+    torch.manual_seed(0)
+    config = config_cls(
+        vocab_size=97,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        **extra,
+    )
+    model = cls(config).eval()
+    with torch.no_grad():  # norms away from their all-ones init, so a wrong weight gradient shows
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize(
+    "build,norms",
+    [
+        (lambda: tiny(LlamaForCausalLM, LlamaConfig), 5),  # 2 per layer + the final norm
+        (lambda: tiny(Qwen3ForCausalLM, Qwen3Config, head_dim=16), 9),  # + q_norm and k_norm over each head
+    ],
+    ids=["llama", "qwen3"],
+)
+def test_fused_decoders_give_the_modules_values_and_gradients(build, norms):
+    own = build()
+    model = copy.deepcopy(own)
+    assert fuse_layers(model) == {"rms_norm": norms, "swiglu": 2}
+    assert fuse_layers(model) == {"rms_norm": norms, "swiglu": 2} and fused_count(model) == norms + 2  # idempotent
+    ids = torch.randint(0, 97, (3, 9), generator=torch.Generator().manual_seed(0))
+    for autocast in (False, True):
+        results = []
+        for m in (own, model):
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = m(input_ids=ids).logits.float()
+            logits.log_softmax(-1)[..., 5].sum().backward()
+            results.append((logits.detach(), {k: p.grad for k, p in m.named_parameters()}))
+        (a, grads_a), (b, grads_b) = results
+        assert torch.equal(a, b)  # the forward runs the modules' own ops in their order
+        for name, grad in grads_a.items():
+            tol = 1e-5 if not autocast else 2e-2  # bf16: the SwiGLU backward rounds once, from fp32
+            torch.testing.assert_close(grads_b[name], grad, rtol=tol, atol=tol * grad.abs().max().item(), msg=name)
+
+
+def test_a_norm_the_fused_version_does_not_reproduce_keeps_its_own_forward():
+    class OffsetRMSNorm(torch.nn.Module):  # Gemma-style (1 + w): looks like an RMSNorm, computes something else
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(8))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            return (1 + self.weight) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    class MLP(torch.nn.Module):  # SwiGLU's parts with GELU: not fused
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = (torch.nn.Linear(8, 8) for _ in range(3))
+            self.act_fn = torch.nn.GELU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    model = torch.nn.Sequential(OffsetRMSNorm(), MLP())
+    before = dict(fused.CALLS)
+    assert fuse_layers(model) == {"rms_norm": 0, "swiglu": 0} and fused_count(model) == 0
+    assert dict(fused.CALLS) == before  # the check's own calls are not counted as uses
+
+
+def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_path):
+    from lmrl.models import load_model
+    from lmrl.trainers.rl import trainer as online
+    from tests.trainers.test_online import rl_config
+
+    finals = []
+    for on in ("true", "false"):
+        out = tmp_path / on
+        before = sum(fused.CALLS.values())
+        online.train(rl_config(tmp_path, "grpo", "max_steps=2", f"output_dir={out}", f"fused_layers={on}"))
+        ran = sum(fused.CALLS.values()) - before
+        rows = [r for r in read_jsonl(out / "metrics.jsonl") if "update/fused_calls" in r]
+        assert len(rows) == 2
+        if on == "true":  # builtin:tiny, 2 layers: (2 x (2 norms + 1 MLP) + the final norm) x 2 decoder passes
+            # (shared prompts: each distinct prompt once, then the completions)
+            assert ran > 0 and all(r["update/fused_calls"] == 14 for r in rows), rows
+        else:
+            assert ran == 0 and all(r["update/fused_calls"] == 0 for r in rows), rows
+        finals.append(dict(load_model(str(out / "final")).named_parameters()))
+    for name, p in finals[0].items():  # fp32: the fused backward differs from autograd's by rounding only
+        torch.testing.assert_close(p, finals[1][name], rtol=0, atol=1e-4, msg=name)
+
+
+def test_fused_swiglu_matches_autograd_in_bf16_as_closely_as_autograd_does():
+    torch.manual_seed(0)
+    a, b, d = torch.randn(64, 256) * 3, torch.randn(64, 256), torch.randn(64, 256)
+
+    def grads(fn, dtype):
+        x, y = a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
+        fn(x, y).backward(d.to(dtype))
+        return x.grad.double(), y.grad.double()
+
+    truth = grads(lambda x, y: F.silu(x) * y, torch.float64)
+    native = grads(lambda x, y: F.silu(x) * y, torch.bfloat16)
+    mine = grads(SwiGLUFunction.apply, torch.bfloat16)
+    for n, m, t in zip(native, mine, truth):
+        assert (m - t).abs().max() <= (n - t).abs().max() * 1.01
