@@ -7,7 +7,7 @@ that keeps only its inputs (and RMSNorm's per-row 1/rms) and writes the backward
     RMSNorm  y = w * cast(n),  n = x r,  r = 1 / sqrt(mean(x^2) + eps)           (x in fp32; cast: to x's dtype)
              dw = sum_rows dy * cast(n),   dx = r (g - n mean(g n)),  g = dy w   (Zhang & Sennrich 2019)
     SwiGLU   s = silu(a) * b,  silu(a) = a sigmoid(a)
-             da = ds b sigmoid(a) (1 + a (1 - sigmoid(a))),   db = ds silu(a)
+             da = ds b sigmoid(a) (1 + a (1 - sigmoid(a))),   db = ds silu(a)   (PyTorch's silu_backward)
 
 as Liger-Kernel fuses them on GPUs. On SmolLM2-135M (30 layers, 2 norms and 1 MLP each) that is ~7 KB fewer saved
 bytes per token and layer, ~1/3 of the training forward's activations (docs/benchmarks.md).
@@ -56,7 +56,8 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class SwiGLUFunction(torch.autograd.Function):
-    """s = silu(a) * b; saves a and b only (silu(a) is recomputed in the backward, in fp32)."""
+    """s = silu(a) * b; saves a and b only: the backward recomputes silu(a) (one op) and applies PyTorch's own
+    ``silu_backward`` kernel, so the gradients are autograd's, bit for bit."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -66,11 +67,9 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, ds: torch.Tensor):
         a, b = ctx.saved_tensors
-        af, dsf = a.to(torch.float32), ds.to(torch.float32)
-        sig = torch.sigmoid(af)
-        silu = af * sig
-        da = dsf * b.to(torch.float32) * sig * (1 + af * (1 - sig))
-        return da.to(a.dtype), (dsf * silu).to(b.dtype)
+        da = torch.ops.aten.silu_backward(ds * b, a) if ctx.needs_input_grad[0] else None
+        db = ds * F.silu(a) if ctx.needs_input_grad[1] else None
+        return da, db
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -89,7 +89,7 @@ def test_fused_decoders_give_the_modules_values_and_gradients(build, norms):
         (a, grads_a), (b, grads_b) = results
         assert torch.equal(a, b)  # the forward runs the modules' own ops in their order
         for name, grad in grads_a.items():
-            tol = 1e-5 if not autocast else 2e-2  # bf16: the SwiGLU backward rounds once, from fp32
+            tol = 1e-5 if not autocast else 2e-2  # bf16: the norm's backward rounds in another order
             torch.testing.assert_close(grads_b[name], grad, rtol=tol, atol=tol * grad.abs().max().item(), msg=name)
 
 
@@ -141,17 +141,14 @@ def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_p
         torch.testing.assert_close(p, finals[1][name], rtol=0, atol=1e-4, msg=name)
 
 
-def test_fused_swiglu_matches_autograd_in_bf16_as_closely_as_autograd_does():
+def test_fused_swiglu_gradients_are_autograds_bit_for_bit_in_bf16():
     torch.manual_seed(0)
     a, b, d = torch.randn(64, 256) * 3, torch.randn(64, 256), torch.randn(64, 256)
 
-    def grads(fn, dtype):
-        x, y = a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
-        fn(x, y).backward(d.to(dtype))
-        return x.grad.double(), y.grad.double()
+    def grads(fn):
+        x, y = a.bfloat16().requires_grad_(), b.bfloat16().requires_grad_()
+        fn(x, y).backward(d.bfloat16())
+        return x.grad, y.grad
 
-    truth = grads(lambda x, y: F.silu(x) * y, torch.float64)
-    native = grads(lambda x, y: F.silu(x) * y, torch.bfloat16)
-    mine = grads(SwiGLUFunction.apply, torch.bfloat16)
-    for n, m, t in zip(native, mine, truth):
-        assert (m - t).abs().max() <= (n - t).abs().max() * 1.01
+    for mine, native in zip(grads(SwiGLUFunction.apply), grads(lambda x, y: F.silu(x) * y)):
+        assert torch.equal(mine, native)
