@@ -237,17 +237,22 @@ def test_prompt_groups_find_repeated_prompts_in_any_order():
     assert prompt_groups(same_ids_other_mask, torch.tensor([[0, 1, 1], [1, 1, 1]]), completion_start=2) is None
 
 
+def padded_rows(seed: int, left_padding: bool, n: int = 6, p: int = 5, t: int = 7):
+    """(ids, mask, p): n rows of p prompt + t completion positions, completions right-padded to lengths
+    t - (b % 4) (the padding after each row's stop), prompts left-padded by b % 3 when ``left_padding``."""
+    mask = torch.ones(n, p + t, dtype=torch.long)
+    for b in range(n):
+        if left_padding:
+            mask[b, : b % 3] = 0
+        mask[b, p + t - b % 4 :] = 0
+    return torch.randint(3, 97, (n, p + t), generator=torch.Generator().manual_seed(seed)) * mask, mask, p
+
+
 @pytest.mark.parametrize("chunk_mb", [128.0, 1e-6])  # one ordinary forward; the chunked LM head
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
 def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, chunk_mb):
     model = build()
-    g = torch.Generator().manual_seed(0)
-    n, p, t = 6, 5, 7
-    mask = torch.ones(n, p + t, dtype=torch.long)
-    for b in range(n):  # left-padded prompts, right-padded completions of different lengths
-        mask[b, : b % 3] = 0
-        mask[b, p + t - b % 4 :] = 0
-    ids = torch.randint(3, 97, (n, p + t), generator=g) * mask
+    ids, mask, p = padded_rows(seed=0, left_padding=True)
     outs = {}
     for packed in (False, True):
         model.zero_grad(set_to_none=True)
@@ -265,12 +270,8 @@ def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, ch
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
 def test_the_chunked_head_runs_on_completion_tokens_only_with_the_same_values_and_gradients(build, monkeypatch):
     model = build()
-    g = torch.Generator().manual_seed(1)
-    n, p, t = 6, 5, 7
-    mask = torch.ones(n, p + t, dtype=torch.long)
-    for b in range(n):  # right-padded completions of lengths 7, 6, 5, 4, 7, 6 (the padding after each row's stop)
-        mask[b, p + t - b % 4 :] = 0
-    ids = torch.randint(3, 97, (n, p + t), generator=g) * mask
+    ids, mask, p = padded_rows(seed=1, left_padding=False)  # completions of 7, 6, 5, 4, 7, 6 of 7 tokens
+    n, t = ids.shape[0], ids.shape[1] - p
     head_rows = []
     hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head_rows.append(a[0].shape[0]))
     outs = {}
