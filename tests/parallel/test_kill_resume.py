@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from dist_helpers import TINY, max_weight_diff, run_ranks
 
 from lmrl.config import load_config
@@ -69,6 +70,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # three 2-process runs, 25-36 s: `make test-all` (the default suite stays under 10 minutes)
 def test_kill_one_rank_stops_the_run_and_resume_continues_exactly(tmp_path):
     reference = load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'ref'}", *ARGS])
     run_ranks(online.train, reference)

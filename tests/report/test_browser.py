@@ -163,6 +163,7 @@ def set_smoothing(page, value: float) -> None:
     )
 
 
+@pytest.mark.slow  # 8-12 s; the live dashboard itself stays in the default suite (test_dashboard_in_browser_updates_live)
 def test_dashboard_keeps_zoom_and_hidden_lines_across_polls_and_smooths(runs_dir, page):
     server = serve(DashboardConfig(runs_dir=str(runs_dir), port=0, poll_ms=300))
     try:
