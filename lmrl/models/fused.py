@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu")
 
-__all__ = ["CALLS", "RMSNormFunction", "SwiGLUFunction", "fuse_layers", "fused_count"]
+__all__ = ["CALLS", "RMSNormFunction", "SwiGLUFunction", "fuse_layers", "fused_count", "total_calls"]
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -135,6 +135,11 @@ def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
             fused[kind] += 1
         CALLS[kind] = before  # the check's own call is not a use
     return fused
+
+
+def total_calls() -> int:
+    """Fused forwards run so far in this process, of every kind (a caller's count is the difference)."""
+    return sum(CALLS.values())
 
 
 def fused_count(model: torch.nn.Module) -> int:

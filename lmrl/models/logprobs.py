@@ -11,6 +11,7 @@ import contextlib
 
 import torch
 
+from lmrl.models import fused
 from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head
 from lmrl.models.hf_compat import (
     accepts_kwarg,
@@ -204,6 +205,7 @@ def completion_logprobs(
     replay = (
         replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None else contextlib.nullcontext({})
     )
+    fused_before = fused.total_calls()
     with ctx, replay as replayed:
         if parts is not None:
 
@@ -241,7 +243,14 @@ def completion_logprobs(
             ).logits
             logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
     if usage is not None:
-        count_usage(usage, shared=groups is not None, chunked=parts is not None, replayed=replayed, packed=packed)
+        count_usage(
+            usage,
+            shared=groups is not None,
+            chunked=parts is not None,
+            replayed=replayed,
+            packed=packed,
+            fused_calls=fused.total_calls() - fused_before,
+        )
     if parts is not None:
         if not return_entropy:
             return torch.where(valid, out, torch.zeros_like(out))
@@ -270,14 +279,21 @@ def valid_head_logprobs(parts, hidden: torch.Tensor, targets: torch.Tensor, vali
 
 
 def count_usage(
-    usage: dict[str, int], shared: bool, chunked: bool, replayed: dict[str, int], packed: bool = False
+    usage: dict[str, int],
+    shared: bool,
+    chunked: bool,
+    replayed: dict[str, int],
+    packed: bool = False,
+    fused_calls: int = 0,
 ) -> None:
     """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows, and how many
-    linear-layer calls returned the sampler's recorded outputs ("replayed") or computed them ("computed")."""
+    linear-layer calls returned the sampler's recorded outputs ("replayed") or computed them ("computed"), and how
+    many fused RMSNorm/SwiGLU forwards ran (`lmrl.models.fused`)."""
     usage["forwards"] = usage.get("forwards", 0) + 1
     usage["packed"] = usage.get("packed", 0) + int(packed)
     usage["shared_prompts"] = usage.get("shared_prompts", 0) + int(shared)
     usage["chunked_head"] = usage.get("chunked_head", 0) + int(chunked)
+    usage["fused"] = usage.get("fused", 0) + fused_calls
     for key in ("replayed", "computed"):
         usage[key] = usage.get(key, 0) + replayed.get(key, 0)
 

@@ -126,7 +126,7 @@ class ModelSetup:
         return model
 
     def prepare(self, model: torch.nn.Module, base: str | None = None) -> torch.nn.Module:
-        """Apply this setup to a freshly built trainable model: device, gradient checkpointing, LoRA."""
+        """Apply this setup to a freshly built trainable model: device, fused layers, gradient checkpointing, LoRA."""
         if not self.load_in_4bit:  # a 4-bit model is placed by from_pretrained
             model = model.to(self.device)
         if self.fused_layers:

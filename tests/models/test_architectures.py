@@ -14,7 +14,6 @@ from arch_zoo import ARCHITECTURES, build_model
 from support_table import record
 
 from lmrl.data.tokenizers import load_tokenizer
-from lmrl.models import fused
 from lmrl.models.fused import fuse_layers, fused_count
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.lora import apply_lora
@@ -100,9 +99,7 @@ def test_sampler_and_learner_log_probs_agree_with_every_option(arch, option, tok
     assert not any(modes[1:]) or option == "lora"  # RL policies run in eval mode: no dropout in sampler or learner
     usage = {}
     counts, handles = layer_calls(model)
-    fused_before = sum(fused.CALLS.values())
     logp = learner_logprobs(model, batch, option, usage)
-    usage["fused"] = sum(fused.CALLS.values()) - fused_before
     mask = batch.completion_mask.bool()
     gap = (logp - batch.sampler_logp)[mask].abs().max().item()
     logp.sum().backward()

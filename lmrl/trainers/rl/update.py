@@ -28,7 +28,6 @@ from lmrl.algorithms import (
     policy_loss,
 )
 from lmrl.data import packing
-from lmrl.models import fused
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
@@ -247,7 +246,6 @@ def train_micro(
     if record is not None and last_use:
         record = record.for_last_use()  # freed as the forward replays it: not held through the backward
     mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-    fused_before = sum(fused.CALLS.values())
     logp, entropy = completion_logprobs(
         parts.model,
         sub.input_ids,
@@ -263,7 +261,6 @@ def train_micro(
         entropy_grad=options.entropy_in_loss,
         packed=options.max_tokens is not None,
     )
-    usage["fused"] = usage.get("fused", 0) + sum(fused.CALLS.values()) - fused_before
     old_logp = logp.detach() if targets.old_logp is None else targets.old_logp
     keep = (
         high_entropy_tokens(entropy, mask, options.top_entropy_quantile) if options.top_entropy_quantile < 1 else None
