@@ -20,6 +20,11 @@ Cases, each through the Python API of the trainer that `lmrl <verb>` runs (`sft.
     chunked_head  the sft case with logprob_chunk_mb=8 (13 positions of fp32 logits; --small: 1, 64 positions): the
                 fused chunked LM head's backward ran in many chunks (the sft case's in none), and the step-1 loss
                 equals the sft case's
+    unfused     the sft case with fused_layers=false: no fused RMSNorm/SwiGLU forward ran (the sft case's ran, counted
+                by `lmrl.models.fused.total_calls`), the step-1 loss equals the sft case's; its peak memory and
+                tokens/s beside the sft case's are what the fused layers save on a GPU
+    grpo_unfused  the grpo case with fused_layers=false: no fused forward ran (the grpo case's did), and its
+                training step's time and peak beside grpo's
     ppo         PPO (algorithm=ppo: a value model from the policy, GAE, kl_coef=0.05 in the reward): finite policy and
                 value losses, non-zero gradient, final/ loads and moved
     online_dpo  online DPO: pairs sampled by the policy, ranked by the pseudo-random reward; finite losses, gradient
@@ -97,11 +102,13 @@ CASES = (
     "dpo",
     "grad_ckpt",
     "chunked_head",
+    "unfused",
     "ppo",
     "online_dpo",
     "rejection",
     "reward",
     "avatarl",
+    "grpo_unfused",
 )
 TOKENIZER = "builtin:char"
 NOISE_REWARD = "gpu_check_noise"
@@ -192,13 +199,19 @@ def instruments():
     """Counts for the checks: the trained policy (as `ModelSetup.policy` returned it), the training forwards of its
     first decoder layer's attention (grad enabled: the forward and, with gradient checkpointing, the backward's
     recompute), and the chunks the fused LM head computed logits for in its backward (`lmrl.models.head._logits`):
-    training, not evaluation."""
+    training, not evaluation; `fused_calls(seen)` is the fused RMSNorm/SwiGLU forwards run since the case began."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    from lmrl.models import head
+    from lmrl.models import fused, head
     from lmrl.models.setup import ModelSetup
 
-    seen = {"policy": None, "layer_calls": 0, "head_chunks": 0, "in_backward": False}
+    seen = {
+        "policy": None,
+        "layer_calls": 0,
+        "head_chunks": 0,
+        "in_backward": False,
+        "fused_start": fused.total_calls(),
+    }
     real_policy, real_logits, real_backward = ModelSetup.policy, head._logits, head.FusedHeadLogprobs.backward
 
     def policy(self, *args, **kwargs):
@@ -232,6 +245,12 @@ def instruments():
         patched(head.FusedHeadLogprobs, "backward", staticmethod(backward)),
     ):
         yield seen
+
+
+def fused_calls(seen: dict) -> int:
+    from lmrl.models import fused
+
+    return fused.total_calls() - seen["fused_start"]
 
 
 def register_noise_reward() -> None:
@@ -304,6 +323,11 @@ def check_final(ctx: Context, run_dir: Path) -> None:
     check(moved > 0, f"final/ {PROBE_WEIGHT} equals the start model's: training did not reach final/")
 
 
+def train_seconds(rows: list[dict]) -> float:
+    """The median of the trainer's own `time/train_s` (the update: forward, backward, optimizer) over the steps."""
+    return statistics.median(finite(rows, "time/train_s"))
+
+
 def median_tokens_per_s(rows: list[dict]) -> float:
     values = [r["tokens_per_s"] for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
     return statistics.median(values) if values else float("nan")
@@ -374,11 +398,15 @@ def case_sft(ctx: Context, run_dir: Path):
             abs(losses[0] - expected) < 0.25 * expected, f"step-1 loss {losses[0]:.3f}, expected ~ln V = {expected:.3f}"
         )
         check_final(ctx, run_dir)
+        calls = fused_calls(seen)
+        check(calls > 0, "no fused RMSNorm/SwiGLU forward ran (fused_layers is on by default; Qwen2 has both)")
         return rows, {
             "loss1": losses[0],
             "layer_calls": seen["layer_calls"],
             "head_chunks": seen["head_chunks"],
-            "note": f"step-1 loss {losses[0]:.4f} (ln V = {expected:.4f})",
+            "fused_calls": calls,
+            "train_s": train_seconds(rows),
+            "note": f"step-1 loss {losses[0]:.4f} (ln V = {expected:.4f}); {calls} fused RMSNorm/SwiGLU forwards",
         }
 
     return lambda: sft.train(config), verify
@@ -448,6 +476,45 @@ def case_chunked_head(ctx: Context, run_dir: Path):
     return lambda: sft.train(config), verify
 
 
+def compared_with(ctx: Context, base_name: str, rows: list[dict]) -> str:
+    """This case's peak GPU memory, tokens/s and training-step seconds beside ``base_name``'s (the fused run)."""
+    base = ctx.results.get(base_name)
+    if base is None or not base.ok:
+        return f"not compared ({base_name} did not pass)"
+    parts = [f"training {train_seconds(rows):.2f} s/step vs {base.info['train_s']:.2f} s fused"]
+    peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.device.startswith("cuda") else None
+    if peak is not None and base.peak_gib is not None:
+        parts.append(f"peak {peak:.2f} GiB vs {base.peak_gib:.2f} GiB fused")
+    return ", ".join(parts)
+
+
+def case_unfused(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers.sft import trainer as sft
+
+    config = load_config(
+        sft.SFTConfig,
+        None,
+        [
+            *common_overrides(ctx, run_dir),
+            *sft_overrides(ctx),
+            f"logprob_chunk_mb={ONE_CHUNK_MB}",
+            "fused_layers=false",
+        ],
+    )
+
+    def verify(seen):
+        rows = train_records(run_dir, ctx.args.steps)
+        finite(rows, "loss")
+        check_gradients(rows)
+        calls = fused_calls(seen)
+        check(calls == 0, f"fused_layers=false, yet {calls} fused forwards ran")
+        note = step1_loss_matches(ctx, rows, "unfused")
+        return rows, {"note": f"0 fused forwards; {note}; {compared_with(ctx, 'sft', rows)}"}
+
+    return lambda: sft.train(config), verify
+
+
 def rl_overrides(ctx: Context) -> list[str]:
     prompts, samples, tokens = (4, 4, 16) if ctx.small else (8, 8, 64)
     return [
@@ -488,9 +555,30 @@ def case_grpo(ctx: Context, run_dir: Path):
     config = load_config(online.RLConfig, None, [*common_overrides(ctx, run_dir), *rl_overrides(ctx), "lr=1e-5"])
 
     def rows_check(rows, seen):
+        calls = fused_calls(seen)
+        check(calls > 0, "no fused RMSNorm/SwiGLU forward ran (fused_layers is on by default; Qwen2 has both)")
         return {
-            "note": f"policy loss {rows[0]['loss/policy']:+.4f}, grad norm {rows[0]['optim/grad_norm']:.3f} at step 1"
+            "train_s": train_seconds(rows),
+            "note": f"policy loss {rows[0]['loss/policy']:+.4f}, grad norm {rows[0]['optim/grad_norm']:.3f} at step 1; "
+            f"{calls} fused forwards",
         }
+
+    return lambda: online.train(config), rl_verify(ctx, run_dir, rows_check)
+
+
+def case_grpo_unfused(ctx: Context, run_dir: Path):
+    from lmrl.config import load_config
+    from lmrl.trainers.rl import trainer as online
+
+    register_noise_reward()
+    config = load_config(
+        online.RLConfig, None, [*common_overrides(ctx, run_dir), *rl_overrides(ctx), "lr=1e-5", "fused_layers=false"]
+    )
+
+    def rows_check(rows, seen):
+        calls = fused_calls(seen)
+        check(calls == 0, f"fused_layers=false, yet {calls} fused forwards ran")
+        return {"note": f"0 fused forwards; {compared_with(ctx, 'grpo', rows)}"}
 
     return lambda: online.train(config), rl_verify(ctx, run_dir, rows_check)
 
@@ -730,11 +818,13 @@ CASE_FUNCTIONS = {
     "dpo": case_dpo,
     "grad_ckpt": case_grad_ckpt,
     "chunked_head": case_chunked_head,
+    "unfused": case_unfused,
     "ppo": case_ppo,
     "online_dpo": case_online_dpo,
     "rejection": case_rejection,
     "reward": case_reward,
     "avatarl": case_avatarl,
+    "grpo_unfused": case_grpo_unfused,
 }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = 11
+CASES = 13
 
 ABSENT_ON_GPU_IMAGE = (
     "datasets",
@@ -49,7 +49,7 @@ runpy.run_path("benchmarks/gpu_check.py", run_name="__main__")
 """
 
 
-@pytest.mark.slow  # ~32 s; `make test-all`, and `make gpu-check` itself ran 11/11 on an H100 (docs/gpu.md)
+@pytest.mark.slow  # ~32 s; `make test-all`, and `make gpu-check` itself ran 13/13 on an H100 (docs/gpu.md)
 def test_gpu_check_passes_on_the_cpu_without_the_packages_a_cuda_image_lacks():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
@@ -69,9 +69,11 @@ def test_gpu_check_passes_on_the_cpu_without_the_packages_a_cuda_image_lacks():
         "dpo",
         "grad_ckpt",
         "chunked_head",
+        "unfused",
         "ppo",
         "online_dpo",
         "rejection",
         "reward",
         "avatarl",
+        "grpo_unfused",
     ]
