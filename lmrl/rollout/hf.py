@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from lmrl.models import packed
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.modes import evaluating
 from lmrl.models.replay import LinearRecorder, has_dropout
@@ -99,10 +100,17 @@ class HFEngine:
     tokenizer: its tokenizer (pad id, eos id, decoding). autocast_dtype: e.g. torch.bfloat16 to run the
     forwards under autocast, None for the model's own dtype. compact_threshold: when at least this fraction
     of the running rows has finished, drop the finished rows from the batch and the cache (None: never).
+    pack_weights: on a CPU under bf16 autocast, multiply by weights packed once per rollout for oneDNN
+    (`lmrl.models.packed`: bitwise the same outputs); `metrics()` counts the packed forwards since it was last read.
     """
 
     def __init__(
-        self, model, tokenizer, autocast_dtype: torch.dtype | None = None, compact_threshold: float | None = 0.5
+        self,
+        model,
+        tokenizer,
+        autocast_dtype: torch.dtype | None = None,
+        compact_threshold: float | None = 0.5,
+        pack_weights: bool = True,
     ):
         if compact_threshold is not None and not 0 < compact_threshold <= 1:
             raise ValueError(f"HFEngine.compact_threshold must be in (0, 1] or None, got {compact_threshold!r}.")
@@ -110,6 +118,8 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.autocast_dtype = autocast_dtype
         self.compact_threshold = compact_threshold
+        self.pack_weights = pack_weights
+        self._packed_calls: int | None = None  # packed linear forwards since metrics() was last read
         self._matchers: dict[tuple[str, ...], StopStringMatcher] = {}
         self._keeps_logits = accepts_kwarg(model, "logits_to_keep")
         self._cache_kwarg = cache_kwarg(model) or "past_key_values"
@@ -127,7 +137,10 @@ class HFEngine:
             self._cache_kwarg = cache_kwarg(model) or "past_key_values"
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        if self._packed_calls is None:
+            return {}
+        calls, self._packed_calls = self._packed_calls, 0
+        return {"rollout/packed_linear_calls": calls}
 
     def close(self) -> None:
         pass
@@ -179,12 +192,17 @@ class HFEngine:
         recorder = None
         if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
             recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
+        packed_before = packed.CALLS[0]
         try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)
             with evaluating(self.model), self._grad_mode(recording=recorder is not None), self._autocast():
-                out_ids, out_logp, finish_step, steps = self._decode(
-                    ids, mask, params, n, generator, stop_ids, matcher, recorder
-                )
+                pack = self.autocast_dtype if self.pack_weights else None  # bf16 only
+                with packed.packed_linears(self.model, pack, rows=len(prompt_ids) * n):
+                    out_ids, out_logp, finish_step, steps = self._decode(
+                        ids, mask, params, n, generator, stop_ids, matcher, recorder
+                    )
         finally:
+            if self.pack_weights and self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu":
+                self._packed_calls = (self._packed_calls or 0) + packed.CALLS[0] - packed_before
             if recorder is not None:
                 recorder.close()
         # Clone out of inference mode so that learners can use the tensors in autograd graphs.

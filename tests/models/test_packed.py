@@ -1,0 +1,106 @@
+"""Packed bf16 weights while sampling on a CPU (`lmrl.models.packed`): bitwise the same rollouts, counted as used."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lmrl.data.tokenizers import build_char_tokenizer
+from lmrl.models import packed
+from lmrl.rollout import HFEngine, SamplingParams
+
+pytestmark = pytest.mark.skipif(not packed.available(), reason="oneDNN without bf16 on this CPU: nothing is packed")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        attention_bias=True,  # q/k/v/o with biases: the packed path adds them too
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in ["12+34=", "7*8=", "100-1="]]
+
+
+LINEARS_PER_FORWARD = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+
+
+def rollout(model, tok, prompts, pack: bool, record: bool = False):
+    engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16, pack_weights=pack)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=())
+    batch = engine.generate(
+        prompts, params, n=4, generator=torch.Generator().manual_seed(3), record_linear_outputs=record
+    )
+    return batch, engine.metrics()
+
+
+def test_packed_rollouts_equal_plain_ones_bitwise_and_are_counted(model, tok, prompts):
+    plain, plain_metrics = rollout(model, tok, prompts, pack=False)
+    batch, metrics = rollout(model, tok, prompts, pack=True)
+    assert torch.equal(batch.completion_ids, plain.completion_ids)
+    assert torch.equal(batch.sampler_logp, plain.sampler_logp)
+    # one prefill and 11 decode forwards (the 12th token needs none), each through every linear layer
+    assert metrics == {"rollout/packed_linear_calls": 12 * LINEARS_PER_FORWARD}
+    assert plain_metrics == {}
+    assert all("forward" not in vars(m) for m in model.modules())  # the class's forward is back
+
+
+def test_the_record_for_replay_is_the_same_packed(model, tok, prompts):
+    plain, _ = rollout(model, tok, prompts, pack=False, record=True)
+    batch, metrics = rollout(model, tok, prompts, pack=True, record=True)
+    assert metrics["rollout/packed_linear_calls"] > 0
+    ours, theirs = batch.linear_outputs, plain.linear_outputs
+    assert ours is not None and set(ours.prefill) == set(theirs.prefill) and set(ours.decode) == set(theirs.decode)
+    for name in theirs.prefill:
+        assert torch.equal(ours.prefill[name], theirs.prefill[name]), name
+        assert torch.equal(ours.decode[name], theirs.decode[name]), name
+
+
+def test_each_weight_is_cast_once_per_rollout(model, tok, prompts):
+    from torch.profiler import profile
+
+    packed.reproduces(128, 64, False)  # the shape check's own casts, once per process, before counting
+    with profile(record_shapes=True) as prof:
+        rollout(model, tok, prompts, pack=True)
+    casts = sum(
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::copy_" and e.input_shapes[:2] == [[128, 64], [128, 64]]
+    )
+    assert casts == 4  # gate_proj and up_proj of 2 layers, packed once for 12 forwards
+
+
+def test_nothing_is_packed_with_gradients_on_without_bf16_or_for_other_layers(model):
+    with torch.enable_grad(), packed.packed_linears(model, torch.bfloat16, rows=4) as swapped:
+        assert swapped == 0
+    with torch.no_grad(), packed.packed_linears(model, None, rows=4) as swapped:
+        assert swapped == 0
+
+    class Scaled(torch.nn.Linear):  # a subclass may do more in its forward (quantized, LoRA): kept
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    layers = torch.nn.Sequential(torch.nn.Linear(8, 8), Scaled(8, 8))
+    before = packed.CALLS[0]
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16), packed.packed_linears(layers, torch.bfloat16, 4) as n:
+        assert n == 1
+        layers(torch.randn(3, 8))
+    assert packed.CALLS[0] - before == 1
+    assert "forward" not in vars(layers[0])
