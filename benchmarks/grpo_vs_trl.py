@@ -262,7 +262,7 @@ class MemoryModel:
     def __init__(self, model_dtype: str):
         import torch
 
-        from lmrl.rollout import hf
+        from lmrl.rollout import kv_cache
         from lmrl.trainers import common
         from lmrl.trainers.rl import trainer as online
         from lmrl.trainers.rl import update as rl_update
@@ -279,7 +279,7 @@ class MemoryModel:
             online.rollout,
             rl_update.completion_logprobs,
             common.optimizer_step,
-            hf._repeat_cache,
+            kv_cache.repeat_cache,
         )
 
         def timed_rollout(*a, **kw):
@@ -341,7 +341,7 @@ class MemoryModel:
             measured_logprobs,
             measured_step,
         )
-        hf._repeat_cache = measured_repeat
+        kv_cache.repeat_cache = measured_repeat
 
     def mark(self, next_phase: str) -> None:
         """End the current phase (its peak: VmHWM since its start) and start ``next_phase`` with a fresh peak."""
