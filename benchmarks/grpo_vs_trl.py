@@ -365,9 +365,9 @@ class MemoryModel:
         from lmrl.models.replay import is_linear
 
         self.record("weights (fp32)", storage_mib(model.parameters()))
-        if self.bf16:  # autocast's cache while sampling: one bf16 copy of every linear layer's weight
+        if self.bf16:  # packed weights (lmrl.models.packed) or autocast's cache while sampling: one bf16 copy each
             linear = {id(m.weight): m.weight for m in model.modules() if is_linear(m)}
-            self.record("autocast bf16 weight copies (sampling)", sum(w.numel() for w in linear.values()) * 2 / MIB)
+            self.record("bf16 weight copies (sampling)", sum(w.numel() for w in linear.values()) * 2 / MIB)
         if chunked_head(model, positions, chunk_mb) is not None:
             self.record("LM head logits chunk (logprob_chunk_mb)", chunk_mb)
 
