@@ -153,6 +153,16 @@ class DtypeProbe:
         return {phase: c.most_common(1)[0][0] for phase, c in self.counts.items() if c}
 
 
+def gpu_peak_mb() -> float | None:
+    """MiB of the largest GPU allocation so far (`torch.cuda.max_memory_allocated`; the caching allocator's own
+    reserve not counted), None without CUDA."""
+    import torch
+
+    return (
+        torch.cuda.max_memory_allocated() / MIB if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
+
+
 def steady_state(step_ends: list[float], tokens: list[float], warmup: int) -> dict[str, float]:
     """steps/s and completion tokens/s over steps warmup+1..S: (S - warmup) / (end_S - end_warmup); warmup=0: a
     memory-only run (no rate: NaN)."""
@@ -580,6 +590,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "warmup_steps=0",
         f"max_grad_norm={MAX_GRAD_NORM}",
         f"precision={args.precision}",
+        f"device={args.device}",
         "seed=0",
         f"max_steps={args.steps}",
         "log_every=1",
@@ -601,6 +612,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     config = load_config(online.RLConfig, None, overrides)
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
+    gpu_peak: list[float | None] = [None]
     original_step = online.rl_step
     memory = MemoryModel(args.precision)
     probe = DtypeProbe()
@@ -612,6 +624,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         step_ends.append(time.perf_counter())
         memory.mark("after step")  # then the loop's own work: logging, checkpoints, and at the end the final save
         peak_at_last_step[:] = [max(memory.peaks.values())]
+        gpu_peak[:] = [gpu_peak_mb()]
         return metrics
 
     online.rl_step = timed_step
@@ -633,6 +646,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "exit_peak_mb": max(memory.peaks.values()),
         "dtypes": probe.seen,
         "threads": torch.get_num_threads(),
+        "gpu_peak_mb": gpu_peak[0],
         "memory_model": memory.table(baseline),
         "resets_peak": memory.resets,
     }
@@ -686,7 +700,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     micro = args.trl_micro_batch or args.prompts * args.samples  # one optimizer step per B*G completions either way
     config = GRPOConfig(
         output_dir=str(workdir / "trl-run"),
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         bf16=args.precision == "bf16",
         fp16=False,
         per_device_train_batch_size=micro,
@@ -719,12 +733,14 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     )
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
+    gpu_peak: list[float | None] = [None]
     step_logs: dict[int, dict] = {}
 
     class Timer(TrainerCallback):
         def on_step_end(self, args_, state, control, **kwargs):
             step_ends.append(time.perf_counter())
             peak_at_last_step[:] = [peak_rss_mb()]
+            gpu_peak[:] = [gpu_peak_mb()]
 
         def on_log(self, args_, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:  # the per-step training log (logging_steps=1)
@@ -765,6 +781,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "exit_peak_mb": peak_rss_mb(),
         "dtypes": probe.seen,
         "threads": torch.get_num_threads(),
+        "gpu_peak_mb": gpu_peak[0],
     }
 
 
@@ -832,7 +849,12 @@ def framework_label(name: str, args: argparse.Namespace) -> str:
 def report(rounds: dict[str, list[dict]], args: argparse.Namespace, info: dict) -> None:
     """The table of each framework's median round, lmrl's memory model, and markdown rows to paste."""
     results = {name: median_round(rs) for name, rs in rounds.items()}
-    print(f"\nmachine: {machine()}; torch threads {next(iter(results.values()))['threads']}")
+    gpu_name = ""
+    if args.device == "cuda":
+        import torch
+
+        gpu_name = f"; GPU {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    print(f"\nmachine: {machine()}{gpu_name}; torch threads {next(iter(results.values()))['threads']}")
     print(f"lmrl overrides: {' '.join(args.lmrl_set) or 'none'}; TRL micro-batch {args.trl_micro_batch or 'B*G'}")
     print(
         f"model {info['name']} ({info['params_m']:.1f}M params), {args.prompts} prompts x {args.samples} samples x "
@@ -871,6 +893,13 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, info: dict) 
             extra += f", rows skipped as zero-advantage {100 * r['skipped_rows']:.0f}%"
         print(
             f"{name}: {len(r['step_ends'])} steps, losses finite: {finite}{extra}, child wall time {r['wall_s']:.0f} s"
+        )
+    gpu = {name: r.get("gpu_peak_mb") for name, r in results.items() if r.get("gpu_peak_mb") is not None}
+    if gpu:
+        print(
+            "GPU peak (torch.cuda.max_memory_allocated at the last step), median round: "
+            + ", ".join(f"{name} {mb:,.0f} MiB" for name, mb in gpu.items())
+            + (f"; lmrl/TRL {gpu['lmrl'] / gpu['trl']:.2f}x" if {"lmrl", "trl"} <= set(gpu) else "")
         )
     if "lmrl" in results:
         print(f"lmrl memory model, median round (MiB; peak RSS resets per phase: {results['lmrl']['resets_peak']}):")
@@ -975,6 +1004,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run the frameworks this many times, alternating; report each one's median round",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads in each run (0: torch's default)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: both train on the GPU (lmrl device=cuda, TRL use_cpu=False); the GPU peak is reported too",
+    )
     parser.add_argument(
         "--trl-gradient-checkpointing",
         action="store_true",

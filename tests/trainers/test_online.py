@@ -241,3 +241,23 @@ def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypa
     # to 1% of one step (a wrong replay, e.g. of other rows' outputs, moves them by whole steps)
     for name, p in finals[0].items():
         assert torch.allclose(p, finals[1][name], atol=1e-4), name
+
+
+def test_the_sampling_forward_is_reused_by_default_on_a_cpu_and_not_on_a_gpu(tmp_path):
+    """reuse_sampling_forward=null (default): the record is kept where the engine samples on a CPU; on a GPU it held
+    15 GB and slowed sampling (docs/gpu.md). An explicit true or false holds on either device."""
+    from lmrl.rollout.groups import GroupOptions, wants_record
+
+    config = rl_config(tmp_path, "grpo", "max_steps=2", "skip_zero_advantage=false")
+    assert config.reuse_sampling_forward is None
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    default = GroupOptions.from_config(config)
+    assert wants_record(default, cpu) and not wants_record(default, cuda)
+    for reuse in (True, False):
+        options = GroupOptions.from_config(load_config(online.RLConfig, None, [f"reuse_sampling_forward={reuse}"]))
+        assert wants_record(options, cpu) is reuse and wants_record(options, cuda) is reuse
+    checkpointed = load_config(online.RLConfig, None, ["gradient_checkpointing=true"])
+    assert not wants_record(GroupOptions.from_config(checkpointed), cpu)  # nothing could replay it
+    online.train(config)  # the default on this CPU: every training forward replays the record
+    rows = [r for r in read_jsonl(tmp_path / "grpo" / "metrics.jsonl") if "update/reused_sampling_forward" in r]
+    assert len(rows) == 2 and all(r["update/reused_sampling_forward"] == 1.0 for r in rows), rows

@@ -177,9 +177,9 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     share_prompts: bool = field(
         True, "forward each prompt once per group in training and scoring (same result, fewer FLOPs)"
     )
-    reuse_sampling_forward: bool = field(
-        True,
-        "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs)",
+    reuse_sampling_forward: bool | None = field(
+        None,
+        "one update per batch: the training forward reuses each linear layer's output from sampling instead of recomputing it (lmrl.models.replay; same gradients up to rounding, a third fewer training FLOPs). null: on when the HF engine samples on a CPU, off on a GPU (the record costs more memory and sampling time there than the recompute saves: docs/gpu.md)",
     )
     max_tokens_per_microbatch: int | None = field(
         None,
