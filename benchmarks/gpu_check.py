@@ -381,13 +381,19 @@ def sft_overrides(ctx: Context) -> list[str]:
 ONE_CHUNK_MB = 1_000_000  # logprob_chunk_mb that holds any batch's logits: the plain full-logits head
 
 
-def case_sft(ctx: Context, run_dir: Path):
+def sft_config(ctx: Context, run_dir: Path, *extra: str):
+    """The sft case's config (the full-logits head unless ``extra`` sets logprob_chunk_mb), with ``extra`` overrides."""
     from lmrl.config import load_config
     from lmrl.trainers.sft import trainer as sft
 
-    config = load_config(
-        sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx), f"logprob_chunk_mb={ONE_CHUNK_MB}"]
-    )
+    overrides = [*common_overrides(ctx, run_dir), *sft_overrides(ctx), f"logprob_chunk_mb={ONE_CHUNK_MB}", *extra]
+    return load_config(sft.SFTConfig, None, overrides)
+
+
+def case_sft(ctx: Context, run_dir: Path):
+    from lmrl.trainers.sft import trainer as sft
+
+    config = sft_config(ctx, run_dir)
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
@@ -413,20 +419,10 @@ def case_sft(ctx: Context, run_dir: Path):
 
 
 def case_grad_ckpt(ctx: Context, run_dir: Path):
-    from lmrl.config import load_config
     from lmrl.models.memory import is_checkpointing
     from lmrl.trainers.sft import trainer as sft
 
-    config = load_config(
-        sft.SFTConfig,
-        None,
-        [
-            *common_overrides(ctx, run_dir),
-            *sft_overrides(ctx),
-            f"logprob_chunk_mb={ONE_CHUNK_MB}",
-            "gradient_checkpointing=true",
-        ],
-    )
+    config = sft_config(ctx, run_dir, "gradient_checkpointing=true")
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
@@ -449,14 +445,11 @@ def case_grad_ckpt(ctx: Context, run_dir: Path):
 
 
 def case_chunked_head(ctx: Context, run_dir: Path):
-    from lmrl.config import load_config
     from lmrl.trainers.sft import trainer as sft
 
     # 8 MB (13 positions of 151,936 fp32 logits), or for small vocabularies the logits of 64 positions (at least 1 MB)
     chunk_mb = int(min(8, max(1, ctx.arch["vocab_size"] * 4 * 64 // 2**20)))
-    config = load_config(
-        sft.SFTConfig, None, [*common_overrides(ctx, run_dir), *sft_overrides(ctx), f"logprob_chunk_mb={chunk_mb}"]
-    )
+    config = sft_config(ctx, run_dir, f"logprob_chunk_mb={chunk_mb}")
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)
@@ -489,19 +482,9 @@ def compared_with(ctx: Context, base_name: str, rows: list[dict]) -> str:
 
 
 def case_unfused(ctx: Context, run_dir: Path):
-    from lmrl.config import load_config
     from lmrl.trainers.sft import trainer as sft
 
-    config = load_config(
-        sft.SFTConfig,
-        None,
-        [
-            *common_overrides(ctx, run_dir),
-            *sft_overrides(ctx),
-            f"logprob_chunk_mb={ONE_CHUNK_MB}",
-            "fused_layers=false",
-        ],
-    )
+    config = sft_config(ctx, run_dir, "fused_layers=false")
 
     def verify(seen):
         rows = train_records(run_dir, ctx.args.steps)

@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from test_replay import Tok, tiny_llama
 
-from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import packed
 from lmrl.rollout import HFEngine, SamplingParams
 
@@ -13,30 +12,17 @@ pytestmark = pytest.mark.skipif(not packed.available(), reason="oneDNN without b
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_char_tokenizer()
+    return Tok()
 
 
 @pytest.fixture(scope="module")
-def model(tok):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        attention_bias=True,  # q/k/v/o with biases: the packed path adds them too
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
+def model():
+    return tiny_llama(attention_bias=True).eval()  # q/k/v/o with biases: the packed path adds them too
 
 
 @pytest.fixture(scope="module")
-def prompts(tok):
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in ["12+34=", "7*8=", "100-1="]]
+def prompts():
+    return [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
 
 LINEARS_PER_FORWARD = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
