@@ -293,7 +293,8 @@ def test_bf16_autocast_casts_each_weight_once_per_rollout(model, tok, prompts):
     # (8 new tokens = 8 forwards; re-casting per forward would give 32).
     from torch.profiler import profile
 
-    engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16, pack_weights=False)  # packed: tests/models/test_packed.py
+    # packed weights cast once per rollout too: tests/models/test_packed.py
+    engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16, pack_weights=False)
     with profile(record_shapes=True) as prof:
         engine.generate(prompts, SamplingParams(max_new_tokens=8, stop_token_ids=()), n=2)
     casts = sum(
