@@ -63,7 +63,7 @@ class GroupOptions:
             and not getattr(config, "gradient_checkpointing", False)
             and getattr(config, "max_tokens_per_microbatch", None) is None
         )
-        record = (None if reuse is None else bool(reuse)) if possible else False
+        record = reuse if possible else False  # None: decided by the engine's device (`wants_record`)
         return cls(config.samples_per_prompt, sampling_params(config), config.sampling_shards, config.seed, record)
 
 

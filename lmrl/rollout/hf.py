@@ -188,16 +188,16 @@ class HFEngine:
         recorder = None
         if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
             recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
+        packs = self.pack_weights and self.autocast_dtype == torch.bfloat16 and device.type == "cpu"
         packed_before = packed.CALLS[0]
         try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)
             with evaluating(self.model), self._grad_mode(recording=recorder is not None), self._autocast():
-                pack = self.autocast_dtype if self.pack_weights else None  # bf16 only
-                with packed.packed_linears(self.model, pack, rows=len(prompt_ids) * n):
+                with packed.packed_linears(self.model, torch.bfloat16 if packs else None, rows=len(prompt_ids) * n):
                     out_ids, out_logp, finish_step, steps = self._decode(
                         ids, mask, params, n, generator, stop_ids, matcher, recorder
                     )
         finally:
-            if self.pack_weights and self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu":
+            if packs:
                 self._packed_calls = (self._packed_calls or 0) + packed.CALLS[0] - packed_before
             if recorder is not None:
                 recorder.close()
