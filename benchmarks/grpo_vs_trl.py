@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -239,11 +240,8 @@ PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak
         "weights",
         "AdamW",
         "gradients",
-        "saved for backward: activations",
-        "saved for backward: bf16",
         "LM head",
-        "recorded layer outputs, still",
-        "malloc free",
+        "largest training forward",
     ),
 }
 
@@ -266,7 +264,9 @@ class MemoryModel:
 
     Two sums model the two peaks: the first rollout's (before any gradient or AdamW state exists) and the training
     step's, at the start of the backward (everything the forward saved, plus the gradients, which the backward
-    allocates while it frees the activations: an upper bound).
+    allocates while it frees the activations: an upper bound); with several micro-batches (``grad_accum``) the
+    forward whose saved tensors, held record and malloc free memory add up to the most. malloc's free memory is
+    ``mallinfo2().fordblks``, which also counts free pages ``release_memory`` handed back (no longer resident).
     """
 
     def __init__(self, model_dtype: str):
@@ -306,12 +306,15 @@ class MemoryModel:
                 return logprobs(model, input_ids, attention_mask, completion_start, *a, **kw)
             self.see(model, kw["chunk_mb"], input_ids.shape[0] * (input_ids.shape[1] - completion_start))
             self.mark("forward")
-            with saved_tensor_sizes(model) as saved:
+            with saved_tensor_sizes(model) as saved:  # lmrl's own hooks (`saving_less`) report what they keep
                 out = logprobs(model, input_ids, attention_mask, completion_start, *a, **kw)
             for kind, mib in saved.items():
                 self.record(f"saved for backward: {kind}", mib)
-            self.record("recorded layer outputs, still held in the backward", record_mib(kw.get("linear_outputs")))
-            self.record("malloc free memory at the end of the forward", malloc_free_mib())
+            held, free = record_mib(kw.get("linear_outputs")), malloc_free_mib()
+            self.record("recorded layer outputs, still held in the backward", held)
+            self.record("malloc free memory at the end of the forward", free)
+            kept = sum(mib for kind, mib in saved.items() if kind in ("activations", "bf16 weight copies"))
+            self.record("largest training forward: saved + record held + malloc free", kept + held + free)
             self.mark("backward")
             return out
 
@@ -413,8 +416,12 @@ def record_mib(record) -> float:
 def saved_tensor_sizes(model):
     """Yields a dict filled at the block's end: MiB of the distinct storages autograd saved for the backward inside
     the block, by kind: the model's parameters, bf16 copies of its weights (a bf16 storage of a weight's shape), and
-    activations (the rest)."""
+    activations (the rest). Inside lmrl's `saving_less` (the training forward) its own hooks report what they keep;
+    the tensors they rebuild instead of keeping are not counted."""
     import torch
+
+    from lmrl.models import logprobs as logprobs_module
+    from lmrl.models import rebuild
 
     params = list(model.parameters())
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
@@ -433,8 +440,13 @@ def saved_tensor_sizes(model):
         return t
 
     sizes: dict[str, float] = {}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield sizes
+    plain = logprobs_module.saving_less
+    logprobs_module.saving_less = functools.partial(rebuild.saving_less, observe=pack)  # the innermost hooks
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield sizes
+    finally:
+        logprobs_module.saving_less = plain
     for kind, nbytes in storages.values():
         sizes[kind] = sizes.get(kind, 0.0) + nbytes / MIB
 

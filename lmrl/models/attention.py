@@ -28,6 +28,8 @@ from transformers.integrations import sdpa_attention
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from lmrl.models.rebuild import rebuildable
+
 NAME = "lmrl_sdpa"
 KERNEL_GQA = hasattr(sdpa_attention, "use_gqa_in_sdpa") and Version(torch.__version__.split("+")[0]) >= Version("2.5")
 """PyTorch's sdpa takes ``enable_gqa`` (>= 2.5), and HF decides it in ``use_gqa_in_sdpa``."""
@@ -41,9 +43,10 @@ def sdpa_fp32_on_cpu(module, query, key, value, attention_mask, **kwargs):
     with kernel_gqa() if query.shape[2] > 1 and KERNEL_GQA else contextlib.nullcontext():
         if torch.is_autocast_enabled("cpu"):
             with torch.autocast("cpu", enabled=False):
-                return sdpa_attention_forward(
-                    module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+                query, key, value = (
+                    rebuildable(t.float(), torch.Tensor.float, t, name="attention_input") for t in (query, key, value)
                 )
+                return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

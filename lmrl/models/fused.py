@@ -12,6 +12,10 @@ that keeps only its inputs (and RMSNorm's per-row 1/rms) and writes the backward
 as Liger-Kernel fuses them on GPUs. On SmolLM2-135M (30 layers, 2 norms and 1 MLP each) that is ~7 KB fewer saved
 bytes per token and layer, ~1/3 of the training forward's activations (docs/benchmarks.md).
 
+Their outputs are registered with `lmrl.models.rebuild`: where the next layer's backward would keep SwiGLU's output
+(the down projection's input) or a cast of the norm's output (the projections' bf16 input), it rebuilds it from
+the tensors these functions keep anyway.
+
 `fuse_layers(model)` swaps a module's forward only after the fused one reproduced the module's own output on a
 random input in the module's dtype (Gemma's ``1 + w`` norm, OLMo's order of operations and any other variant
 fail that check and keep their own forward), and returns what it fused; `CALLS` counts the fused forwards that ran
@@ -21,14 +25,33 @@ fail that check and keep their own forward), and returns what it fused; `CALLS` 
 from __future__ import annotations
 
 import collections
+import functools
 import types
 
 import torch
 import torch.nn.functional as F
 
+from lmrl.models.rebuild import rebuildable
+
 CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu")
 
 __all__ = ["CALLS", "RMSNormFunction", "SwiGLUFunction", "fuse_layers", "fused_count", "total_calls"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Llama RMSNorm, op for op: w * (x r).to(x.dtype), r = rsqrt(mean(x^2) + eps), x in fp32."""
+    xf = x.to(torch.float32)
+    return weight * (xf * rms_inverse(xf, eps)).to(x.dtype)
+
+
+def rms_inverse(xf: torch.Tensor, eps: float) -> torch.Tensor:
+    """r = 1 / sqrt(mean(x^2, -1) + eps), (..., 1)."""
+    return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b."""
+    return F.silu(a) * b
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -38,7 +61,7 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         xf = x.to(torch.float32)
-        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        r = rms_inverse(xf, eps)  # (..., 1)
         ctx.save_for_backward(x, weight, r)
         return weight * (xf * r).to(x.dtype)
 
@@ -62,7 +85,7 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, b)
-        return F.silu(a) * b
+        return swiglu(a, b)
 
     @staticmethod
     def backward(ctx, ds: torch.Tensor):
@@ -74,12 +97,16 @@ class SwiGLUFunction(torch.autograd.Function):
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     CALLS["rms_norm"] += 1
-    return RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
+    y = RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
+    return rebuildable(
+        y, functools.partial(rms_norm, eps=self.variance_epsilon), hidden_states, self.weight, name="rms_norm"
+    )
 
 
 def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
     CALLS["swiglu"] += 1
-    return self.down_proj(SwiGLUFunction.apply(self.gate_proj(x), self.up_proj(x)))
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    return self.down_proj(rebuildable(SwiGLUFunction.apply(gate, up), swiglu, gate, up, name="swiglu"))
 
 
 def _is_rms_norm(module: torch.nn.Module) -> bool:

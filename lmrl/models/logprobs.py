@@ -20,6 +20,7 @@ from lmrl.models.hf_compat import (
     output_cache,
 )
 from lmrl.models.memory import is_checkpointing
+from lmrl.models.rebuild import saving_less
 from lmrl.models.replay import replaying
 
 __all__ = [
@@ -206,7 +207,7 @@ def completion_logprobs(
         replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None else contextlib.nullcontext({})
     )
     fused_before = fused.total_calls()
-    with ctx, replay as replayed:
+    with ctx, replay as replayed, saving_less() as rebuilt:
         if parts is not None:
 
             def split():
@@ -250,6 +251,7 @@ def completion_logprobs(
             replayed=replayed,
             packed=packed,
             fused_calls=fused.total_calls() - fused_before,
+            rebuilt=rebuilt,
         )
     if parts is not None:
         if not return_entropy:
@@ -285,10 +287,12 @@ def count_usage(
     replayed: dict[str, int],
     packed: bool = False,
     fused_calls: int = 0,
+    rebuilt: dict[str, int] | None = None,
 ) -> None:
     """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows, and how many
     linear-layer calls returned the sampler's recorded outputs ("replayed") or computed them ("computed"), and how
-    many fused RMSNorm/SwiGLU forwards ran (`lmrl.models.fused`)."""
+    many fused RMSNorm/SwiGLU forwards ran (`lmrl.models.fused`), and the saves the backward rebuilds instead of
+    keeping, and the bytes that spared (`lmrl.models.rebuild`)."""
     usage["forwards"] = usage.get("forwards", 0) + 1
     usage["packed"] = usage.get("packed", 0) + int(packed)
     usage["shared_prompts"] = usage.get("shared_prompts", 0) + int(shared)
@@ -296,6 +300,8 @@ def count_usage(
     usage["fused"] = usage.get("fused", 0) + fused_calls
     for key in ("replayed", "computed"):
         usage[key] = usage.get(key, 0) + replayed.get(key, 0)
+    for key in ("rebuilt", "rebuilt_bytes"):
+        usage[key] = usage.get(key, 0) + (rebuilt or {}).get(key, 0)
 
 
 def adapters_off(model) -> contextlib.AbstractContextManager:

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import weakref
 
 import torch
 import torch.nn.functional as F
+
+from lmrl.models import rebuild
 
 __all__ = ["LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
 
@@ -258,6 +261,8 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
             return cast
         with torch.no_grad():
             cast = x.to(dtype)
+        if cast is not x:  # saved as x when the backward keeps x anyway (`lmrl.models.rebuild`)
+            rebuild.rebuildable(cast, functools.partial(torch.Tensor.to, dtype=dtype), x, name="input_cast")
         last_input[:] = [weakref.ref(x), x._version, cast]
         return cast
 

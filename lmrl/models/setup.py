@@ -26,7 +26,7 @@ from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models.fused import fuse_layers
 from lmrl.models.loading import is_builtin, load_model, load_model_and_tokenizer
 from lmrl.models.lora import BaseModelView, apply_lora, unwrap
-from lmrl.models.memory import enable_gradient_checkpointing
+from lmrl.models.memory import enable_gradient_checkpointing, release_memory_in_layers
 from lmrl.models.placement import resolve_device
 from lmrl.models.precision import autocast, autocast_dtype, recorded_precision
 from lmrl.models.support import check_causal_lm
@@ -51,6 +51,7 @@ class ModelSetup:
     load_in_4bit: bool = False
     parallel: str = "fsdp"  # with several processes (torchrun): fsdp | ddp (`lmrl.parallel.wrap`)
     fused_layers: bool = True  # RMSNorm and SwiGLU as one autograd op each (`lmrl.models.fused`)
+    release_memory: bool = False  # CPU: malloc's free heap handed back every 10 layers (`lmrl.models.memory`)
 
     def __post_init__(self) -> None:
         self.device = runtime.init(resolve_device(str(self.device)))  # joins torchrun's process group, if any
@@ -87,6 +88,7 @@ class ModelSetup:
             getattr(config, "load_in_4bit", False),
             getattr(config, "parallel", "fsdp"),
             getattr(config, "fused_layers", True),
+            getattr(config, "release_memory", False),
         )
 
     @property
@@ -126,13 +128,16 @@ class ModelSetup:
         return model
 
     def prepare(self, model: torch.nn.Module, base: str | None = None) -> torch.nn.Module:
-        """Apply this setup to a freshly built trainable model: device, fused layers, gradient checkpointing, LoRA."""
+        """Apply this setup to a freshly built trainable model: device, fused layers, gradient checkpointing, memory
+        release, LoRA."""
         if not self.load_in_4bit:  # a 4-bit model is placed by from_pretrained
             model = model.to(self.device)
         if self.fused_layers:
             fuse_layers(model)
         if self.gradient_checkpointing:
             enable_gradient_checkpointing(model)
+        if self.release_memory and self.device.type == "cpu":
+            release_memory_in_layers(model)
         if self.lora is not None:
             if self.load_in_4bit:
                 from peft import prepare_model_for_kbit_training

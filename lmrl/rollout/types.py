@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +206,20 @@ class RolloutBatch:
             loss_mask=None if self.loss_mask is None else self.loss_mask[take],
             info=None if self.info is None else [self.info[i] for i in rows],
         )
+
+    def trimmed(self) -> RolloutBatch:
+        """The same rows with the completion columns after the longest row's last token removed (right padding
+        only: same tokens, same masks); itself when there are none. The recorded linear outputs are kept whole
+        (`lmrl.models.replay` replays a prefix of them)."""
+        width = int(self.completion_mask.any(dim=0).nonzero().max()) + 1 if self.completion_mask.any() else 1
+        if width == self.completion_ids.shape[1]:
+            return self
+        cut = {
+            name: getattr(self, name)[:, :width]
+            for name in ("completion_ids", "completion_mask", "sampler_logp", "loss_mask")
+            if getattr(self, name) is not None
+        }
+        return dataclasses.replace(self, **cut)
 
     def select_groups(self, groups: Sequence[int] | torch.Tensor) -> RolloutBatch:
         """The sub-batch of whole prompt groups `groups` (prompt indices, or a bool mask of shape (B,))."""

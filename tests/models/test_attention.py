@@ -1,6 +1,7 @@
 """lmrl_sdpa: HF sdpa, except computed in fp32 under CPU autocast; and the malloc setting."""
 
 import json
+import os
 import platform
 
 import pytest
@@ -11,6 +12,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.attention import NAME, sdpa_fp32_on_cpu
 from lmrl.models.memory import keep_freed_memory
+from tests.models.test_replay import tiny_llama
 
 
 class Module(torch.nn.Module):
@@ -141,3 +143,34 @@ def test_decoding_keeps_hfs_own_grouping():
     ours, _ = sdpa_fp32_on_cpu(GroupedModule(), q, k, v, mask)
     theirs, _ = sdpa_attention_forward(GroupedModule(), q, k, v, mask)
     assert torch.equal(ours, theirs)
+
+
+def test_released_memory_goes_back_to_the_system_and_layers_release_in_both_passes(monkeypatch):
+    from lmrl.models import memory
+
+    keep_freed_memory()  # freed blocks stay in malloc's heap (never trimmed by malloc itself)
+
+    def rss_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    blocks = [torch.ones(2**18) for _ in range(256)]  # 256 x 1 MiB, below the mmap threshold: heap memory
+    last = blocks.pop()
+    del blocks  # 255 MiB free but resident (the live block above them keeps the heap from shrinking)
+    before, runs = rss_mib(), memory.RELEASES[0]
+    assert memory.release_free_memory() is True
+    assert before - rss_mib() > 200 and memory.RELEASES[0] == runs + 1
+    assert memory.release_free_memory(min_growth=2**40) is False and memory.RELEASES[0] == runs + 1  # grew < 1 TiB
+    assert last.sum() == 2**18
+
+    model = tiny_llama()  # 2 decoder layers
+    calls = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda min_growth=0: calls.append(min_growth))
+    assert memory.release_memory_in_layers(model, every=1) == 2
+    assert memory.release_memory_in_layers(model, every=1) == 2  # idempotent: one hook per layer
+    ids = torch.randint(3, 50, (2, 5))
+    with torch.no_grad():
+        model(ids)
+    assert calls == []  # sampling: nothing
+    model(ids).logits.sum().backward()
+    assert calls == [memory.LAYER_MIN_GROWTH] * 4  # after each layer's forward, and as the backward reaches it

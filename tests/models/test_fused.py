@@ -134,8 +134,12 @@ def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_p
         if on == "true":  # builtin:tiny, 2 layers: (2 x (2 norms + 1 MLP) + the final norm) x 2 decoder passes
             # (shared prompts: each distinct prompt once, then the completions)
             assert ran > 0 and all(r["update/fused_calls"] == 14 for r in rows), rows
+            # the inputs of q, k, v (a norm's output), gate, up (the other norm's) and down (SwiGLU's) are rebuilt
+            # in the backward, not kept (`lmrl.models.rebuild`): 6 saves x 2 layers x 2 passes
+            assert all(r["update/rebuilt_saves"] == 24 and r["update/rebuilt_mib"] > 0 for r in rows), rows
         else:
             assert ran == 0 and all(r["update/fused_calls"] == 0 for r in rows), rows
+            assert all(r["update/rebuilt_saves"] == 0 for r in rows), rows
         finals.append(dict(load_model(str(out / "final")).named_parameters()))
     for name, p in finals[0].items():  # fp32: the fused backward differs from autograd's by rounding only
         torch.testing.assert_close(p, finals[1][name], rtol=0, atol=1e-4, msg=name)

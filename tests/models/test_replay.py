@@ -70,6 +70,28 @@ def sample(model, stop_ids=tuple(range(3, 12)), max_new=8, compact=0.5):
     return engine.generate(PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
 
 
+def sample_bf16(model):
+    """4 prompts x 4 samples under bf16 autocast, recorded for replay."""
+    engine = HFEngine(model, Tok(), autocast_dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(3,))
+    return engine.generate(PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
+
+
+def bf16_logprobs(model, batch, record, usage=None):
+    """The training forward under bf16 autocast, prompts shared, replaying ``record``."""
+    start = batch.prompt_ids.shape[1]
+    return completion_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        start,
+        autocast_dtype=torch.bfloat16,
+        share_prompts=True,
+        linear_outputs=record,
+        usage=usage,
+    )
+
+
 def logprobs_and_grads(model, batch, replay: bool):
     model.zero_grad(set_to_none=True)
     logp = completion_logprobs(
@@ -183,14 +205,7 @@ def test_layers_reading_one_input_share_one_cast_of_it():
     which the backward keeps once instead of once per layer; the gradients are those of the forward that computes
     every layer under autocast (one cast per layer, each layer's input gradient added in fp32)."""
     model = tiny_llama()
-    engine = HFEngine(model, Tok(), autocast_dtype=torch.bfloat16)
-    batch = engine.generate(
-        PROMPTS,
-        SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(3,)),
-        n=4,
-        generator=torch.Generator().manual_seed(0),
-        record_linear_outputs=True,
-    )
+    batch = sample_bf16(model)
     inputs = []
     apply = replay._ReplayedLinear.apply
 
@@ -199,15 +214,7 @@ def test_layers_reading_one_input_share_one_cast_of_it():
         return apply(x, weight, bias, recorded, x_low)
 
     with mock.patch.object(replay._ReplayedLinear, "apply", spy), torch.autocast("cpu", dtype=torch.bfloat16):
-        completion_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.prompt_ids.shape[1],
-            autocast_dtype=torch.bfloat16,
-            share_prompts=True,
-            linear_outputs=batch.linear_outputs,
-        )
+        bf16_logprobs(model, batch, batch.linear_outputs)
     layers = model.config.num_hidden_layers
     per_forward = 7 * layers + 1  # q, k, v, o, gate, up, down per layer, then the LM head
     assert len(inputs) == 2 * per_forward  # the prompt forward and the completion forward, every layer replayed
@@ -220,15 +227,7 @@ def test_layers_reading_one_input_share_one_cast_of_it():
     for record in (batch.linear_outputs, None):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logp = completion_logprobs(
-                model,
-                batch.input_ids,
-                batch.attention_mask,
-                batch.prompt_ids.shape[1],
-                autocast_dtype=torch.bfloat16,
-                share_prompts=True,
-                linear_outputs=record,
-            )
+            logp = bf16_logprobs(model, batch, record)
         (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[1].items():  # the replayed outputs are the sampler's (its KV cache): bf16 rounding apart

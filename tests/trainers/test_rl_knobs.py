@@ -176,3 +176,62 @@ def test_packed_micro_batches_hold_whole_rows_within_the_budget():
     micros = [(m.tolist(), w) for m, _, w in rl_update.micro_batches(Rows(), torch.arange(6), None, options, {})]
     # first-fit-decreasing: 10 | 7+3 | 6+4 | 2
     assert micros == [([0], 1.0), ([3, 4], 1.0), ([1, 2], 1.0), ([5], 1.0)]
+
+
+def test_grad_accum_parts_hold_rows_of_similar_lengths():
+    class Rows:  # the field micro_batches reads for grad_accum: each row's completion length
+        completion_lengths = torch.tensor([10, 4, 6, 3, 7, 2])
+
+        def __len__(self):
+            return 6
+
+    options = rl_update.UpdateOptions(rl_update.LossSpec("ppo", {"agg": "token_mean"}), grad_accum=2)
+    micros = [m.tolist() for m, _, _ in rl_update.micro_batches(Rows(), torch.arange(6), None, options, {})]
+    assert micros == [[5, 3, 1], [2, 4, 0]]  # lengths 2, 3, 4 | 6, 7, 10: the short part pads to 4, not 10
+    skip = torch.tensor([False, False, True, False, False, False])
+    micros = [m.tolist() for m, _, _ in rl_update.micro_batches(Rows(), torch.arange(6), skip, options, {})]
+    assert micros == [[5, 3, 1], [4, 0]]
+
+
+def test_a_part_is_trimmed_to_its_longest_completion_and_trains_as_the_whole_batch(tmp_path):
+    from lmrl.rollout.types import RolloutBatch
+
+    lengths = torch.tensor([2, 3])
+    mask = (torch.arange(6) < lengths[:, None]).float()  # (2, 6): three columns of padding after every row
+    batch = RolloutBatch(
+        prompt_ids=torch.ones(2, 2, dtype=torch.long),
+        prompt_mask=torch.ones(2, 2, dtype=torch.long),
+        completion_ids=torch.arange(12).view(2, 6),
+        completion_mask=mask,
+        sampler_logp=-mask,
+        truncated=torch.zeros(2, dtype=torch.bool),
+        finish_reason=["stop", "stop"],
+        prompts=["a", "b"],
+        completions=["x", "y"],
+        group_size=1,
+        loss_mask=mask.clone(),
+    )
+    part = batch.trimmed()
+    assert part.completion_ids.tolist() == [[0, 1, 2], [6, 7, 8]]
+    assert part.completion_mask.tolist() == part.loss_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert part.sampler_logp.shape == (2, 3) and part.trimmed() is part
+    targets = rl_update.Targets(torch.ones(2), old_logp=torch.zeros(2, 6))
+    assert targets.rows(torch.tensor([1]), 3).old_logp.shape == (1, 3)
+
+    final = {}
+    for accum in (1, 4):  # 16 rows in 4 parts of similar lengths, each trimmed, against one forward
+        out = tmp_path / str(accum)
+        online.train(rl_config(tmp_path, "grpo", "max_steps=2", f"grad_accum={accum}", f"output_dir={out}"))
+        final[accum] = load_file(out / "final" / "model.safetensors")
+    for key, value in final[1].items():
+        torch.testing.assert_close(final[4][key], value, rtol=0, atol=1e-4)  # AdamW on rounding, as packed rows
+
+
+def test_release_memory_runs_before_each_training_forward_and_after_the_step(tmp_path):
+    for on in ("true", "false"):
+        out = tmp_path / on
+        args = ["max_steps=2", "skip_zero_advantage=false", "grad_accum=2", f"release_memory={on}"]
+        online.train(rl_config(tmp_path, "grpo", *args, f"output_dir={out}"))
+        runs = [r["update/memory_releases"] for r in read_jsonl(out / "metrics.jsonl") if "update/memory_releases" in r]
+        # 2 parts + 1 after the optimizer step (builtin:tiny's 2 layers are fewer than the 10 a layer release needs)
+        assert runs == ([3.0, 3.0] if on == "true" else [0.0, 0.0])

@@ -28,6 +28,7 @@ from lmrl.algorithms import (
     policy_loss,
 )
 from lmrl.data import packing
+from lmrl.models import memory
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
@@ -69,6 +70,7 @@ class UpdateOptions:
     skip_zero_advantage: bool = True
     top_entropy_quantile: float = 1.0
     max_tokens: int | None = None  # max_tokens_per_microbatch: micro-batches of packed rows (lmrl.data.packing)
+    release_memory: bool = False  # CPU: malloc's free heap handed back around each forward (`lmrl.models.memory`)
 
     @property
     def updates(self) -> int:
@@ -129,6 +131,7 @@ class UpdateOptions:
             config.skip_zero_advantage,
             config.top_entropy_quantile,
             getattr(config, "max_tokens_per_microbatch", None),
+            getattr(config, "release_memory", False),
         )
 
 
@@ -191,8 +194,14 @@ class Targets:
     def to(self, device: torch.device) -> Targets:
         return Targets(*(t.to(device) if t is not None else None for t in dataclasses.astuple(self)))
 
-    def rows(self, index: torch.Tensor) -> Targets:
-        return Targets(*(t[index] if t is not None else None for t in dataclasses.astuple(self)))
+    def rows(self, index: torch.Tensor, width: int | None = None) -> Targets:
+        """The targets of rows ``index``; per-token ones cut to the first ``width`` completion columns."""
+        return Targets(
+            *(
+                None if t is None else t[index] if t.dim() == 1 or width is None else t[index, :width]
+                for t in dataclasses.astuple(self)
+            )
+        )
 
 
 def update(
@@ -204,13 +213,18 @@ def update(
     targets = targets.to(batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
     totals: dict[str, float] = {}  # sums of share-weighted stats: this rank's part of each minibatch's
     usage: dict[str, int] = {}  # what the training forwards really did (`completion_logprobs`)
+    releases = memory.RELEASES[0]
+    release = options.release_memory and batch.input_ids.device.type == "cpu"
     for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
         counts = minibatch_counts(batch, mb)
         for micro, last, weight in micro_batches(batch, mb, skip, options, totals):
+            if release:  # what sampling and the last backward left free, before the forward peaks
+                memory.release_free_memory()
+            sub = batch.select(micro).trimmed()  # a part of shorter rows: none of the batch's padding after them
             stats = train_micro(
                 parts,
-                batch.select(micro),
-                targets.rows(micro),
+                sub,
+                targets.rows(micro, sub.completion_ids.shape[1]),
                 options,
                 dtype,
                 step,
@@ -224,6 +238,9 @@ def update(
             ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.chunk_mb)
             add(totals, {"loss/ptx": ce}, 1 / options.updates)
         add(totals, {"optim/grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
+    if release:  # the backward's free heap, before the next rollout
+        memory.release_free_memory()
+    usage["memory_releases"] = memory.RELEASES[0] - releases
     return {**mean_over_ranks(totals), **usage_metrics(usage)}
 
 
@@ -327,7 +344,8 @@ def micro_batches(
 ) -> Iterator[tuple[torch.Tensor, bool, float]]:
     """The micro-batches of minibatch ``mb`` without the skipped rows (they add exactly 0 to the loss; the shares keep
     the minibatch's size), each with whether it is the minibatch's last and its loss weight; counts the skipped
-    share. ``grad_accum`` equal parts, or with ``max_tokens`` the rows packed first-fit-decreasing by their real
+    share. ``grad_accum`` equal parts of the rows sorted by completion length (each part is trimmed to its own
+    longest row: `RolloutBatch.trimmed`), or with ``max_tokens`` the rows packed first-fit-decreasing by their real
     tokens; then every rank runs as many as the rank with the most (a repeat at weight 0: each backward reduces
     gradients across ranks)."""
     if skip is not None:
@@ -335,10 +353,12 @@ def micro_batches(
             totals.get("update/skipped_rows_frac", 0.0)
             + float(skip[mb].float().sum()) / len(batch) / options.ppo_epochs
         )
+    kept = mb[~skip[mb]] if skip is not None else mb
     if options.max_tokens is None:
-        micros = [micro[~skip[micro]] if skip is not None else micro for micro in mb.chunk(options.grad_accum)]
+        if options.grad_accum > 1:  # parts of similar lengths: each is padded to its own longest row only
+            kept = kept[torch.sort(batch.completion_lengths[kept].cpu(), stable=True).indices]
+        micros = list(kept.chunk(options.grad_accum))
     else:
-        kept = mb[~skip[mb]] if skip is not None else mb
         lengths = batch.attention_mask[kept].sum(dim=1).tolist()
         micros = [kept[torch.tensor(sorted(b))] for b in packing.first_fit_decreasing(lengths, options.max_tokens)]
     micros = [micro for micro in micros if len(micro)]
@@ -399,7 +419,9 @@ def mean_over_ranks(totals: dict[str, float]) -> dict[str, float]:
 def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
     """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once,
     through the chunked LM head and as packed rows, and the share of linear-layer calls that returned the sampler's
-    outputs; the fused RMSNorm/SwiGLU calls per training forward (`lmrl.models.fused`)."""
+    outputs; the fused RMSNorm/SwiGLU calls per training forward (`lmrl.models.fused`); the saves per training forward
+    the backward rebuilds instead of keeping, and the MiB that spared (`lmrl.models.rebuild`); the times free memory
+    went back to the system during the update (`release_memory`)."""
     forwards = max(usage.get("forwards", 0), 1)
     calls = usage.get("replayed", 0) + usage.get("computed", 0)
     return {
@@ -408,4 +430,7 @@ def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
         "update/packed": usage.get("packed", 0) / forwards,
         "update/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0,
         "update/fused_calls": usage.get("fused", 0) / forwards,
+        "update/rebuilt_saves": usage.get("rebuilt", 0) / forwards,
+        "update/rebuilt_mib": usage.get("rebuilt_bytes", 0) / forwards / 2**20,
+        "update/memory_releases": float(usage.get("memory_releases", 0)),
     }
