@@ -234,7 +234,13 @@ def malloc_free_mib() -> float:
 
 
 PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak of `MemoryModel`
-    "rollout (step 1)": ("RSS before", "weights", "KV cache", "autocast", "recorded layer outputs (after"),
+    "rollout (step 1)": (
+        "RSS before",
+        "weights",
+        "KV cache",
+        "bf16 weight copies (sampling)",
+        "recorded layer outputs (after",
+    ),
     "backward": (
         "RSS before",
         "weights",
