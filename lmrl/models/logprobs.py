@@ -289,19 +289,13 @@ def count_usage(
     fused_calls: int = 0,
     rebuilt: dict[str, int] | None = None,
 ) -> None:
-    """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows, and how many
-    linear-layer calls returned the sampler's recorded outputs ("replayed") or computed them ("computed"), and how
-    many fused RMSNorm/SwiGLU forwards ran (`lmrl.models.fused`), and the saves the backward rebuilds instead of
-    keeping, and the bytes that spared (`lmrl.models.rebuild`)."""
-    usage["forwards"] = usage.get("forwards", 0) + 1
-    usage["packed"] = usage.get("packed", 0) + int(packed)
-    usage["shared_prompts"] = usage.get("shared_prompts", 0) + int(shared)
-    usage["chunked_head"] = usage.get("chunked_head", 0) + int(chunked)
-    usage["fused"] = usage.get("fused", 0) + fused_calls
-    for key in ("replayed", "computed"):
-        usage[key] = usage.get(key, 0) + replayed.get(key, 0)
-    for key in ("rebuilt", "rebuilt_bytes"):
-        usage[key] = usage.get(key, 0) + (rebuilt or {}).get(key, 0)
+    """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows; the linear
+    calls that replayed the sampler's outputs or computed them; the fused forwards (`lmrl.models.fused`); the saves
+    rebuilt instead of kept and the bytes that spared (`lmrl.models.rebuild`)."""
+    counts = {"forwards": 1, "packed": int(packed), "shared_prompts": int(shared), "chunked_head": int(chunked)}
+    counts.update(fused=fused_calls, **{k: 0 for k in ("replayed", "computed", "rebuilt", "rebuilt_bytes")})
+    for key, value in {**counts, **replayed, **(rebuilt or {})}.items():
+        usage[key] = usage.get(key, 0) + value
 
 
 def adapters_off(model) -> contextlib.AbstractContextManager:

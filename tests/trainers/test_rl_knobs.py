@@ -227,7 +227,11 @@ def test_a_part_is_trimmed_to_its_longest_completion_and_trains_as_the_whole_bat
         torch.testing.assert_close(final[4][key], value, rtol=0, atol=1e-4)  # AdamW on rounding, as packed rows
 
 
-def test_release_memory_runs_before_each_training_forward_and_after_the_step(tmp_path):
+def test_release_memory_runs_before_each_training_forward_and_after_the_step(tmp_path, monkeypatch):
+    from lmrl.models import memory
+
+    trims = []  # the trim itself is tested in a child process (tests/models/test_attention.py): this one's heap stays
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: lambda pad: trims.append(pad) or 0)
     for on in ("true", "false"):
         out = tmp_path / on
         args = ["max_steps=2", "skip_zero_advantage=false", "grad_accum=2", f"release_memory={on}"]
@@ -235,3 +239,4 @@ def test_release_memory_runs_before_each_training_forward_and_after_the_step(tmp
         runs = [r["update/memory_releases"] for r in read_jsonl(out / "metrics.jsonl") if "update/memory_releases" in r]
         # 2 parts + 1 after the optimizer step (builtin:tiny's 2 layers are fewer than the 10 a layer release needs)
         assert runs == ([3.0, 3.0] if on == "true" else [0.0, 0.0])
+    assert trims == [0] * 6
