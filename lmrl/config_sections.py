@@ -25,14 +25,20 @@ class ModelSection(Section):
         "auto", "auto: bf16 autocast where the CPU/GPU supports it; weights stay fp32"
     )
     seed: int = field(0, "seed for data order, init of built-in models and sampling")
+    huge_pages: bool = field(
+        True,
+        "CPU: tensors of 2 MiB or more on transparent huge pages (PyTorch's THP_MEM_ALLOC_ENABLE, set before the "
+        "model loads): fewer page faults and TLB misses, faster sampling and training (memory/huge_pages_mib)",
+    )
     keep_freed_memory: bool = field(
         True, "CPU: keep freed memory in the process instead of page-faulting it in again every step (glibc mallopt)"
     )
     release_memory: bool = field(
-        False,
-        "CPU: hand malloc's free memory back to the system every 10 decoder layers of the training forward and "
-        "backward, and in RL before each training forward and after each optimizer step (glibc malloc_trim): a "
-        "lower peak RSS for page faults and trims (~1 s per step on SmolLM2-135M)",
+        True,
+        "CPU: hand malloc's free memory back to the system (glibc malloc_trim) every 10 decoder layers of the "
+        "training forward and backward, and in RL before each training forward and after each optimizer step, "
+        "whenever the resident memory grew by 256 MiB since: a lower peak RSS for a few % of the step time "
+        "(update/memory_releases)",
     )
     device: str = field(
         "auto", "auto (CUDA when available, else CPU) | cpu | cuda | cuda:N: every model of the run goes there"

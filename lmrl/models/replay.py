@@ -204,23 +204,30 @@ class LinearRecorder:
 class _ReplayedLinear(torch.autograd.Function):
     """y = the recorded x W^T + b (a contiguous copy of the record, which may be a strided view: models such as
     Falcon modify a layer's output in place, which must change neither the record nor an alias autograd forbids);
-    backward as F.linear's on ``x_low``, x in the compute dtype: g W, g^T x_low, sum g. dL/dx is returned in x's own
-    dtype, as autocast's cast of x would return it, so layers that read one x and share one ``x_low`` (q, k, v) add
-    their gradients in x's precision."""
+    backward as F.linear's under autocast, on ``x_low``, x in the compute dtype: g W_low, g^T x_low, sum g, with
+    W_low the weight cast to the compute dtype when the backward reads it (kept as the parameter itself, which the
+    model holds anyway, instead of a cast of every layer's weight: 202 MiB on SmolLM2-135M). The weight and bias
+    gradients come back in their own dtype, as autocast's cast would return them; dL/dx in x's own dtype, so layers
+    that read one x and share one ``x_low`` (q, k, v) add their gradients in x's precision."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, recorded, x_low):
         ctx.save_for_backward(x_low, weight)
-        ctx.has_bias, ctx.x_dtype = bias is not None, x.dtype
+        ctx.x_dtype = x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return recorded.clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         flat_grad = grad.reshape(-1, grad.shape[-1])  # (M, out)
-        grad_x = (grad @ weight).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
-        grad_w = flat_grad.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
-        grad_b = flat_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_x = (grad @ weight.to(grad.dtype)).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = (flat_grad.t() @ x.reshape(-1, x.shape[-1])).to(weight.dtype)
+        grad_b = None
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+            grad_b = flat_grad.sum(0).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None
 
 
@@ -250,7 +257,6 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
     rows = _index_or_none(outputs.rows)
     prompts = None if prompt_rows is None else outputs.rows[prompt_rows.to(outputs.rows.device)] // outputs.group_size
     prompt_index = None if prompts is None else _index_or_none(prompts)
-    casts: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # the autocast weight cast, once per block
     last_input: list = [None, -1, None]  # (weakref to the last input, its version, its cast)
 
     def input_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -300,13 +306,7 @@ def replaying(model, outputs: LinearOutputs | None, prompt_rows: torch.Tensor | 
                 release(name, call)
                 return F.linear(x, linear_weight(module), module.bias)
             counts["replayed"] += 1
-            if name not in casts:  # what autocast does to F.linear's arguments (differentiable casts)
-                casts[name] = (
-                    linear_weight(module).to(out.dtype),
-                    None if module.bias is None else module.bias.to(out.dtype),
-                )
-            weight, bias = casts[name]
-            y = _ReplayedLinear.apply(x, weight, bias, out, input_cast(x, out.dtype))
+            y = _ReplayedLinear.apply(x, linear_weight(module), module.bias, out, input_cast(x, out.dtype))
             release(name, call)
             return y
 

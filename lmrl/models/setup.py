@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from lmrl.data.tokenizers import load_tokenizer
+from lmrl.models import memory
 from lmrl.models.fused import fuse_layers
 from lmrl.models.loading import is_builtin, load_model, load_model_and_tokenizer
 from lmrl.models.lora import BaseModelView, apply_lora, unwrap
@@ -51,7 +52,7 @@ class ModelSetup:
     load_in_4bit: bool = False
     parallel: str = "fsdp"  # with several processes (torchrun): fsdp | ddp (`lmrl.parallel.wrap`)
     fused_layers: bool = True  # RMSNorm and SwiGLU as one autograd op each (`lmrl.models.fused`)
-    release_memory: bool = False  # CPU: malloc's free heap handed back every 10 layers (`lmrl.models.memory`)
+    release_memory: bool = True  # CPU: malloc's free heap handed back every 10 layers (`lmrl.models.memory`)
 
     def __post_init__(self) -> None:
         self.device = runtime.init(resolve_device(str(self.device)))  # joins torchrun's process group, if any
@@ -73,6 +74,10 @@ class ModelSetup:
                 list(config.lora_target_modules),
                 config.merge_lora,
             )
+        if getattr(config, "huge_pages", False):  # before any model loads: PyTorch reads it once
+            memory.use_huge_pages()
+        if getattr(config, "keep_freed_memory", False):
+            memory.keep_freed_memory()
         precision = config.precision
         if precision == "auto" and getattr(config, "resume", False):  # resume computes in the run's dtype
             precision = recorded_precision(config.output_dir) or precision
@@ -88,7 +93,7 @@ class ModelSetup:
             getattr(config, "load_in_4bit", False),
             getattr(config, "parallel", "fsdp"),
             getattr(config, "fused_layers", True),
-            getattr(config, "release_memory", False),
+            getattr(config, "release_memory", True),
         )
 
     @property

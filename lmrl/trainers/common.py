@@ -24,7 +24,6 @@ from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import build_evaluator, contamination, warning_text
 from lmrl.models.loading import save_model
 from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
-from lmrl.models.memory import keep_freed_memory
 from lmrl.models.precision import RUN_FILE, precision_of
 from lmrl.parallel import runtime
 from lmrl.tracking import Tracker, console
@@ -116,8 +115,6 @@ def _open_run(config: TrainConfig, description: str, run_dir: Path, evaluator, c
         start_step = state["step"]
         rundir.resume_changes(rundir.saved_config(checkpoint, state["trainer"]), to_dict(config))  # refuse early
     set_seed(config.seed)
-    if config.keep_freed_memory:
-        keep_freed_memory()
     tracker = Tracker(run_dir, config.max_steps, to_dict(config), config.report_to, description, start_step)
     tracker.on_close.append(lock.release)
     if checkpoint:

@@ -35,6 +35,7 @@ import torch
 
 from lmrl.config import TrainConfig, to_dict
 from lmrl.eval.training import evals_metrics
+from lmrl.models import memory
 from lmrl.parallel import runtime
 from lmrl.report.metric_names import current_name
 from lmrl.rewards.errors import SKIPPED
@@ -159,7 +160,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     last_step, skipped = config.max_steps, 0
     try:
         for step in range(run.start_step + 1, config.max_steps + 1):
-            metrics = method.step(step)
+            metrics = {**method.step(step), **memory.step_metrics()}
             skipped += bool(metrics.get(SKIPPED))
             if is_log_step(step, config.log_every, config.max_steps):
                 tracker.log(step, runtime.reduce_metrics(metrics))

@@ -1,6 +1,7 @@
 """Reusing the sampler's linear outputs (lmrl.models.replay) gives the recomputed log-probs and gradients."""
 
 import dataclasses
+import functools
 import weakref
 from unittest import mock
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from lmrl.models import replay
+from lmrl.models import logprobs as logprobs_module
+from lmrl.models import rebuild, replay
 from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_outputs
 from lmrl.models.replay import LinearRecorder, has_dropout, is_linear, replaying
 from lmrl.rollout import HFEngine, SamplingParams
@@ -231,4 +233,36 @@ def test_layers_reading_one_input_share_one_cast_of_it():
         (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[1].items():  # the replayed outputs are the sampler's (its KV cache): bf16 rounding apart
+        torch.testing.assert_close(grads[0][name], grad, rtol=0.05, atol=2e-3, msg=name)
+
+
+def test_replayed_layers_keep_the_fp32_weight_not_a_bf16_copy_of_it():
+    """Under autocast a computed layer keeps a bf16 copy of its weight for the backward; a replayed one keeps the
+    parameter itself (held by the model anyway) and casts it when the backward reads it: no storage of a weight's
+    shape is saved beside the parameters, and the gradients match the forward that computes every layer."""
+    model = tiny_llama()
+    batch = sample_bf16(model)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
+    grads, copies = [], []
+    for record in (batch.linear_outputs, None):
+        saved = []
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params and tuple(t.shape) in shapes:
+                saved.append(t.dtype)
+            return t
+
+        model.zero_grad(set_to_none=True)
+        observed = functools.partial(rebuild.saving_less, observe=pack)  # the training forward's hooks are innermost
+        with mock.patch.object(logprobs_module, "saving_less", observed), torch.autocast("cpu", dtype=torch.bfloat16):
+            logp = bf16_logprobs(model, batch, record)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+        copies.append(saved)
+    layers = model.config.num_hidden_layers
+    assert copies[0] == []  # replayed: no weight copy kept
+    assert len(copies[1]) >= 7 * layers and set(copies[1]) == {torch.bfloat16}  # computed: autocast's copies
+    for name, grad in grads[1].items():
+        assert grads[0][name].dtype == torch.float32
         torch.testing.assert_close(grads[0][name], grad, rtol=0.05, atol=2e-3, msg=name)

@@ -70,7 +70,7 @@ class UpdateOptions:
     skip_zero_advantage: bool = True
     top_entropy_quantile: float = 1.0
     max_tokens: int | None = None  # max_tokens_per_microbatch: micro-batches of packed rows (lmrl.data.packing)
-    release_memory: bool = False  # CPU: malloc's free heap handed back around each forward (`lmrl.models.memory`)
+    release_memory: bool = True  # CPU: malloc's free heap handed back around each forward (`lmrl.models.memory`)
 
     @property
     def updates(self) -> int:
@@ -131,7 +131,7 @@ class UpdateOptions:
             config.skip_zero_advantage,
             config.top_entropy_quantile,
             getattr(config, "max_tokens_per_microbatch", None),
-            getattr(config, "release_memory", False),
+            getattr(config, "release_memory", True),
         )
 
 
