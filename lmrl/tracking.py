@@ -59,8 +59,9 @@ PLOT_GROUPS = {
     "groups": ("swarm/groups/trained", "swarm/groups/local", "swarm/groups/external"),
     "val": ("eval/ce", "eval/entropy", "loss/ce"),
     "avatarl": ("avatarl/expected_reward", "avatarl/reward_mean"),
+    "memory": ("memory/peak_rss_mib", "memory/peak_gpu_mib"),
 }
-NAMESPACES = ("reward", "loss", "policy", "value", "update", "rollout", "optim", "time", "eval")
+NAMESPACES = ("reward", "loss", "policy", "value", "update", "rollout", "optim", "time", "memory", "eval")
 """The namespaces of docs/metrics.md in the order the report shows their remaining metrics (a method's own after)."""
 
 
