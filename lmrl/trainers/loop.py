@@ -160,10 +160,10 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     last_step, skipped = config.max_steps, 0
     try:
         for step in range(run.start_step + 1, config.max_steps + 1):
-            metrics = {**method.step(step), **memory.step_metrics()}
+            metrics = method.step(step)
             skipped += bool(metrics.get(SKIPPED))
-            if is_log_step(step, config.log_every, config.max_steps):
-                tracker.log(step, runtime.reduce_metrics(metrics))
+            if is_log_step(step, config.log_every, config.max_steps):  # /proc read only for the steps logged
+                tracker.log(step, runtime.reduce_metrics({**metrics, **memory.step_metrics()}))
             else:
                 tracker.advance(step)
             if common.is_due(step, config.eval_every, config.max_steps):
