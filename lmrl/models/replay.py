@@ -201,6 +201,28 @@ class LinearRecorder:
         self._handles = []
 
 
+BACKWARD_ROWS = [0, 0]
+"""[rows multiplied, rows skipped] by every `_ReplayedLinear` backward so far: the trainer reads the difference
+around its backward passes (`update/backward_rows_skipped`), so the skipping is counted, never assumed."""
+
+DENSE_SHARE = 0.9
+"""A backward multiplies every row when at least this share of its rows carries a gradient (gathering and
+scattering the rest would cost more than the rows it spares)."""
+
+
+def rows_with_gradient(flat_grad: torch.Tensor) -> torch.Tensor | None:
+    """The rows (M,) of a layer's output gradient (M, out) that are not all exactly 0, or None when they are
+    nearly all of them (``DENSE_SHARE``). Exact by construction: an all-zero row of g adds nothing to
+    dL/dW = g^T x and gives a zero row of dL/dx = g W. In a right-padded batch every position after a row's last
+    trained token has such a row (the loss never reads it, and causal attention sends no gradient back to it):
+    on SmolLM2 at 8 x 4 x 64, 58% of the completion forward's rows. |g| max != 0 keeps NaN rows."""
+    nonzero = flat_grad.abs().amax(dim=1) != 0  # (M,) one read of g: cheaper than ne(0).any(1)
+    kept = int(nonzero.sum())
+    if kept >= DENSE_SHARE * len(nonzero):
+        return None
+    return nonzero.nonzero().squeeze(1)
+
+
 class _ReplayedLinear(torch.autograd.Function):
     """y = the recorded x W^T + b (a contiguous copy of the record, which may be a strided view: models such as
     Falcon modify a layer's output in place, which must change neither the record nor an alias autograd forbids);
@@ -208,7 +230,8 @@ class _ReplayedLinear(torch.autograd.Function):
     W_low the weight cast to the compute dtype when the backward reads it (kept as the parameter itself, which the
     model holds anyway, instead of a cast of every layer's weight: 202 MiB on SmolLM2-135M). The weight and bias
     gradients come back in their own dtype, as autocast's cast would return them; dL/dx in x's own dtype, so layers
-    that read one x and share one ``x_low`` (q, k, v) add their gradients in x's precision."""
+    that read one x and share one ``x_low`` (q, k, v) add their gradients in x's precision. The backward multiplies
+    only the rows of g that are not all 0 (`rows_with_gradient`: the padding after each completion)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, recorded, x_low):
@@ -221,10 +244,22 @@ class _ReplayedLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         flat_grad = grad.reshape(-1, grad.shape[-1])  # (M, out)
-        grad_x = (grad @ weight.to(grad.dtype)).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        flat_x = x.reshape(-1, x.shape[-1])  # (M, in)
+        total = len(flat_x)
+        rows = rows_with_gradient(flat_grad)
+        if rows is not None:  # (K,) rows of M: the others add nothing
+            flat_grad, flat_x = flat_grad.index_select(0, rows), flat_x.index_select(0, rows)
+        BACKWARD_ROWS[0] += len(flat_x)
+        BACKWARD_ROWS[1] += total - len(flat_x)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            part = (flat_grad @ weight.to(grad.dtype)).to(ctx.x_dtype)  # (K, in)
+            if rows is not None:
+                part = part.new_zeros(total, part.shape[-1]).index_copy_(0, rows, part)
+            grad_x = part.view(*grad.shape[:-1], part.shape[-1])
         grad_w = None
         if ctx.needs_input_grad[1]:
-            grad_w = (flat_grad.t() @ x.reshape(-1, x.shape[-1])).to(weight.dtype)
+            grad_w = (flat_grad.t() @ flat_x).to(weight.dtype)
         grad_b = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_b = flat_grad.sum(0).to(ctx.bias_dtype)

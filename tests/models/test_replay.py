@@ -266,3 +266,35 @@ def test_replayed_layers_keep_the_fp32_weight_not_a_bf16_copy_of_it():
     for name, grad in grads[1].items():
         assert grads[0][name].dtype == torch.float32
         torch.testing.assert_close(grads[0][name], grad, rtol=0.05, atol=2e-3, msg=name)
+
+
+def test_rows_with_gradient_keeps_every_row_that_is_not_all_zero():
+    grad = torch.zeros(10, 4)
+    grad[1, 2], grad[4] = 1e-30, float("nan")  # a tiny and a NaN row are kept: only exact zeros add nothing
+    assert replay.rows_with_gradient(grad).tolist() == [1, 4]
+    assert replay.rows_with_gradient(torch.ones(10, 4)) is None  # every row: the plain backward, no gather
+    grad[:9] = 1.0  # 9 of 10 rows (>= DENSE_SHARE): not worth gathering
+    assert replay.rows_with_gradient(grad) is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_replayed_backward_skips_the_padding_rows_and_gives_the_same_gradients(arch):
+    """Rows that stop early leave padding whose output gradient is exactly 0 at every layer: the replayed backward
+    multiplies only the other rows (counted), and the gradients equal those of the backward that multiplies every
+    row, and of the forward that computes every layer."""
+    model = tiny_llama() if arch == "llama" else tiny_gpt2()
+    batch = sample(model, max_new=12)
+    assert (batch.completion_mask == 0).float().mean() > 0.3  # rows of very different lengths
+    before = list(replay.BACKWARD_ROWS)
+    _, skipping = logprobs_and_grads(model, batch, True)
+    multiplied, skipped = (now - then for now, then in zip(replay.BACKWARD_ROWS, before))
+    assert skipped > 0.3 * (multiplied + skipped)
+    with mock.patch.object(replay, "DENSE_SHARE", 0.0):  # every row multiplied
+        before = list(replay.BACKWARD_ROWS)
+        _, dense = logprobs_and_grads(model, batch, True)
+        assert replay.BACKWARD_ROWS[1] == before[1]
+    _, computed = logprobs_and_grads(model, batch, False)
+    assert skipping.keys() == dense.keys() == computed.keys()
+    for name in dense:
+        torch.testing.assert_close(skipping[name], dense[name], rtol=1e-5, atol=1e-5, msg=name)  # order of sums
+        torch.testing.assert_close(skipping[name], computed[name], rtol=1e-4, atol=1e-5, msg=name)

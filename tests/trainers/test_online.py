@@ -237,6 +237,8 @@ def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypa
         rows = [r for r in read_jsonl(tmp_path / reuse / "metrics.jsonl") if "update/shared_prompts" in r]
         assert len(rows) == 3 and all(r["update/shared_prompts"] == 1.0 for r in rows), rows
         assert all(r["update/reused_sampling_forward"] == expected for r in rows), rows
+        skipped = [r["update/backward_rows_skipped"] for r in rows]  # the padding after early stops, not multiplied
+        assert all(0 < s < 1 for s in skipped) if reuse == "true" else skipped == [0.0] * 3, skipped
     # fp32: the two forwards differ by rounding (~1e-6 in log-probs); after 3 AdamW steps of lr 1e-2 the weights agree
     # to 1% of one step (a wrong replay, e.g. of other rows' outputs, moves them by whole steps)
     for name, p in finals[0].items():

@@ -28,7 +28,7 @@ from lmrl.algorithms import (
     policy_loss,
 )
 from lmrl.data import packing
-from lmrl.models import memory
+from lmrl.models import memory, replay
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
@@ -213,7 +213,7 @@ def update(
     targets = targets.to(batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
     totals: dict[str, float] = {}  # sums of share-weighted stats: this rank's part of each minibatch's
     usage: dict[str, int] = {}  # what the training forwards really did (`completion_logprobs`)
-    releases = memory.RELEASES[0]
+    releases, (multiplied, skipped) = memory.RELEASES[0], replay.BACKWARD_ROWS
     release = options.release_memory and batch.input_ids.device.type == "cpu"
     for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
         counts = minibatch_counts(batch, mb)
@@ -241,6 +241,8 @@ def update(
     if release:  # the backward's free heap, before the next rollout
         memory.release_free_memory()
     usage["memory_releases"] = memory.RELEASES[0] - releases
+    usage["backward_rows"] = replay.BACKWARD_ROWS[0] - multiplied
+    usage["backward_rows_skipped"] = replay.BACKWARD_ROWS[1] - skipped
     return {**mean_over_ranks(totals), **usage_metrics(usage)}
 
 
@@ -420,10 +422,12 @@ def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
     """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once,
     through the chunked LM head and as packed rows, and the share of linear-layer calls that returned the sampler's
     outputs; the fused RMSNorm/SwiGLU calls per training forward (`lmrl.models.fused`); the saves per training forward
-    the backward rebuilds instead of keeping, and the MiB that spared (`lmrl.models.rebuild`); the times free memory
+    the backward rebuilds instead of keeping, and the MiB that spared (`lmrl.models.rebuild`); the share of the
+    replayed layers' backward rows skipped as all-zero gradient (`replay.rows_with_gradient`); the times free memory
     went back to the system during the update (`release_memory`)."""
     forwards = max(usage.get("forwards", 0), 1)
     calls = usage.get("replayed", 0) + usage.get("computed", 0)
+    rows = usage.get("backward_rows", 0) + usage.get("backward_rows_skipped", 0)
     return {
         "update/shared_prompts": usage.get("shared_prompts", 0) / forwards,
         "update/chunked_head": usage.get("chunked_head", 0) / forwards,
@@ -432,5 +436,6 @@ def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
         "update/fused_calls": usage.get("fused", 0) / forwards,
         "update/rebuilt_saves": usage.get("rebuilt", 0) / forwards,
         "update/rebuilt_mib": usage.get("rebuilt_bytes", 0) / forwards / 2**20,
+        "update/backward_rows_skipped": usage.get("backward_rows_skipped", 0) / rows if rows else 0.0,
         "update/memory_releases": float(usage.get("memory_releases", 0)),
     }
