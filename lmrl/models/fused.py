@@ -1,4 +1,4 @@
-"""Fused RMSNorm and SwiGLU for HF decoders: the same values, fewer saved activations and fewer ops.
+"""Fused RMSNorm, SwiGLU and tanh-GELU for HF decoders: the same values, fewer saved activations and fewer ops.
 
 HF's RMSNorm (Llama, Qwen2/3, Mistral, SmolLM2, ...) runs six autograd ops and keeps its fp32 normalized output
 for the backward; SwiGLU's ``act_fn(gate) * up`` keeps ``silu(gate)``. Here each is one `torch.autograd.Function`
@@ -9,7 +9,9 @@ that keeps only its inputs (and RMSNorm's per-row 1/rms) and writes the backward
     SwiGLU   s = silu(a) * b,  silu(a) = a sigmoid(a)
              da = ds b sigmoid(a) (1 + a (1 - sigmoid(a))),   db = ds silu(a)   (PyTorch's silu_backward)
 
-as Liger-Kernel fuses them on GPUs. On SmolLM2-135M (30 layers, 2 norms and 1 MLP each) that is ~7 KB fewer saved
+as Liger-Kernel fuses them on GPUs. GPT-2's ``NewGELUActivation`` writes the tanh GELU
+0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as seven autograd ops (each keeping its input for the backward);
+PyTorch's ``F.gelu(x, approximate="tanh")`` is the same formula in one kernel that keeps x only. On SmolLM2-135M (30 layers, 2 norms and 1 MLP each) that is ~7 KB fewer saved
 bytes per token and layer, ~1/3 of the training forward's activations (docs/benchmarks.md).
 
 Their outputs are registered with `lmrl.models.rebuild`: where the next layer's backward would keep SwiGLU's output
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 
 from lmrl.models.rebuild import rebuildable
 
-CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu")
+CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu", "gelu_tanh")
 
 __all__ = ["CALLS", "RMSNormFunction", "SwiGLUFunction", "fuse_layers", "fused_count", "total_calls"]
 
@@ -109,6 +111,11 @@ def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(rebuildable(SwiGLUFunction.apply(gate, up), swiglu, gate, up, name="swiglu"))
 
 
+def _gelu_tanh_forward(self, x: torch.Tensor) -> torch.Tensor:
+    CALLS["gelu_tanh"] += 1
+    return F.gelu(x, approximate="tanh")
+
+
 def _is_rms_norm(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (
@@ -129,37 +136,43 @@ def _is_swiglu(module: torch.nn.Module) -> bool:
 
 
 def _reproduces(module: torch.nn.Module, fused_forward, width: int) -> bool:
-    """Whether ``fused_forward`` gives the module's own output on a random (2, 3, width) input of its dtype."""
-    param = next((p for p in module.parameters() if p.is_floating_point()), None)
-    if param is None:  # quantized weights only: no dtype to test in
+    """Whether ``fused_forward`` gives the module's own output on a random (2, 3, width) input of its dtype (fp32
+    for a module without parameters, such as an activation)."""
+    params = list(module.parameters())
+    param = next((p for p in params if p.is_floating_point()), None)
+    if params and param is None:  # quantized weights only: no dtype to test in
         return False
-    x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(param.device, param.dtype)
+    device, dtype = (param.device, param.dtype) if param is not None else ("cpu", torch.float32)
+    x = 3 * torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     with torch.no_grad():
         own = module(x)
         fused = fused_forward(module, x)
-    tolerance = 1e-5 if param.dtype == torch.float32 else 1e-2
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     return own.shape == fused.shape and torch.allclose(own, fused, rtol=tolerance, atol=tolerance)
 
 
 def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
-    """Swap the forward of every RMSNorm and SwiGLU MLP of ``model`` that the fused version reproduces; returns how
-    many of each were fused ({"rms_norm": n, "swiglu": m}). Idempotent."""
+    """Swap the forward of every RMSNorm, SwiGLU MLP and tanh GELU (GPT-2's ``NewGELUActivation``) of ``model`` that
+    the fused version reproduces; returns how many of each were fused ({"rms_norm": n, "swiglu": m}, and
+    "gelu_tanh" where there are any). Idempotent."""
     fused = {"rms_norm": 0, "swiglu": 0}
     for module in model.modules():
         if getattr(module, "lmrl_fused", None):
-            fused[module.lmrl_fused] += 1
+            fused[module.lmrl_fused] = fused.get(module.lmrl_fused, 0) + 1
             continue
         if _is_rms_norm(module):
             kind, forward, width = "rms_norm", _rms_norm_forward, module.weight.shape[0]
         elif _is_swiglu(module) and hasattr(module.gate_proj, "in_features"):
             kind, forward, width = "swiglu", _swiglu_forward, module.gate_proj.in_features
+        elif type(module).__name__ == "NewGELUActivation":
+            kind, forward, width = "gelu_tanh", _gelu_tanh_forward, 64
         else:
             continue
         before = CALLS[kind]
         if _reproduces(module, forward, width):
             module.forward = types.MethodType(forward, module)
             module.lmrl_fused = kind
-            fused[kind] += 1
+            fused[kind] = fused.get(kind, 0) + 1
         CALLS[kind] = before  # the check's own call is not a use
     return fused
 

@@ -163,7 +163,8 @@ def _chunk_logprobs(
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log_softmax(post(head(h)) / T)[target] and (no grad) the entropy, for one chunk (m, H) -> (m,), (m,)."""
-    z = _post(weight_module(hidden).float(), scale, softcap) / temperature  # (m, V)
+    z = _post(weight_module(hidden).float(), scale, softcap)  # (m, V)
+    z = z / temperature if temperature != 1.0 else z
     lse = torch.logsumexp(z, dim=-1)  # (m,)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not with_entropy:

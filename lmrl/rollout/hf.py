@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmrl.models import packed
+from lmrl.models import attention, packed
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.modes import evaluating
 from lmrl.models.replay import LinearRecorder, has_dropout
@@ -225,7 +225,7 @@ class HFEngine:
         # Prefill once per unique prompt, then repeat the cache and the last logits n times (prompt-major).
         position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (B, P)
         extra = {"logits_to_keep": 1} if self._keeps_logits else {}
-        cache = kv_cache.preallocated_cache(model, capacity=p + max_new)
+        cache = kv_cache.preallocated_cache(model, capacity=p + max_new, dtype=self._cache_dtype())
         if cache is not None:
             extra[self._cache_kwarg] = cache
         with recorder.prefill() if recorder is not None else contextlib.nullcontext():
@@ -313,6 +313,14 @@ class HFEngine:
             vocab = self.model.get_output_embeddings().weight.shape[0]
             self._matchers[stop_strings] = StopStringMatcher(self.tokenizer, stop_strings, vocab, self.device)
         return self._matchers[stop_strings]
+
+    def _cache_dtype(self) -> torch.dtype | None:
+        """fp32 where the attention reads fp32 keys and values (``lmrl_sdpa``: CPU under autocast), so that a bf16
+        cache is not re-cast whole at every decode step; else None (the keys' and values' own dtype)."""
+        fp32_attention = getattr(getattr(self.model, "config", None), "_attn_implementation", None) == attention.NAME
+        return (
+            torch.float32 if fp32_attention and self.autocast_dtype is not None and self.device.type == "cpu" else None
+        )
 
     def _grad_mode(self, recording: bool = False) -> contextlib.AbstractContextManager:
         """inference_mode, except under autocast: autocast does not cache its weight casts inside inference_mode

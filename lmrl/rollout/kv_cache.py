@@ -23,15 +23,17 @@ if DynamicLayer is not None:
         decode loop of a 6-layer model at 128 rows runs ~1.6x faster).
         """
 
-        def __init__(self, capacity: int):
+        def __init__(self, capacity: int, dtype: torch.dtype | None = None):
             super().__init__()
             self.capacity = capacity
             self.length = 0
+            self.fixed_dtype = dtype
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             # one dtype for both: under CPU autocast Llama's RoPE leaves keys fp32 while values are bf16, and the
-            # attention (lmrl_sdpa) runs in fp32; a bf16 value cache would be re-cast whole at every step
-            self.dtype = torch.promote_types(key_states.dtype, value_states.dtype)
+            # attention (lmrl_sdpa) runs in fp32; a bf16 value cache would be re-cast whole at every step. The caller
+            # fixes fp32 where that attention runs (GPT-2's keys are bf16 too: both were re-cast at every step)
+            self.dtype = self.fixed_dtype or torch.promote_types(key_states.dtype, value_states.dtype)
             self.device = key_states.device
             b, h, _, d = key_states.shape
             self._kbuf = key_states.new_empty(b, h, self.capacity, d, dtype=self.dtype)  # (B, H, capacity, D)
@@ -71,9 +73,10 @@ if DynamicLayer is not None:
             self.values = self._vbuf[:, :, : self.length]
 
 
-def preallocated_cache(model, capacity: int):
+def preallocated_cache(model, capacity: int, dtype: torch.dtype | None = None):
     """A DynamicCache whose layers write into preallocated buffers, when every layer is plain full attention;
-    None (the model builds its default cache) for sliding-window, hybrid or unknown layer types."""
+    None (the model builds its default cache) for sliding-window, hybrid or unknown layer types. ``dtype``: the
+    buffers' (the keys and values are cast as they are written), else the keys' and values' promoted dtype."""
     if DynamicLayer is None or getattr(model, "config", None) is None:
         return None
     try:
@@ -82,7 +85,7 @@ def preallocated_cache(model, capacity: int):
         return None
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
-    cache.layers = [_BufferedLayer(capacity) for _ in cache.layers]
+    cache.layers = [_BufferedLayer(capacity, dtype) for _ in cache.layers]
     return cache
 
 

@@ -1,4 +1,4 @@
-"""Fused RMSNorm and SwiGLU (`lmrl.models.fused`): hand-computed values and gradients, the HF modules' own values and
+"""Fused RMSNorm, SwiGLU and tanh GELU (`lmrl.models.fused`): hand-computed values and gradients, the HF modules' own values and
 gradients on real decoders, what is refused, and a GRPO run that counts the fused calls it reports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from lmrl.models import fused
 from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fused_count
@@ -156,3 +156,29 @@ def test_fused_swiglu_gradients_are_autograds_bit_for_bit_in_bf16():
 
     for mine, native in zip(grads(SwiGLUFunction.apply), grads(lambda x, y: F.silu(x) * y)):
         assert torch.equal(mine, native)
+
+
+def test_gpt2s_tanh_gelu_runs_as_one_kernel_with_the_same_values_and_fewer_saves():
+    """GPT-2's NewGELUActivation (seven autograd ops) becomes F.gelu(approximate="tanh"): the same logits and
+    gradients up to rounding, one save per MLP instead of its ops' intermediates, and every call counted."""
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0)
+    own = GPT2LMHeadModel(config).eval()
+    model = copy.deepcopy(own)
+    assert fuse_layers(model) == {"rms_norm": 0, "swiglu": 0, "gelu_tanh": 2} and fused_count(model) == 2
+    ids = torch.randint(0, 97, (3, 9), generator=torch.Generator().manual_seed(0))
+    results = []
+    for m in (own, model):
+        m.zero_grad(set_to_none=True)
+        saved = []
+        before = fused.CALLS["gelu_tanh"]
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            logits = m(input_ids=ids).logits
+        logits.log_softmax(-1)[..., 5].sum().backward()
+        results.append((logits.detach(), {k: p.grad for k, p in m.named_parameters()}, len(saved)))
+        assert fused.CALLS["gelu_tanh"] - before == (2 if m is model else 0)
+    (a, grads_a, saves_a), (b, grads_b, saves_b) = results
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert saves_a - saves_b == 2 * 3  # 3 fewer tensors kept per layer: F.gelu keeps x only

@@ -327,3 +327,35 @@ def test_a_generator_on_another_device_seeds_one_on_the_models_device(monkeypatc
     made = [hf.on_device(g, torch.device("cuda")) for g in callers]
     assert all(m.device.type == "cuda" for m in made)
     assert made[0].seed == made[1].seed != made[2].seed  # the caller's seed decides the samples
+
+
+def test_a_bf16_kv_cache_is_kept_in_fp32_for_the_fp32_cpu_attention(tok, prompts, monkeypatch):
+    """GPT-2's keys and values come out of c_attn in bf16 under autocast, and `lmrl_sdpa` reads them in fp32: the
+    engine's cache holds them in fp32 (cast once, as written), so no decode step re-casts the whole cache; tokens
+    and log-probs are bit for bit those of a bf16 cache."""
+    from torch.profiler import profile
+
+    from lmrl.models.attention import NAME, use_fp32_cpu_attention
+
+    model = tiny_gpt2(len(tok))
+    use_fp32_cpu_attention(model)
+    assert model.config._attn_implementation == NAME
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=())
+    runs = []
+    for dtype in (torch.float32, None):  # the engine's choice here, then the keys' own (bf16)
+        engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16)
+        assert engine._cache_dtype() == torch.float32
+        monkeypatch.setattr(engine, "_cache_dtype", lambda dtype=dtype: dtype)
+        with profile(record_shapes=True) as prof:
+            batch = engine.generate(prompts, params, n=2, generator=torch.Generator().manual_seed(0))
+        cache_casts = sum(  # (rows, heads, positions > 1, head dim) cast to fp32 in the attention
+            e.count
+            for e in prof.key_averages(group_by_input_shape=True)
+            if e.key == "aten::_to_copy" and len(e.input_shapes[0]) == 4 and e.input_shapes[0][2] > 1
+        )
+        runs.append((batch, cache_casts))
+    (fp32, casts_fp32), (bf16, casts_bf16) = runs
+    assert casts_fp32 == 2  # the prefill's queries, one per layer
+    assert casts_bf16 - casts_fp32 == 2 * 2 * 8  # keys and values, 2 layers, 8 forwards (prefill, 7 decode steps)
+    assert torch.equal(fp32.completion_ids, bf16.completion_ids) and torch.equal(fp32.sampler_logp, bf16.sampler_logp)
+    assert HFEngine(model, tok)._cache_dtype() is None  # no autocast: the model's own dtype
