@@ -206,8 +206,9 @@ BACKWARD_ROWS = [0, 0]
 around its backward passes (`update/backward_rows_skipped`), so the skipping is counted, never assumed."""
 
 DENSE_SHARE = 0.9
-"""A backward multiplies every row when at least this share of its rows carries a gradient (gathering and
-scattering the rest would cost more than the rows it spares)."""
+"""A backward multiplies every row when at least this share of its rows carries a gradient: the gather of g and x
+and the scatter of dL/dx cost ~3 ms against ~80 ms for the two matmuls at SmolLM2's (2016, 1536) x (1536, 576),
+so skipping under 10% of the rows would spare little more than they cost."""
 
 
 def rows_with_gradient(flat_grad: torch.Tensor) -> torch.Tensor | None:
