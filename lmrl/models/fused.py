@@ -9,10 +9,10 @@ that keeps only its inputs (and RMSNorm's per-row 1/rms) and writes the backward
     SwiGLU   s = silu(a) * b,  silu(a) = a sigmoid(a)
              da = ds b sigmoid(a) (1 + a (1 - sigmoid(a))),   db = ds silu(a)   (PyTorch's silu_backward)
 
-as Liger-Kernel fuses them on GPUs. GPT-2's ``NewGELUActivation`` writes the tanh GELU
-0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as seven autograd ops (each keeping its input for the backward);
-PyTorch's ``F.gelu(x, approximate="tanh")`` is the same formula in one kernel that keeps x only. On SmolLM2-135M (30 layers, 2 norms and 1 MLP each) that is ~7 KB fewer saved
-bytes per token and layer, ~1/3 of the training forward's activations (docs/benchmarks.md).
+as Liger-Kernel fuses them on GPUs. On SmolLM2-135M (30 layers, 2 norms and 1 MLP each) that is ~7 KB fewer saved
+bytes per token and layer, ~1/3 of the training forward's activations (docs/benchmarks.md). GPT-2's
+``NewGELUActivation`` writes the tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as seven autograd ops
+keeping four tensors; ``F.gelu(x, approximate="tanh")`` is the same formula in one kernel that keeps x only.
 
 Their outputs are registered with `lmrl.models.rebuild`: where the next layer's backward would keep SwiGLU's output
 (the down projection's input) or a cast of the norm's output (the projections' bf16 input), it rebuilds it from
