@@ -43,12 +43,6 @@ def _row_chunks(n_rows: int, vocab: int, chunk_size: int | None) -> int:
     return max(1, min(n_rows, (1 << 24) // max(vocab, 1)))
 
 
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits / temperature in fp32; at temperature 1 no division (a pass over (rows, V) for nothing)."""
-    z = logits.float()
-    return z if temperature == 1.0 else z / temperature
-
-
 def selective_log_softmax(
     logits: torch.Tensor, index: torch.Tensor, *, temperature: float = 1.0, chunk_size: int | None = None
 ) -> torch.Tensor:
@@ -71,7 +65,8 @@ def selective_log_softmax(
     step = _row_chunks(flat_logits.shape[0], vocab, chunk_size)
     out = []
     for start in range(0, flat_logits.shape[0], step):
-        z = _scaled(flat_logits[start : start + step], temperature)  # (m, V) fp32
+        z = flat_logits[start : start + step].float()  # (m, V) fp32
+        z = z / temperature if temperature != 1.0 else z  # no pass over (m, V) for nothing
         picked = z.gather(-1, flat_index[start : start + step]).squeeze(-1)  # (m,)
         out.append(picked - torch.logsumexp(z, dim=-1))
     if not out:
@@ -94,7 +89,8 @@ def entropy_from_logits(
     step = _row_chunks(flat.shape[0], vocab, chunk_size)
     out = []
     for start in range(0, flat.shape[0], step):
-        z = _scaled(flat[start : start + step], temperature)  # (m, V)
+        z = flat[start : start + step].float()  # (m, V)
+        z = z / temperature if temperature != 1.0 else z
         out.append(torch.logsumexp(z, dim=-1) - (z.softmax(dim=-1) * z).sum(dim=-1))
     if not out:
         return torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)
