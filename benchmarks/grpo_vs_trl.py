@@ -204,8 +204,10 @@ def reset_peak() -> bool:
 
 
 def malloc_free_mib() -> float:
-    """MiB that glibc's malloc holds free in its heap (``mallinfo2().fordblks``): resident once touched, but no
-    tensor's; 0 where malloc is not glibc >= 2.33."""
+    """MiB that glibc's malloc holds free and resident (no tensor's): anonymous RSS minus malloc's bytes in use
+    (``mallinfo2().uordblks + hblkhd``) minus what was not malloc's before the model loaded (``NOT_MALLOC``).
+    Not ``fordblks``, which also counts the free pages ``release_memory`` handed back. 0 where malloc is not
+    glibc >= 2.33."""
     import ctypes
 
     class Info(ctypes.Structure):
@@ -230,7 +232,13 @@ def malloc_free_mib() -> float:
     except (OSError, AttributeError):
         return 0.0
     mallinfo2.restype = Info
-    return mallinfo2().fordblks / MIB
+    info = mallinfo2()
+    return max(0.0, _status_mb("RssAnon") - (info.uordblks + info.hblkhd) / MIB - NOT_MALLOC[0])
+
+
+NOT_MALLOC = [0.0]
+"""MiB of anonymous resident memory that is not malloc's (Python's object arenas, thread stacks): set before the
+model loads (`malloc_free_mib`)."""
 
 
 PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak of `MemoryModel`
@@ -240,6 +248,15 @@ PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak
         "KV cache",
         "bf16 weight copies (sampling)",
         "recorded layer outputs (after",
+    ),
+    "rollout": (  # every rollout's: after the first, AdamW's states exist and malloc holds what training left free
+        "RSS before",
+        "weights",
+        "AdamW",
+        "KV cache",
+        "bf16 weight copies (sampling)",
+        "recorded layer outputs (after",
+        "malloc free memory at the start of a rollout",
     ),
     "backward": (
         "RSS before",
@@ -272,7 +289,9 @@ class MemoryModel:
     step's, at the start of the backward (everything the forward saved, plus the gradients, which the backward
     allocates while it frees the activations: an upper bound); with several micro-batches (``grad_accum``) the
     forward whose saved tensors, held record and malloc free memory add up to the most. malloc's free memory is
-    ``mallinfo2().fordblks``, which also counts free pages ``release_memory`` handed back (no longer resident).
+    what of ``mallinfo2().fordblks`` is still resident (`malloc_free_mib`: ``release_memory`` hands free pages back).
+    A third sum models every rollout's peak: after the first, AdamW's states exist and malloc holds what training
+    freed.
     """
 
     def __init__(self, model_dtype: str):
@@ -302,6 +321,7 @@ class MemoryModel:
             self.mark("rollout")
             self.step_peaks.append(0.0)
             self.rollouts += 1
+            self.record("malloc free memory at the start of a rollout", malloc_free_mib())  # what training left
             batch = rollout(*a, **kw)
             self.mark("score")
             self.record("recorded layer outputs (after sampling)", record_mib(batch.linear_outputs))
@@ -632,6 +652,7 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     peak_at_last_step: list[float] = []
     gpu_peak: list[float | None] = [None]
     original_step = online.rl_step
+    NOT_MALLOC[0] = malloc_free_mib()  # NOT_MALLOC is 0 here: all of it
     memory = MemoryModel(args.precision)
     probe = DtypeProbe()
 
