@@ -37,8 +37,7 @@ class ModelSection(Section):
         True,
         "CPU: hand malloc's free memory back to the system (glibc malloc_trim) every 10 decoder layers of the "
         "training forward and backward, and in RL before each training forward and after each optimizer step, "
-        "whenever the resident memory (after the optimizer step: or malloc's free bytes) grew by 256 MiB since: "
-        "a lower peak RSS for a few % of the step time "
+        "whenever the resident memory grew by 256 MiB since: a lower peak RSS for a few % of the step time "
         "(update/memory_releases)",
     )
     device: str = field(

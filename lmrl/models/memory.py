@@ -108,35 +108,7 @@ def _malloc_trim():
     return trim
 
 
-_SINCE_RELEASE = [0, 0]  # resident bytes and malloc's free bytes right after the last release
-
-
-class _MallInfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (<malloc.h>)."""
-
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
-    ]
-
-
-@functools.cache
-def _mallinfo2():
-    name = ctypes.util.find_library("c")
-    try:
-        info = ctypes.CDLL(name).mallinfo2 if name else None
-    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
-        return None
-    if info is not None:
-        info.restype = _MallInfo2
-    return info
-
-
-def malloc_free_bytes() -> int:
-    """The bytes glibc's malloc holds free in its heap (``mallinfo2().fordblks``: resident until a trim hands their
-    pages back, then still counted); 0 where malloc is not glibc >= 2.33."""
-    info = _mallinfo2()
-    return 0 if info is None else info().fordblks
+_SINCE_RELEASE = [0]  # resident bytes right after the last release
 
 
 def resident_bytes() -> int:
@@ -149,29 +121,23 @@ def resident_bytes() -> int:
 
 
 MIN_GROWTH = 256 * 2**20
-"""`release_free_memory` trims only when the resident memory (or, asked, malloc's free bytes) grew by this much since
-its last trim: a trim walks the whole heap (10-70 ms on SmolLM2-135M's) and the pages it returns fault in again when
-reused, so small models and small forwards (the shared prompts') pay for nothing."""
+"""`release_free_memory` trims only when the resident memory grew by this much since its last trim: a trim walks
+the whole heap (10-70 ms on SmolLM2-135M's) and the pages it returns fault in again when reused, so small models
+and small forwards (the shared prompts') pay for nothing."""
 
 
-def release_free_memory(min_growth: int | None = None, freed: bool = False) -> bool:
+def release_free_memory(min_growth: int | None = None) -> bool:
     """glibc's ``malloc_trim(0)``: hand every whole free page of malloc's heap back to the system (freed tensors
     leave holes between live ones that stay resident otherwise), when the resident memory grew by at least
-    ``min_growth`` bytes (default `MIN_GROWTH`; 0: always) since the last release, or with ``freed`` when malloc's
-    free bytes did (memory freed since: a finished backward leaves its activations' pages resident without any
-    growth). True if memory was released; False where malloc is not glibc's or nothing grew enough."""
+    ``min_growth`` bytes (default `MIN_GROWTH`; 0: always) since the last release. True if memory was released;
+    False where malloc is not glibc's or the memory did not grow enough."""
     trim = _malloc_trim()
     min_growth = MIN_GROWTH if min_growth is None else min_growth
-    if trim is None:
-        return False
-    grown = resident_bytes() - _SINCE_RELEASE[0]
-    if freed:
-        grown = max(grown, malloc_free_bytes() - _SINCE_RELEASE[1])
-    if min_growth and grown < min_growth:
+    if trim is None or (min_growth and resident_bytes() - _SINCE_RELEASE[0] < min_growth):
         return False
     RELEASES[0] += 1
     released = bool(trim(0))
-    _SINCE_RELEASE[:] = [resident_bytes(), malloc_free_bytes()]
+    _SINCE_RELEASE[0] = resident_bytes()
     return released
 
 

@@ -238,8 +238,8 @@ def update(
             ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.chunk_mb)
             add(totals, {"loss/ptx": ce}, 1 / options.updates)
         add(totals, {"optim/grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
-    if release:  # the backward's free heap, before the next rollout (freed since the last trim: no growth to see)
-        memory.release_free_memory(freed=True)
+    if release:  # the backward's free heap, before the next rollout
+        memory.release_free_memory()
     usage["memory_releases"] = memory.RELEASES[0] - releases
     usage["backward_rows"] = replay.BACKWARD_ROWS[0] - multiplied
     usage["backward_rows_skipped"] = replay.BACKWARD_ROWS[1] - skipped
