@@ -268,6 +268,14 @@ PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak
     ),
 }
 
+REUSED = {  # peak -> (malloc's free memory at its start, the parts the phase allocates into it first)
+    "rollout": (
+        "malloc free memory at the start of a rollout",
+        ("KV cache", "bf16 weight copies (sampling)", "recorded layer outputs (after"),
+    ),
+}
+"""In these peaks the phase's own allocations go into the free heap first: max(free, allocations), not their sum."""
+
 
 class MemoryModel:
     """lmrl's peak RSS by phase of a step, next to the size of each part the step holds (MiB, largest over steps).
@@ -291,7 +299,7 @@ class MemoryModel:
     forward whose saved tensors, held record and malloc free memory add up to the most. malloc's free memory is
     what of ``mallinfo2().fordblks`` is still resident (`malloc_free_mib`: ``release_memory`` hands free pages back).
     A third sum models every rollout's peak: after the first, AdamW's states exist and malloc holds what training
-    freed.
+    left free, which the rollout's KV cache, bf16 weight copies and record fill first (`REUSED`).
     """
 
     def __init__(self, model_dtype: str):
@@ -416,6 +424,10 @@ class MemoryModel:
         lines = [f"  {name:52s} {mib:9.0f}" for name, mib in parts.items()]
         for phase, names in PEAK_MODELS.items():
             total = sum(mib for part, mib in parts.items() if part.startswith(names))
+            if phase in REUSED:
+                free = parts.get(REUSED[phase][0], 0.0)
+                allocated = sum(mib for part, mib in parts.items() if part.startswith(REUSED[phase][1]))
+                total += max(free, allocated) - free - allocated
             measured = self.peaks.get(phase, float("nan"))
             lines.append(
                 f"  {'model of the ' + phase + ' peak (sum)':52s} {total:9.0f}   measured {measured:6.0f} "
