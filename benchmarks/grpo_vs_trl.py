@@ -249,15 +249,7 @@ PEAK_MODELS = {  # the parts (name prefixes) whose sum models each measured peak
         "bf16 weight copies (sampling)",
         "recorded layer outputs (after",
     ),
-    "rollout": (  # every rollout's: after the first, AdamW's states exist and malloc holds what training left free
-        "RSS before",
-        "weights",
-        "AdamW",
-        "KV cache",
-        "bf16 weight copies (sampling)",
-        "recorded layer outputs (after",
-        "malloc free memory at the start of a rollout",
-    ),
+    "rollout": ("RSS before", "weights", "AdamW"),  # every rollout's: after the first, AdamW's states exist (+ REUSED)
     "backward": (
         "RSS before",
         "weights",
@@ -274,7 +266,7 @@ REUSED = {  # peak -> (malloc's free memory at its start, the parts the phase al
         ("KV cache", "bf16 weight copies (sampling)", "recorded layer outputs (after"),
     ),
 }
-"""In these peaks the phase's own allocations go into the free heap first: max(free, allocations), not their sum."""
+"""These peaks add max(free, allocations) to their sum: the phase's own allocations go into the free heap first."""
 
 
 class MemoryModel:
@@ -425,9 +417,10 @@ class MemoryModel:
         for phase, names in PEAK_MODELS.items():
             total = sum(mib for part, mib in parts.items() if part.startswith(names))
             if phase in REUSED:
-                free = parts.get(REUSED[phase][0], 0.0)
-                allocated = sum(mib for part, mib in parts.items() if part.startswith(REUSED[phase][1]))
-                total += max(free, allocated) - free - allocated
+                free, allocated = REUSED[phase]
+                total += max(
+                    parts.get(free, 0.0), sum(mib for part, mib in parts.items() if part.startswith(allocated))
+                )
             measured = self.peaks.get(phase, float("nan"))
             lines.append(
                 f"  {'model of the ' + phase + ' peak (sum)':52s} {total:9.0f}   measured {measured:6.0f} "
