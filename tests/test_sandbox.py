@@ -116,3 +116,60 @@ def test_a_machine_without_namespaces_fails_with_the_fix(monkeypatch):
     monkeypatch.setattr(runner, "isolation_problem", lambda: "unshare: Operation not permitted")
     with pytest.raises(RuntimeError, match="sandbox=none"):
         run_python("print(1)", SandboxLimits(isolation="namespaces"))
+
+
+SHM_FLOOD = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+held = 0
+big = libc.shmget(0, 1 << 30, 0o1600)  # one 1 GiB segment: attaching it alone would hit RLIMIT_AS
+print('one GiB segment', big, flush=True)
+for _ in range(16):  # 16 x 64 MiB, each touched and detached: the segments stay, outside the address space
+    shmid = libc.shmget(0, 64 << 20, 0o1600)
+    addr = libc.shmat(shmid, None, 0) if shmid >= 0 else None
+    if addr in (None, 2**64 - 1):
+        break
+    ctypes.memset(addr, 1, 64 << 20)
+    libc.shmdt(addr)
+    held += 64
+print('held', held, flush=True)
+"""
+MEMFD_FLOOD = """import os
+fd = os.memfd_create('grow')
+for _ in range(1024):
+    os.write(fd, b'x' * (1 << 20))
+print('held 1024', flush=True)
+"""
+
+
+def _host_shmem_mib() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("Shmem:"))
+
+
+@pytest.mark.skipif(not network_namespace_available(), reason="no namespace sandbox here")
+def test_shared_memory_and_memfds_cannot_pass_the_memory_cap():
+    # issue 46: memory_mb=128 let SysV shm hold 1 GiB of host memory (RLIMIT_AS does not see it); now refused
+    import threading
+
+    limits = SandboxLimits(timeout_s=10, cpu_s=5, memory_mb=128)
+    base, peak, done = _host_shmem_mib(), [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], _host_shmem_mib() - base)
+            done.wait(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        shm = run_python(SHM_FLOOD, limits)
+        memfd = run_python(MEMFD_FLOOD, limits)
+    finally:
+        done.set()
+        watcher.join()
+    assert "one GiB segment -1" in shm.stdout and "held 0" in shm.stdout, shm
+    assert "held 1024" not in memfd.stdout and memfd.status != "ok", memfd
+    assert peak[0] < 128, f"the host's shared memory grew by {peak[0]} MiB during the runs"

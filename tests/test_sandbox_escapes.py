@@ -222,6 +222,48 @@ CASES = [
         "for _ in range(500)]\n[t.start() for t in ts]\nprint('ESCAPED')",
         stopped_run("error", "memory"),
     ),
+    # ---- memory that RLIMIT_AS does not see (issue 46): kernel-held, outlives a detach; each must be refused
+    Case(
+        "shm_sysv_one_gib",
+        CTYPES + "print('ESCAPED' if libc.shmget(0, 1 << 30, 0o1600) >= 0 else 'no')",
+        not_printed("ESCAPED"),
+    ),
+    Case(
+        "shm_sysv_segments",
+        CTYPES + "libc.shmat.restype = ctypes.c_void_p\nlibc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, "
+        "ctypes.c_int]\nheld = 0\nfor _ in range(8):\n    i = libc.shmget(0, 64 << 20, 0o1600)\n"
+        "    a = libc.shmat(i, None, 0) if i >= 0 else None\n    if a in (None, 2**64 - 1):\n        break\n"
+        "    ctypes.memset(a, 1, 64 << 20)\n    libc.shmdt(ctypes.c_void_p(a))\n    held += 64\n"
+        "print('ESCAPED' if held >= 512 else 'no')",
+        not_printed("ESCAPED"),
+    ),
+    Case(
+        "memfd_growth",
+        "import os\nfd = os.memfd_create('m')\nfor _ in range(512):\n    os.write(fd, b'x' * (1 << 20))\n"
+        "print('ESCAPED')",
+        not_printed("ESCAPED"),
+    ),
+    Case(
+        "posix_shm_dev_shm",
+        CTYPES + "fd = libc.open(b'/dev/shm/lmrl', os.O_CREAT | os.O_RDWR, 0o600)\n"
+        "print('ESCAPED' if fd >= 0 and libc.ftruncate(fd, 1 << 30) == 0 else 'no')",
+        not_printed("ESCAPED"),
+    ),
+    Case(
+        "sysv_message_queue",
+        CTYPES + "print('ESCAPED' if libc.msgget(0, 0o1600) >= 0 else 'no')",
+        not_printed("ESCAPED"),
+    ),
+    Case(
+        "sysv_semaphores",
+        CTYPES + "print('ESCAPED' if libc.semget(0, 250, 0o1600) >= 0 else 'no')",
+        not_printed("ESCAPED"),
+    ),
+    Case(
+        "posix_message_queue",
+        CTYPES + "print('ESCAPED' if libc.mq_open(b'/lmrl', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0 else 'no')",
+        not_printed("ESCAPED"),
+    ),
     # ---- the code reward (run_tests): wrong code must earn nothing
     Case(
         "reward_marker_from_proc_environ",

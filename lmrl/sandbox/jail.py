@@ -63,8 +63,22 @@ kexec_file_load init_module finit_module delete_module reboot swapon swapoff acc
 open_by_handle_at name_to_handle_at fsopen fsconfig fsmount fspick open_tree move_mount mount_setattr
 lookup_dcookie vhangup sethostname setdomainname settimeofday clock_settime adjtimex clock_adjtime kcmp
 pidfd_getfd personality uselib ioperm iopl modify_ldt
+shmget shmat shmdt shmctl msgget msgsnd msgrcv msgctl semget semop semtimedop semctl ipc memfd_create memfd_secret
+mq_open mq_timedsend mq_timedreceive mq_notify mq_getsetattr mq_unlink
 """.split()
 )
+# Memory that RLIMIT_AS does not see (issue 46): System V shared memory, message queues and semaphores, POSIX
+# message queues and memfds live in the kernel, not in the address space, and outlive a detach. Besides the
+# seccomp rules above, the IPC namespace's own limits are set to 0 (where the kernel lets its root write them), so
+# the bound holds without libseccomp too; memfds are then capped by RLIMIT_FSIZE per file and RLIMIT_NOFILE.
+IPC_LIMITS = {
+    "shmmni": "0",
+    "shmall": "0",
+    "shmmax": "0",
+    "msgmni": "0",
+    "msgmnb": "0",
+    "sem": "0 0 0 0",
+}
 
 # Installed before the code runs: friendly refusals for Python code (the kernel refuses the rest).
 _AUDIT = r"""
@@ -141,6 +155,18 @@ def _bind(src: str, root: str, writable: bool = False) -> None:
     _mount(None, target, None, flags | (0 if src.startswith("/dev/") else MS_NODEV))
 
 
+def zero_ipc_limits() -> list[str]:
+    """B, before the new /proc: set this IPC namespace's SysV limits to 0; the names that could not be set."""
+    failed = []
+    for name, value in IPC_LIMITS.items():
+        try:
+            with open(f"/proc/sys/kernel/{name}", "w") as f:
+                f.write(value)
+        except OSError:
+            failed.append(name)
+    return failed
+
+
 def build_root(cfg: dict) -> None:
     """B, inside-root of the new namespaces: the new filesystem view, then pivot_root into it."""
     limits = cfg["limits"]
@@ -203,6 +229,7 @@ def set_limits(limits: dict) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_bytes"], limits["max_file_bytes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues: kernel memory, not address space
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
 
 
@@ -287,6 +314,7 @@ def jailed(cfg: dict, real_root: bool) -> None:
     """B: build the view, drop everything, run the code; setup errors exit SETUP_FAILED with the reason."""
     try:
         seccomp = find_seccomp()
+        zero_ipc_limits()  # best effort: seccomp refuses these calls anyway where libseccomp is installed
         build_root(cfg)
         os.chdir("/tmp")
         drop_privileges(real_root)

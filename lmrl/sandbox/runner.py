@@ -14,6 +14,8 @@ The reason a run stopped is `status`:
 - wall clock `timeout_s`: pid 1 of its namespace is killed, and with it everything  -> "timeout"
 - CPU time `cpu_s` (RLIMIT_CPU)                                                    -> "timeout"
 - address space `memory_mb` (RLIMIT_AS), per process; `max_processes` (RLIMIT_NPROC) -> "memory" / "error"
+- memory RLIMIT_AS does not see: SysV shm/msg/sem, memfds and POSIX mqueues are refused (seccomp, and the IPC
+  namespace's limits set to 0); there is no /dev/shm                                 -> "error"
 - files written at most `max_file_bytes` each (RLIMIT_FSIZE), /tmp at most `disk_mb` -> "output_limit"
 - output: stdout/stderr are cut to `max_output_chars` with a marker               -> `truncated`
 - network: an empty network namespace, and only AF_UNIX sockets (seccomp)          -> "error"
