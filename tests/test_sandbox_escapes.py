@@ -35,6 +35,10 @@ class Case:
     """True when the attack failed, from host evidence (ctx) and the result"""
     tests: bool = False
     """run it as a code-reward candidate (run_tests with TESTS) instead of run_python"""
+    test_list: tuple[str, ...] = ()
+    """the tests of a code-reward case when not TESTS"""
+    setup: str = ""
+    """the tests' setup (trusted code of the dataset) of a code-reward case"""
 
 
 def unchanged(ctx) -> bool:
@@ -312,6 +316,22 @@ CASES = [
         no_reward,
         tests=True,
     ),
+    # expected values that are not literals are computed where the candidate cannot reach them (issue 46)
+    Case(
+        "reward_patch_expected_module",
+        "import math\nmath.factorial = lambda n: -999\n" + WRONG,
+        no_reward,
+        tests=True,
+        test_list=("assert f(3) == math.factorial(3)", "assert f(4) == math.factorial(4)"),
+    ),
+    Case(
+        "reward_define_expected_name",
+        "EXPECTED = -999\n" + WRONG,
+        no_reward,
+        tests=True,
+        test_list=("assert f(3) == EXPECTED",),
+        setup="EXPECTED = 6",
+    ),
 ]
 
 
@@ -388,7 +408,8 @@ def run_corpus(tmp_dir: str, sandbox=SANDBOX, workers: int = 4) -> dict[str, tup
             }
             code = _fill(case.code, ctx, index)
             if case.tests:
-                passed, _, result = sandbox.run_tests(code, TESTS, limits)
+                extra = {"setup": case.setup} if case.setup else {}
+                passed, _, result = sandbox.run_tests(code, list(case.test_list or TESTS), limits, **extra)
                 ctx["passed"] = passed
             else:
                 result = sandbox.run_python(code, limits)

@@ -301,6 +301,12 @@ def run_code(cfg: dict, root: str) -> None:
 
         traceback.print_exception(type(e), e, e.__traceback__.tb_next)
         sys.exit(1)
+    for module in cfg.get("imports", ()):  # the tests' modules (`f(math.pi)`), where the code did not bind the name
+        if module not in namespace:
+            try:
+                namespace[module] = __import__(module)
+            except BaseException:  # noqa: BLE001 - the calls that use it fail
+                pass
     for i, expr in enumerate(cfg["calls"]):
         try:
             text = repr(eval(compile(expr, "<test>", "eval"), namespace))

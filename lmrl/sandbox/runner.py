@@ -234,6 +234,7 @@ def _execute(
     env: dict[str, str] | None = None,
     calls: list[str] = (),
     check: bool = True,
+    imports: list[str] = (),
 ) -> tuple[SandboxResult, str]:
     """One execution: the run, and the `index<TAB>repr` lines of `calls` evaluated after the code (`check`:
     first make sure the isolation works)."""
@@ -251,6 +252,7 @@ def _execute(
             "isolation": limits.isolation,
             "code": code,
             "calls": list(calls),
+            "imports": list(imports),
             "args": list(args),
             "fds": fds,
             "env": {
@@ -332,22 +334,56 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def run_tests(code: str, tests: list[str], limits: SandboxLimits | None = None) -> tuple[int, int, SandboxResult]:
+def run_tests(
+    code: str, tests: list[str], limits: SandboxLimits | None = None, setup: str = ""
+) -> tuple[int, int, SandboxResult]:
     """Run `code` in the sandbox, then judge each test (an assert such as `assert f(2) == 4`) outside it.
 
     Returns (tests passed, tests given, the run). The calls of the tests into the code (`f(2)`) are evaluated in
     the sandbox after the code, each returning its value as data; the assertions are evaluated here on those
     values (`lmrl.sandbox.verdict`), so the sandboxed process never sees an expected value and cannot report a
-    pass: fake counts, replaced builtins, early exits, always-equal objects and loops pass nothing. A test that
-    is not such an assert raises ValueError naming it.
+    pass: fake counts, replaced builtins, early exits, always-equal objects and loops pass nothing. Expected
+    values that are not literals (`math.factorial(3)`, a name bound by `setup`, trusted code of the dataset) are
+    computed in a second sandboxed process that runs `setup` and never loads `code`. A test that is not such an
+    assert raises ValueError naming it.
     """
     if not tests:
         raise ValueError("run_tests needs at least one test statement, e.g. 'assert f(1) == 2'.")
     calls: list[str] = []
-    assertions = [sandbox_verdict.split_test(t, calls) for t in tests]
-    limits = limits or SandboxLimits()
-    result, text = _execute(
-        code, dataclasses.replace(limits, max_output_chars=max(limits.max_output_chars, 10_000)), calls=calls
+    refs: list[tuple[str, tuple[int, ...]]] = []
+    names = sandbox_verdict.setup_names(setup)
+    assertions = [sandbox_verdict.split_test(t, calls, refs, names) for t in tests]
+    limits = dataclasses.replace(
+        limits or SandboxLimits(), max_output_chars=max((limits or SandboxLimits()).max_output_chars, 10_000)
     )
+    result, text = _execute(code, limits, calls=calls, imports=_modules(calls))
     values = sandbox_verdict.parse_values(text, len(calls))
-    return sum(sandbox_verdict.passes(a, values) for a in assertions), len(tests), result
+    references = _references(setup, refs, values, limits) if refs else []
+    return sum(sandbox_verdict.passes(a, values, references) for a in assertions), len(tests), result
+
+
+def _modules(calls: list[str]) -> list[str]:
+    """Standard-library modules the calls name (`f(math.pi)`): imported for them when the code did not."""
+    import ast
+
+    used = {n.id for c in calls for n in ast.walk(ast.parse(c, mode="eval")) if isinstance(n, ast.Name)}
+    return sorted(used & sandbox_verdict.MODULES)
+
+
+_REFERENCE_CACHE: dict = {}
+"""expected values that use no value of the candidate, by (setup, expressions, limits): one process per test set"""
+
+
+def _references(setup: str, refs: list, values: list, limits: SandboxLimits) -> list:
+    """The reference expressions' values, from a sandboxed process that runs the setup, never the candidate."""
+    key = (setup, tuple(refs), limits)
+    if key in _REFERENCE_CACHE:
+        return _REFERENCE_CACHE[key]
+    program = sandbox_verdict.reference_program(setup, refs, values)
+    result, text = _execute(program, limits, calls=[source for source, _ in refs])
+    references = sandbox_verdict.parse_values(text, len(refs))
+    if result.status == "ok" and not any(deps for _, deps in refs):
+        if len(_REFERENCE_CACHE) > 256:
+            _REFERENCE_CACHE.clear()
+        _REFERENCE_CACHE[key] = references
+    return references

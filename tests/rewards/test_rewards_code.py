@@ -73,3 +73,40 @@ def test_the_code_task_reference_solutions_pass_and_wrong_code_fails():
         assert len(row["meta"]["tests"]) == 3
         assert task.score(row["completion"], row["answer"], row["meta"]) == 1.0
         assert task.score("def f(x):\n    return None", row["answer"], row["meta"]) == 0.0
+
+
+FACTORIAL = "def f(n):\n    r = 1\n    for i in range(2, n + 1):\n        r *= i\n    return r\n"
+
+
+def test_expected_values_are_computed_where_the_candidate_cannot_reach_them():
+    # issue 46: `== math.factorial(3)` was evaluated with the candidate loaded: patching it earned 1.0, and a
+    # correct answer that did not `import math` earned 0
+    tests = ["assert f(3) == math.factorial(3)", "assert f(5) == math.factorial(5)"]
+    assert run_tests(FACTORIAL, tests)[:2] == (2, 2)
+    patched = "import math\nmath.factorial = lambda n: -1\ndef f(n):\n    return -1\n"
+    assert run_tests(patched, tests)[0] == 0
+    shadowed = "class M:\n    factorial = staticmethod(lambda n: -1)\nmath = M()\ndef f(n):\n    return -1\n"
+    assert run_tests(shadowed, tests)[0] == 0
+
+
+def test_expected_names_come_from_the_setup_never_from_the_candidate():
+    tests = ["assert f(3) == EXPECTED", "assert f(3) == TABLE[3]"]
+    setup = "import math\nEXPECTED = math.factorial(3)\nTABLE = {3: 6}"
+    assert run_tests(FACTORIAL, tests, setup=setup)[0] == 2
+    hack = "EXPECTED = -1\nTABLE = {3: -1}\ndef f(n):\n    return -1\n"
+    assert run_tests(hack, tests, setup=setup)[0] == 0
+    with pytest.raises(ValueError, match="setup name 'EXPECTED'"):
+        run_tests(FACTORIAL, ["assert f(EXPECTED) == 6"], setup=setup)
+
+
+def test_a_module_check_on_the_candidates_value_runs_outside_its_process():
+    patched = "import statistics\nstatistics.mean = lambda xs: 2\ndef f(n):\n    return [5, 5]\n"
+    assert run_tests(patched, ["assert statistics.mean(f(3)) == 2"])[0] == 0
+    assert run_tests("def f(n):\n    return [1, 3]\n", ["assert statistics.mean(f(3)) == 2"])[0] == 1
+    assert run_tests("def f(x):\n    return round(x, 2)\n", ["assert f(math.pi) == 3.14"])[0] == 1
+
+
+def test_the_code_reward_reads_the_test_setup():
+    completions = [FACTORIAL, "EXPECTED = 0\ndef f(n):\n    return 0\n"]
+    meta = [{"tests": ["assert f(3) == EXPECTED"], "test_setup": "EXPECTED = 6"}] * 2
+    assert make_reward("code")(["p"] * 2, completions, meta=meta) == [1.0, 0.0]
