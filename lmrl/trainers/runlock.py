@@ -34,6 +34,58 @@ class RunDirInUse(FileExistsError):
     """Another run holds the run directory."""
 
 
+class BadLockFile(FileExistsError):
+    """``lmrl.lock`` is not a regular file (a symlink, a FIFO, a folder, a device): never written through."""
+
+
+def _refuse(path: Path, what: str) -> BadLockFile:
+    return BadLockFile(
+        f"{path} is {what}, not the regular lock file lmrl writes: lmrl does not write through it (a symlink would "
+        f"overwrite the file it points to). Delete {path} (nothing of the run is in it), or choose another "
+        "output_dir=..."
+    )
+
+
+def _open_regular(path: Path) -> int:
+    """``path`` opened for the lock, never through a symlink and only when it is a regular file (issue 46)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, f"a symbolic link (to {os.readlink(path)!r})") from None
+        if exc.errno == errno.EISDIR:
+            raise _refuse(path, "a folder") from None
+        if exc.errno in (errno.ENXIO, errno.EACCES, errno.EPERM, errno.EROFS):
+            kind = _kind(path)
+            if kind != "a regular file":
+                raise _refuse(path, kind) from None
+        raise
+    kind = _kind(path, fd)
+    if kind != "a regular file":
+        os.close(fd)
+        raise _refuse(path, kind)
+    return fd
+
+
+def _kind(path: Path, fd: int | None = None) -> str:
+    import stat
+
+    mode = (os.fstat(fd) if fd is not None else os.lstat(path)).st_mode
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 class RunLock:
     """A held lock on a run directory; `release` is idempotent."""
 
@@ -81,7 +133,7 @@ def pid_alive(pid: int) -> bool:
 def _open_locked(path: Path) -> int:
     """An fd of ``path`` holding its lock; raises `RunDirInUse` when another process holds it."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_regular(path)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held by another process

@@ -130,3 +130,39 @@ def test_a_tilde_in_a_path_key_is_the_home_directory(tmp_path, monkeypatch):
     assert config.dataset == str(tmp_path / "data.jsonl")
     assert config.system_prompt == "~/hi"  # text, not a path
     assert sft.SFTConfig(output_dir="~/y").output_dir == str(tmp_path / "y")  # configs built in Python too
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder", "dangling symlink"])
+def test_a_lock_path_that_is_not_a_regular_file_is_refused_naming_it(tmp_path, kind):
+    # issue 46: a symlink named lmrl.lock truncated and overwrote its target (exit 0); a FIFO or folder: a traceback
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run.mkdir()
+    victim.write_text("keep")
+    lock = run / runlock.LOCK_FILE
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "dangling symlink":
+        lock.symlink_to(tmp_path / "created-through-the-link")
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    with pytest.raises(runlock.BadLockFile, match="not the regular lock file") as err:
+        runlock.acquire(run)
+    message = str(err.value)
+    assert str(lock) in message and f"Delete {lock}" in message
+    assert {"symlink": "symbolic link", "dangling symlink": "symbolic link", "fifo": "FIFO", "folder": "folder"}[
+        kind
+    ] in message
+    assert victim.read_text() == "keep" and not (tmp_path / "created-through-the-link").exists()
+    assert isinstance(err.value, FileExistsError)  # the CLI prints it as one `error:` line (exit 2)
+
+
+def test_a_run_into_a_symlinked_lock_is_one_error_line_and_the_target_is_kept(tmp_path, capsys):
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run.mkdir()
+    victim.write_text("keep")
+    (run / runlock.LOCK_FILE).symlink_to(victim)
+    assert sft_main(run, "max_steps=1") == 2
+    out = out_text(capsys)
+    assert "is a symbolic link" in out and "Traceback" not in out and victim.read_text() == "keep"
