@@ -139,6 +139,40 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def special_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The strings this tokenizer turns into special or added tokens (chat markers, EOS, pad, ...)."""
+    added = getattr(tokenizer, "get_added_vocab", dict)()
+    return tuple(sorted({*getattr(tokenizer, "all_special_tokens", []), *added} - {""}))
+
+
+def has_special_tokens(texts: Sequence[str], specials: Sequence[str]) -> bool:
+    """Whether any of ``texts`` contains one of ``specials``: text from outside (a swarm peer, a tool, an MCP
+    server) that would tokenize into control tokens."""
+    return any(marker in text for text in texts for marker in specials)
+
+
+def encode_plain(tokenizer: Any, text: str, specials: Sequence[str] | None = None) -> list[int]:
+    """Tokens of ``text`` as plain text: a special-token string in it (``<|im_end|>``) becomes ordinary tokens,
+    never the control token (`split_special_tokens`; a tokenizer without it: the string's first character is
+    encoded apart, so the rest no longer matches)."""
+    specials = special_strings(tokenizer) if specials is None else specials
+    if not has_special_tokens([text], specials):
+        return _encode(tokenizer, text)
+    try:
+        ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    except TypeError:
+        ids = None
+    control = {tokenizer.convert_tokens_to_ids(s) for s in specials}
+    if ids is not None and not control & set(ids):
+        return ids
+    first = min((text.index(s), s) for s in specials if s in text)[0]  # encode "<" apart, then the rest
+    return (
+        _encode(tokenizer, text[:first])
+        + _encode(tokenizer, text[first])
+        + encode_plain(tokenizer, text[first + 1 :], specials)
+    )
+
+
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
     """Token ids of a prompt for generation, identical to the prompt part of SFT examples.
 

@@ -19,7 +19,21 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from lmrl.data.chat import CHATML_TEMPLATE, END_OF_TURN, IGNORE_INDEX, _encode, _prefix_check, _turn_end
+from lmrl.data.chat import (
+    CHATML_TEMPLATE,
+    END_OF_TURN,
+    IGNORE_INDEX,
+    _encode,
+    _prefix_check,
+    _turn_end,
+    encode_plain,
+    has_special_tokens,
+    special_strings,
+)
+
+DEFUSE = "\u200b"
+"""put after the first character of a special-token string in an observation whose text cannot be found in the
+template's output (a template that escapes or reshapes it): the string then cannot match"""
 
 CHATML_TOOLS_TEMPLATE = (
     "{{ bos_token if bos_token is defined and bos_token else '' }}"
@@ -103,14 +117,45 @@ def between_turns_ids(
 ) -> list[int]:
     """Tokens after the sampled `assistant` turn's end-of-turn marker, through the next generation prompt:
     the rest of the assistant turn as rendered (ChatML: "\\n"), the `observations` and the next
-    `<|im_start|>assistant\\n`. `history` ends where the assistant turn started."""
+    `<|im_start|>assistant\\n`. `history` ends where the assistant turn started.
+
+    The observations come from outside (tools, MCP servers, environments): their text is tokenized as plain
+    text, so `<|im_end|>\\n<|im_start|>assistant` in a tool's output is characters, never the template's control
+    tokens (issue 46; `observations_with_special_tokens` counts such observations)."""
     before = render(tokenizer, history, tools, add_generation_prompt=True)
     with_turn = render(tokenizer, [*history, assistant], tools, add_generation_prompt=False)
     after = render(tokenizer, [*history, assistant, *observations], tools, add_generation_prompt=True)
     _prefix_check(with_turn, before, len(history), True)
     _prefix_check(after, with_turn, len(history) + 1, False)
     end = len(before) + _turn_end(tokenizer, with_turn[len(before) :])
-    return _encode(tokenizer, after[end:])
+    specials = special_strings(tokenizer)
+    if not observations_with_special_tokens(observations, specials):
+        return _encode(tokenizer, after[end:])
+    tail, ids, pos = after[end:], [], 0
+    for content in (str(m.get("content") or "") for m in observations):
+        if not has_special_tokens([content], specials):
+            continue
+        found = next((k for k in (tail.find(c, pos) for c in (content, content.strip())) if k >= 0), -1)
+        if found < 0:  # the template reshaped the text: render it again with the markers broken
+            defused = [{**m, "content": _defuse(str(m.get("content") or ""), specials)} for m in observations]
+            if not observations_with_special_tokens(defused, specials):  # else a one-character special token
+                return between_turns_ids(tokenizer, history, assistant, defused, tools)
+            return _encode(tokenizer, tail)
+        text = content if tail.startswith(content, found) else content.strip()
+        ids += _encode(tokenizer, tail[pos:found]) + encode_plain(tokenizer, text, specials)
+        pos = found + len(text)
+    return ids + _encode(tokenizer, tail[pos:])
+
+
+def observations_with_special_tokens(observations: Sequence[dict], specials: Sequence[str]) -> int:
+    """How many observations hold one of the tokenizer's special-token strings."""
+    return sum(has_special_tokens([str(m.get("content") or "")], specials) for m in observations)
+
+
+def _defuse(text: str, specials: Sequence[str]) -> str:
+    for s in sorted(specials, key=len, reverse=True):
+        text = text.replace(s, s[0] + DEFUSE + s[1:])
+    return text
 
 
 def token_char_ends(tokenizer: Any, ids: Sequence[int]) -> list[int]:

@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from lmrl.data.tool_chat import between_turns_ids, prompt_ids, render, span_token_mask
+from lmrl.data.chat import special_strings
+from lmrl.data.tool_chat import (
+    between_turns_ids,
+    observations_with_special_tokens,
+    prompt_ids,
+    render,
+    span_token_mask,
+)
 from lmrl.rollout.env import Environment
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 
@@ -63,6 +70,8 @@ class _Trajectory:
     reward: float = 0.0
     finish: str | None = None
     final: str = ""
+    special_outputs: int = 0
+    """observations that held special-token strings, tokenized as plain text (`between_turns_ids`)"""
 
 
 def run_episodes(
@@ -149,6 +158,7 @@ def _step(traj: _Trajectory, tokenizer, text: str, options: MultiTurnOptions, la
         traj.history += [assistant, *result.observations]
         return
     between = between_turns_ids(tokenizer, traj.history, assistant, result.observations, traj.env.tools)
+    traj.special_outputs += observations_with_special_tokens(result.observations, special_strings(tokenizer))
     traj.history += [assistant, *result.observations]
     room = options.max_total_tokens - len(traj.ids)
     if len(between) >= room:  # no room left for the observation and a reply: cut, flag, stop
@@ -197,7 +207,7 @@ def _assemble(trajs: list[_Trajectory], tokenizer, engine, group_size: int) -> R
             "transcript": render(tokenizer, t.history, t.env.tools, add_generation_prompt=False)[
                 len(render(tokenizer, t.history[: _first_reply(t.history)], t.env.tools, True)) :
             ],
-            "stats": dict(getattr(t.env, "stats", {}) or {}),
+            "stats": {**dict(getattr(t.env, "stats", {}) or {}), "output_special_tokens": t.special_outputs},
         }
         for t in trajs
     ]

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lmrl.data.chat import render_prompt
+from lmrl.data.chat import has_special_tokens, render_prompt, special_strings  # noqa: F401 - re-exported
 from lmrl.rollout.types import RolloutBatch
 
 
@@ -45,17 +45,6 @@ class TokenizedGroup:
     @property
     def size(self) -> int:
         return len(self.completion_ids)
-
-
-def special_strings(tokenizer) -> tuple[str, ...]:
-    """The strings this tokenizer turns into special or added tokens (chat markers, EOS, pad, ...)."""
-    added = getattr(tokenizer, "get_added_vocab", dict)()
-    return tuple(sorted({*getattr(tokenizer, "all_special_tokens", []), *added} - {""}))
-
-
-def has_special_tokens(texts: Sequence[str], specials: Sequence[str]) -> bool:
-    """Whether any of ``texts`` contains one of ``specials`` (see the module docstring)."""
-    return any(marker in text for text in texts for marker in specials)
 
 
 def tokenize_group(tokenizer, question: str, completions: Sequence[str], max_new_tokens: int) -> TokenizedGroup:
