@@ -122,3 +122,134 @@ def test_names_and_option_errors():
         load_reward("http://127.0.0.1:9/score", timeout=3)
     with pytest.raises(ValueError, match="timeout_s > 0"):
         load_reward("http://127.0.0.1:9/score", timeout_s=0)
+
+
+# ---- issue 46: a whole-request deadline, a reply size cap, every error naming the URL, no token across hosts
+
+
+class RawServer:
+    """A one-thread HTTP server on 127.0.0.1 whose replies are raw bytes written by `reply(sock, i)`; `requests`
+    records each request's header block."""
+
+    def __init__(self, reply):
+        import socket
+        import threading
+
+        self.reply, self.requests = reply, []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def url(self, path="/score"):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(
+                    next(
+                        (h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), b"0"
+                    )
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.requests.append(head.decode())
+                try:
+                    self.reply(conn, len(self.requests) - 1)
+                except OSError:  # the client left
+                    pass
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+def test_a_server_that_drips_its_reply_is_cut_at_timeout_s():
+    import time
+
+    def drip(conn, i):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 80\r\n\r\n")
+        for _ in range(80):  # one byte every 0.1 s: each read is quick, the reply takes 8 s
+            conn.sendall(b" ")
+            time.sleep(0.1)
+
+    with RawServer(drip) as server:
+        fn = load_reward(server.url(), timeout_s=0.5, retries=0)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"timed out after 0.5s") as err:
+            fn(PROMPTS, COMPLETIONS)
+        assert time.monotonic() - start < 2.0 and server.url() in str(err.value)
+
+
+@pytest.mark.parametrize("announced", [True, False])
+def test_a_reply_over_max_reply_bytes_is_an_error_not_memory(announced):
+    size = 4 << 20
+
+    def flood(conn, i):
+        length = f"Content-Length: {size}\r\n" if announced else "Connection: close\r\n"
+        conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{length}\r\n".encode())
+        for _ in range(size >> 16):
+            conn.sendall(b"[" * (1 << 16))
+
+    with RawServer(flood) as server:
+        fn = load_reward(server.url(), max_reply_bytes=1 << 20, retries=2, backoff_s=0.01)
+        with pytest.raises(RuntimeError, match="max_reply_bytes") as err:
+            fn(PROMPTS, COMPLETIONS)
+    assert server.url() in str(err.value) and len(server.requests) == 1  # not retried
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "invalid JSON"),  # deeper than Python's stack
+        (b'{"rewards": "\xff\xfe"}', "invalid JSON"),  # not UTF-8
+        (b'{"rewards": [1, 1' + b"0" * 400 + b", 2]}", "integer of 401 digits at index 1"),  # beyond float
+    ],
+)
+def test_every_bad_reply_names_the_url(body, match):
+    with StubServer(lambda path, payload, i: (200, body)) as server:
+        fn = load_reward(server.url(), retries=0)
+        with pytest.raises(RuntimeError, match=match) as err:
+            fn(PROMPTS, COMPLETIONS)
+    assert server.url() in str(err.value)
+
+
+def test_a_cut_reply_names_the_url():
+    def cut(conn, i):
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"rew')
+
+    with RawServer(cut) as server:
+        with pytest.raises(RuntimeError, match="IncompleteRead") as err:
+            load_reward(server.url(), retries=0)(PROMPTS, COMPLETIONS)
+    assert server.url() in str(err.value)
+
+
+def test_the_bearer_token_is_not_sent_to_another_host_on_redirect(monkeypatch):
+    monkeypatch.setenv("LMRL_TEST_KEY", "s3cret")
+    ok = b'{"rewards": [1, 2, 3]}'
+
+    def answer(conn, i):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(ok), ok))
+
+    with RawServer(answer) as other:
+
+        def redirect(conn, i):
+            target = other.url() if i == 0 else "/moved"  # first to another host (port), then within this one
+            conn.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {target}\r\nContent-Length: 0\r\n\r\n".encode())
+
+        with RawServer(redirect) as first:
+            fn = load_reward(first.url(), api_key_env="LMRL_TEST_KEY", headers={"X-Api-Key": "k2"}, retries=0)
+            assert fn(PROMPTS, COMPLETIONS) == [1.0, 2.0, 3.0]
+            assert "s3cret" in first.requests[0] and "s3cret" not in other.requests[0]
+            assert "k2" not in other.requests[0] and other.requests[0].startswith("POST /score")
