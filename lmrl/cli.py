@@ -212,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rich.markup import escape
 
+    from lmrl.models.speedups import print_as_one_line
     from lmrl.tracking import console
 
+    print_as_one_line(lambda text: console.print(f"[yellow]{escape(text)}"))
     overrides = list(args.overrides)
     if args.verb == "swarm" and overrides and overrides[0] in ("sim", "join"):
         overrides[0] = f"mode={overrides[0]}"  # `lmrl swarm sim ...` reads as `mode=sim`

@@ -15,7 +15,6 @@ ordinary forward: same values, same speed.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -108,28 +107,36 @@ def _checked(lm, parts: HeadParts) -> HeadParts | None:
 
 
 def _reproduces_logits(lm, parts: HeadParts) -> bool:
-    """Whether post(head(decoder(x))) equals lm(x).logits on 4 tokens (fp32, eval mode, modes restored after)."""
+    """Whether post(head(decoder(x))) equals lm(x).logits on 4 tokens up to rounding (fp32 where the weights are, eval
+    mode, modes restored after). The rounding bound is measured (`lmrl.numerics.rounding_bound`): lm(x).logits again
+    as the second row of a batch of 2, and a floor of sqrt(hidden) * layers roundoffs; a missing scale or soft-cap
+    moves logits by O(1) of their scale."""
     from lmrl.models.hf_compat import accepts_kwarg
     from lmrl.models.modes import evaluating
+    from lmrl.models.speedups import model_name, switched_off
+    from lmrl.numerics import agreement, compute_dtype, model_ulps, rounding_bound
 
     device = parts.head.weight.device
     ids = torch.arange(1, 5, device=device)[None] % parts.head.weight.shape[0]  # (1, 4)
     extra = {"use_cache": False} if accepts_kwarg(lm, "use_cache") else {}
     with torch.no_grad(), torch.autocast(device.type, enabled=False), evaluating(lm):
-        logits = lm(input_ids=ids, **extra).logits.float()
+        logits = lm(input_ids=ids, **extra).logits.float()[0]
+        again = lm(input_ids=torch.cat([ids.flip(1), ids]), **extra).logits.float()[1]
         split = parts.run(
             lambda: _post(
                 parts.head(parts.decoder(input_ids=ids, **extra).last_hidden_state).float(), parts.scale, parts.softcap
             )
+        )[0]
+        bound = rounding_bound(logits, [again], dtype=compute_dtype(lm), floor_ulps=model_ulps(lm))
+    outcome = agreement(split, logits, bound)
+    if not outcome:
+        switched_off(
+            "the chunked LM head",
+            model_name(lm),
+            f"its logits are not lm_head(hidden states) with a known scale or soft-cap ({outcome}); log-probs use the "
+            "full logits, so memory grows with the vocabulary (metric update/chunked_head: 0)",
         )
-    if torch.allclose(logits, split, rtol=1e-4, atol=1e-4):
-        return True
-    warnings.warn(
-        f"{type(lm).__name__}: its logits are not lm_head(hidden states) with a known scale or soft-cap, "
-        "so log-probs use the full logits (the chunked LM head is off; memory grows with the vocabulary).",
-        stacklevel=3,
-    )
-    return False
+    return bool(outcome)
 
 
 def _post(z: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:

@@ -3,8 +3,10 @@ gradients on real decoders, what is refused, and a GRPO run that counts the fuse
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from lmrl.models import fused
 from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fused_count
+from lmrl.models.speedups import SpeedupOff
 from lmrl.tracking import read_jsonl
 
 
@@ -114,8 +117,31 @@ def test_a_norm_the_fused_version_does_not_reproduce_keeps_its_own_forward():
 
     model = torch.nn.Sequential(OffsetRMSNorm(), MLP())
     before = dict(fused.CALLS)
-    assert fuse_layers(model) == {"rms_norm": 0, "swiglu": 0} and fused_count(model) == 0
-    assert dict(fused.CALLS) == before  # the check's own calls are not counted as uses
+    with pytest.warns(SpeedupOff, match=r"the fused rms_norm is off for Sequential: 1 of 1 modules .*differs by"):
+        assert fuse_layers(model) == {"rms_norm": 0, "swiglu": 0} and fused_count(model) == 0
+    assert +fused.CALLS == +collections.Counter(before)  # the check's own calls are not counted as uses
+
+
+def test_a_norm_that_rounds_in_another_order_is_fused():
+    """A bf16 RMSNorm that rounds every op to bf16 (the fused one computes in fp32 and rounds once): the two differ
+    by a few bf16 roundoffs, above the 1e-2 once allowed; the fused one is as close to the float64 value."""
+
+    class DividingRMSNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.linspace(0.5, 2.0, 64, dtype=torch.bfloat16))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            return self.weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    norm = DividingRMSNorm()
+    x = 3 * torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    own = norm(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpeedupOff)
+        assert fuse_layers(norm) == {"rms_norm": 1, "swiglu": 0}
+    assert (norm(x).float() - own.float()).abs().max() > 1e-2  # not bitwise: the old constant refused it
 
 
 def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_path):

@@ -5,6 +5,7 @@ import torch
 from test_replay import Tok, tiny_llama
 
 from lmrl.models import packed
+from lmrl.models.speedups import SpeedupOff
 from lmrl.rollout import HFEngine, SamplingParams
 
 pytestmark = pytest.mark.skipif(not packed.available(), reason="oneDNN without bf16 on this CPU: nothing is packed")
@@ -90,3 +91,32 @@ def test_nothing_is_packed_with_gradients_on_without_bf16_or_for_other_layers(mo
         layers(torch.randn(3, 8))
     assert packed.CALLS[0] - before == 1
     assert "forward" not in vars(layers[0])
+
+
+@pytest.fixture
+def fresh_shape_checks():
+    packed.reproduces.cache_clear()
+    yield
+    packed.reproduces.cache_clear()  # the next test checks the real kernel again
+
+
+def test_a_packed_product_off_by_rounding_is_used_and_one_off_by_more_is_not(monkeypatch, fresh_shape_checks):
+    """Another CPU's oneDNN may sum in another order: one bf16 ulp off is within the product's rounding bound (the
+    packed linear is used); 1% off is a different product (F.linear kept, said in one line)."""
+    real = packed._packed_linear
+
+    def off_by(relative):
+        return lambda x, w, b: (real(x, w, b).float() * (1 + relative)).to(torch.bfloat16)
+
+    monkeypatch.setattr(packed, "_packed_linear", off_by(2.0**-8))  # one bf16 roundoff
+    assert packed.reproduces(128, 64, True)
+    packed.reproduces.cache_clear()
+    monkeypatch.setattr(packed, "_packed_linear", off_by(1e-2))
+    assert not packed.reproduces(128, 64, True)
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 128))
+    with (
+        pytest.warns(SpeedupOff, match=r"the packed bf16 linear is off for Sequential's 64 -> 128 layers"),
+        torch.no_grad(),
+        packed.packed_linears(layers, torch.bfloat16, 4) as swapped,
+    ):
+        assert swapped == 0

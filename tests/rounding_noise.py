@@ -1,0 +1,23 @@
+"""Rounding noise on demand: what another CPU's kernels, thread count or batch layout do to a model's outputs.
+
+`add_rounding_noise(module, relative)` makes every forward of ``module`` add relative * scale * z to its output
+(scale: the row's max |output|; z ~ N(0, 1), fresh at every call, as two runs of an fp32 GEMM differ on a CPU whose
+kernels split rows by the batch layout: a matmul's rounding error scales with |x| |w|, not with each output): the start-up checks must accept a model whose outputs differ only by such noise. The relative 1e-5
+used by the tests is ~170 fp32 roundoffs, 2.5e-4 at a logit of 25: above the 1e-4 the checks once allowed, below
+what their rounding bounds derive.
+"""
+
+import torch
+
+RELATIVE = 1e-5
+
+
+def add_rounding_noise(module: torch.nn.Module, relative: float = RELATIVE, seed: int = 0):
+    """Register the noise on ``module``'s output; returns the hook's handle (``.remove()`` takes it off)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def noisy(_module, _inputs, output):
+        z = torch.randn(output.shape, generator=generator).to(output.device, output.dtype)
+        return output + relative * output.abs().amax(-1, keepdim=True) * z
+
+    return module.register_forward_hook(noisy)
