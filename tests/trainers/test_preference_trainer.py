@@ -360,3 +360,39 @@ def test_cli_reports_bad_rows_without_a_traceback(tmp_path):
     assert "error: row 2 of" in out and "missing ['rejected']" in out, result.stdout
     assert "Traceback" not in result.stdout + result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class _Marker:
+    """Pickled into a crafted cache: unpickling it (torch.load without weights_only) would create `path`."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("damage", ["cut", "crafted", "not a cache"])
+def test_a_bad_reference_cache_is_rebuilt_and_never_unpickled(tmp_path, capsys, damage):
+    # issue 46: a cut reference_logps.pt was a traceback even with overwrite=true; a crafted one ran its code
+    cfg = config(tmp_path, *SMALL_RUN, "max_steps=1", "train_rows=16", "eval_rows=8")
+    preference.train(cfg)
+    cache = Path(cfg.output_dir) / preference.REF_CACHE
+    good = torch.load(cache, weights_only=True)
+    marker = tmp_path / "ran"
+    if damage == "cut":
+        cache.write_bytes(cache.read_bytes()[:100])
+    elif damage == "crafted":
+        torch.save({"fingerprint": good["fingerprint"], "train": _Marker(marker), "eval": good["eval"]}, cache)
+    else:
+        torch.save({"fingerprint": good["fingerprint"]}, cache)
+    capsys.readouterr()
+    preference.train(config(tmp_path, *SMALL_RUN, "max_steps=1", "train_rows=16", "eval_rows=8", "overwrite=true"))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "is unreadable" in out and "computing them again" in out  # rich may wrap the long path
+    assert not marker.exists()
+    rebuilt = torch.load(cache, weights_only=True)
+    assert rebuilt["fingerprint"] == good["fingerprint"] and torch.equal(
+        torch.as_tensor(rebuilt["eval"][0]) if isinstance(rebuilt["eval"], list) else rebuilt["eval"],
+        torch.as_tensor(good["eval"][0]) if isinstance(good["eval"], list) else good["eval"],
+    )

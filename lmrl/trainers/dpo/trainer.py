@@ -29,6 +29,7 @@ Launch::
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,24 @@ def fingerprint(ref_model, precision: str, examples: list[Example], eval_example
     return h.hexdigest()
 
 
+def load_reference_cache(path: Path, tracker) -> dict | None:
+    """The cached reference log-probs, loaded as data only (`weights_only=True`: a crafted file's pickled code
+    never runs); None, with a notice, when the file is cut, damaged or not a cache (it is then rebuilt)."""
+    try:
+        cache = torch.load(path, weights_only=True, map_location="cpu")
+        if not isinstance(cache, dict) or not {"fingerprint", "train", "eval"} <= cache.keys():
+            raise ValueError(
+                f"not a reference cache (keys: {sorted(cache) if isinstance(cache, dict) else type(cache).__name__})"
+            )
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with the file, the fix is to rebuild it
+        tracker.print(
+            f"[yellow]Reference log-probs: {path} is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+            "computing them again and replacing it."
+        )
+        return None
+    return cache
+
+
 def setup_reference(
     config: DPOConfig, run_dir: Path, ref_model, tokenizer, examples, eval_examples, dtype, tracker
 ) -> Reference:
@@ -94,18 +113,19 @@ def setup_reference(
     if not config.precompute_ref:
         return Reference(model=ref_model, chunk_mb=config.logprob_chunk_mb)
     key, path = fingerprint(ref_model, config.precision, examples, eval_examples), run_dir / REF_CACHE
-    if path.exists():
-        cache = torch.load(path)
-        if cache.get("fingerprint") == key:
-            tracker.print(f"Reference log-probs: loaded from {path}")
-            return Reference(cache["train"], cache["eval"])
+    cache = load_reference_cache(path, tracker) if path.exists() or path.is_symlink() else None
+    if cache is not None and cache["fingerprint"] == key:
+        tracker.print(f"Reference log-probs: loaded from {path}")
+        return Reference(cache["train"], cache["eval"])
     t0 = time.perf_counter()
     train_ref = reference_logps(ref_model, examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb)
     eval_ref = reference_logps(
         ref_model, eval_examples, tokenizer.pad_token_id, dtype, chunk_mb=config.logprob_chunk_mb
     )
-    if runtime.is_main():
-        torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, path)
+    if runtime.is_main():  # written aside, then renamed: a killed save leaves the old file or none, never half
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"fingerprint": key, "train": train_ref, "eval": eval_ref}, tmp)
+        os.replace(tmp, path)
     tracker.print(
         f"Reference log-probs: {len(examples) + len(eval_examples)} examples in "
         f"{time.perf_counter() - t0:.1f}s, cached in {path}"
