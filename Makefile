@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.lmrl-installed
 
-.PHONY: install demo lint test test-all test-vllm bench gpu-check clean chromium smollm2
+.PHONY: install demo lint test test-all test-vllm bench gpu-check gpu-bench clean chromium smollm2
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -78,20 +78,36 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/grpo_vs_trl.py
 
+# The GPU targets run with $(PYTHON), the system Python of a CUDA torch image, not .venv (which does not travel to a
+# GPU machine, and that machine has no network). Wheels in $(GPU_WHEELS) (`pip download`ed elsewhere, for packages an
+# image lacks: docs/gpu.md) are installed first, offline, into the folder given ($(call install_wheels,FOLDER)),
+# which goes on PYTHONPATH ahead of the image's own packages.
+GPU_WHEELS ?= wheels
+define install_wheels
+	@if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
+		echo "Installing $(GPU_WHEELS)/*.whl into $(1)"; \
+		$(PYTHON) -m pip install -q --no-index --no-deps --upgrade --find-links $(GPU_WHEELS) --target $(1) $(GPU_WHEELS)/*.whl || exit 1; \
+	fi
+endef
+
 # The GPU check (docs/gpu.md, "GPU check"): lmrl's trainers, 3 steps each, on a random Qwen2.5-0.5B-shaped model on one
-# CUDA GPU. It runs with $(PYTHON), the system Python of a CUDA torch image, not .venv (which does not travel to a GPU
-# machine, and that machine has no network). Wheels in wheels/ (`pip download`ed elsewhere, for packages an image
-# lacks; none are needed on a standard one) are installed first, offline, into $(GPU_CHECK_SITE).
-# On a CPU: make gpu-check GPU_CHECK_ARGS="--device cpu --small"
+# CUDA GPU (a standard CUDA torch image needs no wheels for it). On a CPU: make gpu-check GPU_CHECK_ARGS="--device cpu --small"
 GPU_CHECK_ARGS ?=
 GPU_CHECK_SITE ?= /tmp/lmrl-gpu-check-site
 
 gpu-check:
-	@if ls wheels/*.whl >/dev/null 2>&1; then \
-		echo "Installing wheels/*.whl into $(GPU_CHECK_SITE)"; \
-		$(PYTHON) -m pip install -q --no-index --no-deps --upgrade --find-links wheels --target $(GPU_CHECK_SITE) wheels/*.whl || exit 1; \
-	fi
+	$(call install_wheels,$(GPU_CHECK_SITE))
 	PYTHONPATH=.:$(GPU_CHECK_SITE) PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The GPU benchmark (docs/gpu.md, "GPU benchmark"): lmrl vs TRL GRPO on random Qwen2.5-0.5B- and 1.5B-shaped models,
+# 64 x 8 x 256, bf16, under 8 minutes; a bare CUDA image needs wheels of transformers, trl, datasets, dill and
+# multiprocess. On a CPU: make gpu-bench GPU_BENCH_ARGS="--device cpu --small"
+GPU_BENCH_ARGS ?=
+GPU_BENCH_SITE ?= /tmp/lmrl-gpu-bench-site
+
+gpu-bench:
+	$(call install_wheels,$(GPU_BENCH_SITE))
+	PYTHONPATH=.:$(GPU_BENCH_SITE) PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu_bench.py $(GPU_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

@@ -33,7 +33,8 @@ memory is its own. Both load the saved directory in fp32 (master weights) and tr
   (lmrl ``ppo_epochs=1 minibatches=1 grad_accum=1``; TRL ``per_device_train_batch_size=B*G``, ``num_generations=G``,
   ``gradient_accumulation_steps=1`` so ``steps_per_generation=1``, ``num_iterations=1``);
 - sampling at temperature 1.0, no top-k/top-p, at most ``--max-new-tokens`` completion tokens, stop at ``<|im_end|>``;
-- reward: the task's own verifier (``get_task(row["task"]).score``); group-std-scaled GRPO advantages;
+- reward (``--reward``): the share of digits in the completion, a pseudo-random number fixed by its text
+  (``text_hash``), or the task's own verifier (``get_task(row["task"]).score``); group-std-scaled GRPO advantages;
 - PPO-clip loss with eps 0.2, token-mean aggregation (TRL ``loss_type="dapo"``), no KL (``kl_coef=0``/``beta=0``, so
   neither builds a reference model), no importance-sampling correction (lmrl ``tis_cap=null``; TRL has none without
   vLLM);
@@ -71,6 +72,7 @@ import argparse
 import collections
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -114,6 +116,18 @@ def peak_rss_mb() -> float:
 def digit_share(completion: str) -> float:
     """The dense benchmark reward: the share of digit characters in a completion (0 for an empty one)."""
     return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+def text_hash(completion: str) -> float:
+    """A pseudo-random reward in [0, 1) fixed by a completion's text (blake2b): the same text scores the same in
+    both frameworks and in every run, and a random model's completions (all different) get different rewards, so
+    every group's advantages are non-zero whatever the model writes."""
+    digest = hashlib.blake2b(completion.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+DENSE_REWARDS = {"digits": digit_share, "hash": text_hash}
+"""--reward choices scored per completion text by one function, the same in both frameworks."""
 
 
 class DtypeProbe:
@@ -496,8 +510,7 @@ def build_model(args: argparse.Namespace):
     if args.qwen2_vocab:
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        tokenizer = build_char_tokenizer()  # + added tokens <x0>, <x1>, ... up to the vocabulary size
-        tokenizer.add_tokens([f"<x{i}>" for i in range(args.qwen2_vocab - len(tokenizer))])
+        tokenizer = extended_char_tokenizer(args.qwen2_vocab)
         torch.manual_seed(0)
         return Qwen2ForCausalLM(
             Qwen2Config(
@@ -538,6 +551,16 @@ def build_model(args: argparse.Namespace):
     return load_model(args.model, tokenizer), tokenizer
 
 
+def extended_char_tokenizer(vocab: int):
+    """The ``builtin:char`` tokenizer with added tokens ``<x0>``, ``<x1>``, ... up to ``vocab`` entries, so that every
+    id a random model samples decodes to text."""
+    from lmrl.data.tokenizers import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_tokens([f"<x{i}>" for i in range(vocab - len(tokenizer))])
+    return tokenizer
+
+
 def task_style(args: argparse.Namespace) -> str:
     """--task-style auto: chat questions for a model folder or GGUF file (an instruct model), plain otherwise."""
     if args.task_style != "auto":
@@ -547,9 +570,9 @@ def task_style(args: argparse.Namespace) -> str:
     return "plain" if args.qwen2_vocab or args.gpt2 or is_builtin(args.model) else "chat"
 
 
-def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """Save the shared model + tokenizer (a plain HF folder) and the prompt rows; check both frameworks' prompts
-    tokenize the same."""
+def prepare(args: argparse.Namespace, workdir: Path, built: tuple | None = None) -> dict[str, Any]:
+    """Save the shared model + tokenizer (a plain HF folder; ``built``: this (model, tokenizer) rather than
+    `build_model`'s) and the prompt rows; check both frameworks' prompts tokenize the same."""
     from transformers.utils import logging as hf_logging
 
     from lmrl.data.chat import render_prompt
@@ -559,7 +582,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     hf_logging.disable_progress_bar()
     os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader's own progress bars
     model_dir = workdir / "model"
-    model, tokenizer = build_model(args)
+    model, tokenizer = built or build_model(args)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     style = task_style(args)
@@ -598,14 +621,11 @@ def model_name(args: argparse.Namespace, model) -> str:
 # ----------------------------------------------------------------------------- children
 
 
-def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import torch
-
+def lmrl_config(args: argparse.Namespace, workdir: Path, out: Path):
+    """lmrl's `RLConfig` for the benchmark's settings (the module docstring), writing its run to ``out``."""
     from lmrl.config import load_config
-    from lmrl.tracking import read_jsonl
     from lmrl.trainers.rl import trainer as online
 
-    out = workdir / "lmrl-run"
     overrides = [
         f"model={workdir / 'model'}",
         f"dataset={workdir / 'prompts.jsonl'}",
@@ -644,15 +664,26 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "overwrite=true",
         *args.lmrl_set,
     ]
-    if args.reward == "digits":
+    if args.reward in DENSE_REWARDS:
         from lmrl.rewards import REWARDS, register_reward
 
-        if "digit_share" not in REWARDS:
-            register_reward("digit_share")(
-                lambda **_: lambda prompts, completions, **kw: [digit_share(c) for c in completions]
+        score = DENSE_REWARDS[args.reward]
+        if score.__name__ not in REWARDS:
+            register_reward(score.__name__)(
+                lambda **_: lambda prompts, completions, **kw: [score(c) for c in completions]
             )
-        overrides.append("rewards=[digit_share]")
-    config = load_config(online.RLConfig, None, overrides)
+        overrides.append(f"rewards=[{score.__name__}]")
+    return load_config(online.RLConfig, None, overrides)
+
+
+def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    import torch
+
+    from lmrl.tracking import read_jsonl
+    from lmrl.trainers.rl import trainer as online
+
+    out = workdir / "lmrl-run"
+    config = lmrl_config(args, workdir, out)
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
     gpu_peak: list[float | None] = [None]
@@ -696,11 +727,13 @@ def run_lmrl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
 
-def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import torch
+def trl_setup(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """What `GRPOTrainer` gets besides its callbacks, for the benchmark's settings (the module docstring): ``args``
+    (a `GRPOConfig`), ``train_dataset``, ``processing_class``, ``reward_funcs`` and ``model`` (the saved folder),
+    and ``calls`` (the reward function's call count, not the trainer's)."""
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
 
     from lmrl.data.tasks import get_task
 
@@ -737,9 +770,10 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         raise RuntimeError(f"TRL reward function scores a right/wrong answer as {check}, expected [1.0, 0.0]")
     calls["reward"] = 0
 
-    def digits_reward(completions, **kwargs) -> list[float]:
+    def dense_reward(completions, **kwargs) -> list[float]:
         calls["reward"] += 1
-        return [digit_share(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
+        score = DENSE_REWARDS[args.reward]
+        return [score(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
 
     micro = args.trl_micro_batch or args.prompts * args.samples  # one optimizer step per B*G completions either way
     config = GRPOConfig(
@@ -775,6 +809,37 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         seed=0,
         disable_tqdm=True,
     )
+    return {
+        "model": str(workdir / "model"),
+        "reward_funcs": task_reward if args.reward == "task" else dense_reward,
+        "args": config,
+        "train_dataset": dataset,
+        "processing_class": tokenizer,
+        "calls": calls,
+    }
+
+
+def time_generation(trainer, seconds: list[float]) -> None:
+    """Append the seconds of each of TRL's generation calls (``_generate_single_turn``) to ``seconds``: a read-only
+    wrapper on the trainer."""
+    generate = trainer._generate_single_turn
+
+    def timed_generate(*a, **kw):
+        start = time.perf_counter()
+        result = generate(*a, **kw)
+        seconds.append(time.perf_counter() - start)
+        return result
+
+    trainer._generate_single_turn = timed_generate
+
+
+def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    setup = trl_setup(args, workdir)
+    calls = setup.pop("calls")
     step_ends: list[float] = []
     peak_at_last_step: list[float] = []
     gpu_peak: list[float | None] = [None]
@@ -792,24 +857,9 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     probe = DtypeProbe()
     baseline = rss_mb()
-    trainer = GRPOTrainer(
-        model=str(workdir / "model"),
-        reward_funcs=task_reward if args.reward == "task" else digits_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[Timer()],
-    )
+    trainer = GRPOTrainer(**setup, callbacks=[Timer()])
     generate_s: list[float] = []
-    original_generate = trainer._generate_single_turn
-
-    def timed_generate(*a, **kw):  # read-only wrapper: time of TRL's generation call
-        start = time.perf_counter()
-        result = original_generate(*a, **kw)
-        generate_s.append(time.perf_counter() - start)
-        return result
-
-    trainer._generate_single_turn = timed_generate
+    time_generation(trainer, generate_s)
     trainer.train()
     records = [step_logs[s] for s in sorted(step_logs)]
     n = args.prompts * args.samples
@@ -1035,10 +1085,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or plain fp32")
     parser.add_argument(
         "--reward",
-        choices=("digits", "task"),
+        choices=("digits", "hash", "task"),
         default="digits",
         help="digits: share of digit characters (dense: every group has reward variance, so both "
-        "frameworks train on every row); task: the arithmetic verifier (0 for a random model)",
+        "frameworks train on every row); hash: a pseudo-random number fixed by the completion's text (varies "
+        "even where a large vocabulary makes digits rare); task: the arithmetic verifier (0 for a random model)",
     )
     parser.add_argument("--frameworks", default="lmrl,trl", help="comma-separated, run in this order")
     parser.add_argument(
