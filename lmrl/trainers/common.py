@@ -9,7 +9,9 @@ killed run to the same final metrics as an uninterrupted one.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -210,10 +212,11 @@ def build_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    betas = tuple(config.adam_betas)
     try:  # the fused kernel is several times faster than the per-tensor loop (CPU: torch >= 2.4)
-        return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.adam_betas), fused=True)
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.adam_eps, fused=True)
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.adam_betas), foreach=True)
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.adam_eps, foreach=True)
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -332,10 +335,11 @@ def save_checkpoint(
             tmp / STATE_FILE,
         )
     except (OSError, RuntimeError) as exc:  # a full disk, a quota, a lost mount: one paragraph, not a traceback
-        if not is_write_failure(exc):
+        cause = write_failure(exc, tmp)
+        if cause is None:
             raise
         shutil.rmtree(tmp, ignore_errors=True)
-        raise checkpoint_failed(run, step, exc) from None
+        raise checkpoint_failed(run, step, cause) from None
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in list_checkpoints(run.dir)[:-keep]:
@@ -343,9 +347,44 @@ def save_checkpoint(
     return final
 
 
-def is_write_failure(exc: BaseException) -> bool:
-    """An OSError, or torch.save's RuntimeError for a failed write ("PytorchStreamWriter failed writing file")."""
-    return isinstance(exc, OSError) or "failed writing" in str(exc) or "file write failed" in str(exc)
+LOW_SPACE = 1 << 20
+"""a write that failed with less than this free (bytes) where it wrote failed for a full disk"""
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes an unprivileged write may still use on the filesystem holding `path` (its nearest existing parent)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def write_failure(exc: BaseException, directory: str | Path | None = None) -> OSError | None:
+    """The OSError behind a failed write, or None when `exc` is not one. Decided by the exception's type and
+    errno (also of its causes) and by the free space in `directory`, never by torch's wording alone: on a full
+    disk torch.save raises `RuntimeError: ... unexpected pos 576 vs 534` (issue 46)."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen:  # the exception, then what it was raised from or during
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    free = free_bytes(directory) if directory is not None else None
+    if free is not None and free < LOW_SPACE:
+        return OSError(errno.ENOSPC, f"No space left on device ({free:,} bytes free; {type(exc).__name__}: {first})")
+    if "failed writing" in str(exc) or "file write failed" in str(exc):
+        return OSError(errno.EIO, f"the write failed ({type(exc).__name__}: {first})")
+    return None
+
+
+def is_write_failure(exc: BaseException, directory: str | Path | None = None) -> bool:
+    """Whether `exc` is a failed write (`write_failure`)."""
+    return write_failure(exc, directory) is not None
 
 
 def checkpoint_failed(run: Run, step: int, exc: BaseException) -> TrainingStopped:
@@ -426,10 +465,13 @@ def save_final(run: Run, model, tokenizer, merge_lora: bool = False, name: str =
         if is_peft(model):
             return save_adapter(model, tokenizer, run.dir / name, merge=merge_lora)
         return save_model(model, tokenizer, run.dir / name)
-    except OSError as exc:  # a full disk at the end: the last checkpoint holds the same weights
+    except (OSError, RuntimeError) as exc:  # a full disk at the end: the last checkpoint holds the same weights
+        cause = write_failure(exc, run.dir)
+        if cause is None:
+            raise
         previous = latest_checkpoint(run.dir)
         raise TrainingStopped(
-            f"Writing the model to {run.dir / name} failed: {exc.strerror or exc}. "
+            f"Writing the model to {run.dir / name} failed: {cause.strerror or cause}. "
             + (f"The checkpoint {previous} holds the trained weights; " if previous else "")
             + "free space there and run again with resume=true to write it."
         ) from None

@@ -30,13 +30,15 @@ from lmrl.trainers import common
 from lmrl.trainers.common import STATE_FILE, Run, list_checkpoints, read_state, rng_state, safe_load, set_rng_state
 
 
-def write_failure(exc: BaseException) -> BaseException | None:
+def write_failure(exc: BaseException, directory: Path | None = None) -> BaseException | None:
     """The failed write behind a checkpoint error, or None: DCP gathers every rank's exception into a
-    `CheckpointException` (a BaseException, which `lmrl.cli` would print as a traceback)."""
+    `CheckpointException` (a BaseException, which `lmrl.cli` would print as a traceback). Decided by errno and
+    the free space in `directory` (`common.write_failure`)."""
     if isinstance(exc, CheckpointException):
         causes = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
-        return next((c for c in causes if isinstance(c, BaseException) and common.is_write_failure(c)), None)
-    return exc if common.is_write_failure(exc) else None
+        found = (common.write_failure(c, directory) for c in causes if isinstance(c, BaseException))
+        return next((c for c in found if c is not None), None)
+    return common.write_failure(exc, directory)
 
 
 def rng_file(rank: int) -> str:
@@ -62,7 +64,7 @@ def save_checkpoint(
             tokenizer.save_pretrained(tmp)
             torch.save({"step": step, "scheduler": scheduler.state_dict(), "trainer": state or {}}, tmp / STATE_FILE)
     except (OSError, RuntimeError, CheckpointException) as exc:
-        cause = write_failure(exc)
+        cause = write_failure(exc, tmp)
         if cause is None:
             raise
         if runtime.is_main():

@@ -135,6 +135,18 @@ def train(method_class, config: TrainConfig, name: str) -> dict[str, float]:
     return run(config, method, run_dir)
 
 
+def close_after_failure(tracker, method) -> None:
+    """After a failure: close the tracker (plots, the run lock) and the method, without letting an error of theirs
+    replace the first one (issue 46: the plots, drawn on the disk that was full, raised a second error that was
+    the one shown)."""
+    for what, close in (("writing the plots and closing the tracker", tracker.close), ("closing", method.close)):
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - reported in one line; the first error is re-raised by the caller
+            first = (str(exc).splitlines() or [""])[0][:200]
+            tracker.print(f"[yellow]After the error below, {what} failed too ({type(exc).__name__}: {first}).")
+
+
 def is_log_step(step: int, every: int, max_steps: int) -> bool:
     """Metrics are logged every ``every`` steps, and always at the first and the last step."""
     return step % every == 0 or step in (1, max_steps)
@@ -154,8 +166,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
     try:  # a failure before the first step (restore, the initial evaluation) also stops the bar and frees the lock
         initial, best = begin(config, method, run, extra, title)
     except BaseException:
-        tracker.close()
-        method.close()
+        close_after_failure(tracker, method)
         raise
     last_step, skipped = config.max_steps, 0
     try:
@@ -185,8 +196,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         saver = dist_checkpoint.save_final if runtime.world() > 1 else common.save_final
         final_dir = saver(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
     except BaseException:  # divergence, Ctrl-C, a crash, a full disk: stop the progress bar, free the run lock;
-        tracker.close()  # the last good checkpoint stays
-        method.close()
+        close_after_failure(tracker, method)  # the last good checkpoint stays
         raise
     plots = tracker.close()
     method.close()  # e.g. placement=ray's rollout workers
