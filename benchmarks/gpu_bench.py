@@ -238,7 +238,9 @@ class Steps:
 
     def write(self, **extra) -> None:
         self.data.update(extra)
-        self.path.write_text(json.dumps(self.data))
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(self.data))
+        partial.replace(self.path)  # whole or not at all, were the child killed while writing
 
 
 def run_lmrl(args: argparse.Namespace, harness: SimpleNamespace, workdir: Path, steps: Steps) -> None:
