@@ -186,6 +186,7 @@ T = typing.TypeVar("T")
 ALIASES: dict[str, str] = {
     # TRL / HF TrainingArguments name -> lmrl name
     "learning_rate": "lr",
+    "adam_epsilon": "adam_eps",
     "num_generations": "samples_per_prompt",
     "max_completion_length": "max_new_tokens",
     "gradient_accumulation_steps": "grad_accum",

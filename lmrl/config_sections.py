@@ -95,6 +95,7 @@ class OptimSection(Section):
     lr: float = field(1e-3, "peak learning rate (AdamW)")
     weight_decay: float = field(0.0, "AdamW weight decay")
     adam_betas: list[float] = field([0.9, 0.99], "AdamW betas")
+    adam_eps: float = field(1e-8, "AdamW epsilon: the update is lr * m / (sqrt(v) + adam_eps)")
     lr_schedule: Literal["cosine", "linear", "constant"] = field("cosine", "decay after warmup")
     warmup_steps: int = field(10, "linear warmup steps from 0 to lr")
     min_lr_ratio: float = field(0.1, "final lr as a fraction of lr (cosine/linear)")
@@ -103,7 +104,7 @@ class OptimSection(Section):
     grad_accum: int = field(1, "micro-batches per optimizer step; the batch is split evenly")
 
     def __post_init__(self) -> None:
-        check_at_least(self, ("lr", "max_steps", "grad_accum"), 0, inclusive=False)
+        check_at_least(self, ("lr", "max_steps", "grad_accum", "adam_eps"), 0, inclusive=False)
         check_at_least(self, ("warmup_steps",), 0)
         if len(self.adam_betas) != 2:
             raise ConfigError(f"'adam_betas' must be two numbers, got {self.adam_betas}.")

@@ -107,13 +107,27 @@ def _checked(lm, parts: HeadParts) -> HeadParts | None:
 
 
 def _reproduces_logits(lm, parts: HeadParts) -> bool:
-    """Whether post(head(decoder(x))) equals lm(x).logits on 4 tokens up to rounding (fp32 where the weights are, eval
+    """Whether the split reproduces ``lm``'s logits (`head_agreement`); says so in one line when it does not."""
+    from lmrl.models.speedups import model_name, switched_off
+
+    outcome = head_agreement(lm, parts)
+    if not outcome:
+        switched_off(
+            "the chunked LM head",
+            model_name(lm),
+            f"its logits are not lm_head(hidden states) with a known scale or soft-cap ({outcome}); log-probs use the "
+            "full logits, so memory grows with the vocabulary (metric update/chunked_head: 0)",
+        )
+    return bool(outcome)
+
+
+def head_agreement(lm, parts: HeadParts):
+    """How far post(head(decoder(x))) equals lm(x).logits on 4 tokens up to rounding (fp32 where the weights are, eval
     mode, modes restored after). The rounding bound is measured (`lmrl.numerics.rounding_bound`): lm(x).logits again
     as the second row of a batch of 2, and a floor of sqrt(hidden) * layers roundoffs; a missing scale or soft-cap
     moves logits by O(1) of their scale."""
     from lmrl.models.hf_compat import accepts_kwarg
     from lmrl.models.modes import evaluating
-    from lmrl.models.speedups import model_name, switched_off
     from lmrl.numerics import agreement, compute_dtype, model_ulps, rounding_bound
 
     device = parts.head.weight.device
@@ -128,15 +142,7 @@ def _reproduces_logits(lm, parts: HeadParts) -> bool:
             )
         )[0]
         bound = rounding_bound(logits, [again], dtype=compute_dtype(lm), floor_ulps=model_ulps(lm))
-    outcome = agreement(split, logits, bound)
-    if not outcome:
-        switched_off(
-            "the chunked LM head",
-            model_name(lm),
-            f"its logits are not lm_head(hidden states) with a known scale or soft-cap ({outcome}); log-probs use the "
-            "full logits, so memory grows with the vocabulary (metric update/chunked_head: 0)",
-        )
-    return bool(outcome)
+    return agreement(split, logits, bound)
 
 
 def _post(z: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:

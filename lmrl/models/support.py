@@ -17,15 +17,16 @@ import torch
 
 from lmrl.models.hf_compat import no_cache
 from lmrl.models.modes import evaluating
-from lmrl.numerics import agreement, compute_dtype, model_ulps, rounding_bound
+from lmrl.numerics import Agreement, agreement, compute_dtype, model_ulps, rounding_bound
 
 __all__ = ["check_causal_lm"]
 
 FIX = "lmrl trains decoder-only causal LMs (GPT-2, Llama, Qwen, Mistral, Gemma, Phi, OLMo, ...): pick one of those"
 
 
-def check_causal_lm(model: torch.nn.Module, name: str) -> None:
-    """Raise ValueError unless ``model`` runs a forward and is causal (see the module docstring)."""
+def check_causal_lm(model: torch.nn.Module, name: str) -> Agreement:
+    """Raise ValueError unless ``model`` runs a forward and is causal (see the module docstring); returns the
+    comparison that decided it."""
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", type(model).__name__)
     if getattr(config, "is_encoder_decoder", False):
@@ -51,3 +52,4 @@ def check_causal_lm(model: torch.nn.Module, name: str) -> None:
             f"Model '{name}' ({kind}) is not a causal LM: its logits at a position change with later tokens "
             f"({outcome}). {FIX}."
         )
+    return outcome

@@ -22,7 +22,7 @@ from lmrl.config import ConfigError
 from lmrl.models.precision import RUN_FILE
 
 CONFIG_HEADER = "# Written by lmrl: the resolved config of this run (lmrl rewrites this file; edit a copy).\n"
-FIXED_ON_RESUME = ("seed", "weight_decay", "adam_betas")
+FIXED_ON_RESUME = ("seed", "weight_decay", "adam_betas", "adam_eps")
 """Restored from the checkpoint (RNG states, optimizer parameter groups): a resume cannot change them."""
 NOT_COMPARED = ("resume", "overwrite", "output_dir")
 
