@@ -9,9 +9,7 @@ killed run to the same final metrics as an uninterrupted one.
 
 from __future__ import annotations
 
-import errno
 import math
-import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from lmrl.models.precision import RUN_FILE, precision_of
 from lmrl.parallel import runtime
 from lmrl.tracking import Tracker, console
 from lmrl.trainers import ckpt_world, intact, rundir, runlock
+from lmrl.trainers.writes import is_write_failure, write_failure  # noqa: F401 - re-exported
 
 STATE_FILE = ckpt_world.STATE_FILE  # the file every complete checkpoint has
 
@@ -345,46 +344,6 @@ def save_checkpoint(
     for old in list_checkpoints(run.dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-LOW_SPACE = 1 << 20
-"""a write that failed with less than this free (bytes) where it wrote failed for a full disk"""
-
-
-def free_bytes(path: str | Path) -> int | None:
-    """Bytes an unprivileged write may still use on the filesystem holding `path` (its nearest existing parent)."""
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        st = os.statvfs(p)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def write_failure(exc: BaseException, directory: str | Path | None = None) -> OSError | None:
-    """The OSError behind a failed write, or None when `exc` is not one. Decided by the exception's type and
-    errno (also of its causes) and by the free space in `directory`, never by torch's wording alone: on a full
-    disk torch.save raises `RuntimeError: ... unexpected pos 576 vs 534` (issue 46)."""
-    seen, e = set(), exc
-    while e is not None and id(e) not in seen:  # the exception, then what it was raised from or during
-        if isinstance(e, OSError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-    free = free_bytes(directory) if directory is not None else None
-    if free is not None and free < LOW_SPACE:
-        return OSError(errno.ENOSPC, f"No space left on device ({free:,} bytes free; {type(exc).__name__}: {first})")
-    if "failed writing" in str(exc) or "file write failed" in str(exc):
-        return OSError(errno.EIO, f"the write failed ({type(exc).__name__}: {first})")
-    return None
-
-
-def is_write_failure(exc: BaseException, directory: str | Path | None = None) -> bool:
-    """Whether `exc` is a failed write (`write_failure`)."""
-    return write_failure(exc, directory) is not None
 
 
 def checkpoint_failed(run: Run, step: int, exc: BaseException) -> TrainingStopped:

@@ -195,6 +195,7 @@ def test_a_real_full_disk_while_checkpointing_is_one_paragraph_and_the_partial_i
 
 def test_plots_failing_on_the_full_disk_do_not_hide_the_first_error(tmp_path, capsys, monkeypatch):
     from lmrl import tracking
+    from lmrl.trainers import writes
 
     real_save = common.save_model
 
@@ -207,7 +208,7 @@ def test_plots_failing_on_the_full_disk_do_not_hide_the_first_error(tmp_path, ca
         raise OSError(errno.ENOSPC, "No space left on device", "plots/loss.png")
 
     monkeypatch.setattr(common, "save_model", torch_on_a_full_disk)
-    monkeypatch.setattr(common, "free_bytes", lambda path: 4096)  # the disk is full
+    monkeypatch.setattr(writes, "free_bytes", lambda path: 4096)  # the disk is full
     monkeypatch.setattr(tracking, "plot_metrics", plots_on_a_full_disk)
     run = tmp_path / "run"
     assert cli.main(["sft", f"output_dir={run}", *TINY, "max_steps=3", "save_every=1"]) == 1  # was: a traceback
