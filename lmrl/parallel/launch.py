@@ -9,9 +9,11 @@ torchrun yourself with a rendezvous (docs/scale.md).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from lmrl.parallel.config import env_world_size
+from lmrl.parallel.parent import LAUNCHER_ENV
 
 
 def should_launch(config) -> bool:
@@ -29,6 +31,7 @@ def launch(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks' parent: torchrun's agent runs in this process
     try:
         run(get_args_parser().parse_args(torchrun_args(nproc, argv)))
     except ChildFailedError as exc:

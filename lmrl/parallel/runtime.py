@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from lmrl.parallel.config import env_world_size  # noqa: F401 - re-exported
+from lmrl.parallel.parent import die_with_parent  # noqa: F401 - re-exported; called again by init
 
 SUMMED_METRICS = ("tokens_per_s",)  # throughput adds up over ranks; every other metric is the mean over ranks
 
@@ -31,30 +31,6 @@ def init(device: torch.device) -> torch.device:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     return local_device(device)
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """Have the kernel send ``sig`` to this process when its parent (torchrun, or ``lmrl ... nproc=N``) dies: a
-    killed launcher then leaves no rank training as an orphan. Linux only (elsewhere a no-op, False). A parent that
-    died while the call took effect stops this process at once."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    if os.getppid() != parent:  # the parent died before the call took effect: no signal would come
-        os.kill(os.getpid(), sig)
-    return True
 
 
 def local_device(device: torch.device) -> torch.device:
