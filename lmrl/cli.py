@@ -10,11 +10,13 @@ import argparse
 import importlib
 import json
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from lmrl.config import ConfigError, describe, load_config
+from lmrl.config_base import pickled_weights_message
 from lmrl.data.loading import check_sources
 from lmrl.parallel.launch import launch, should_launch
 from lmrl.trainers.ckpt_world import check_resume_world
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [o for o in overrides if "=" in o]
         if bare:
             overrides.append(f"{positional}={json.dumps(bare if len(bare) > 1 or positional == 'runs' else bare[0])}")
+    config = None
     try:
         config = load_config(config_cls, args.config, overrides)
         check_sources(config)  # a missing or unreadable data path: now, before the trainer's heavy imports
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, stop_errors()):
             console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")
             return 1
+        if isinstance(exc, pickle.UnpicklingError) and not os.environ.get("LMRL_DEBUG"):
+            exc = ValueError(pickled_weights_message(config))  # a model folder with only a pickle in it
         if not isinstance(exc, USER_ERRORS) or os.environ.get("LMRL_DEBUG"):
             raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc

@@ -112,6 +112,27 @@ def check_output_dir(output_dir: str, key: str = "output_dir") -> None:
             return
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def pickled_weights_message(config: Any) -> str:
+    """One line for weights that would only load by unpickling code (issue 46: a 38-51 line traceback): the model
+    folders of `config` that hold pickles and no safetensors, and the fix."""
+    folders = []
+    for key, value in sorted(vars(config).items()) if config is not None else ():
+        if isinstance(value, str) and key.endswith("model") and os.path.isdir(os.path.expanduser(value)):
+            names = os.listdir(os.path.expanduser(value))
+            pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
+            if pickles and not any(n.endswith(".safetensors") for n in names):
+                folders.append(f"'{key}' {value!r} holds only pickled weights ({', '.join(pickles[:3])})")
+    where = "; ".join(folders) or "a weights file is a pickle that holds more than tensors"
+    return (
+        f"{where}, which lmrl loads only as plain tensors (weights_only=True: unpickling can run code), and this one "
+        "is not. Convert it to safetensors where you trust it (model.save_pretrained(DIR, "
+        "safe_serialization=True)), or use a folder with *.safetensors."
+    )
+
+
 def check_input_file(key: str, value: str) -> None:
     """A key naming a file to read (``prompts_file``): it exists and is a regular file, not a folder or a FIFO."""
     path = Path(value).expanduser()

@@ -76,9 +76,18 @@ class GenerateConfig(ToolSection, EngineSection):
     def all_prompts(self) -> list[str]:
         prompts = list(self.prompts)
         if self.prompts_file:
-            path = Path(self.prompts_file)
+            path = Path(self.prompts_file).expanduser()
             check_input_file("prompts_file", self.prompts_file)
-            prompts += [line for line in path.read_text().splitlines() if line.strip()]
+            data = path.read_bytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:  # was: the codec's message, naming no file
+                line = data[: exc.start].count(b"\n") + 1
+                raise ConfigError(
+                    f"'prompts_file' {self.prompts_file!r} is not UTF-8 text: byte {exc.start} (line {line}) is "
+                    f"{data[exc.start : exc.start + 1]!r}. Convert it, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8."
+                ) from None
+            prompts += [line for line in text.splitlines() if line.strip()]
         if not prompts:
             raise ConfigError("No prompts: give prompts='[\"...\"]' or prompts_file=PATH.")
         return prompts

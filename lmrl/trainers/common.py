@@ -361,8 +361,22 @@ def checkpoint_failed(run: Run, step: int, exc: BaseException) -> TrainingStoppe
     )
 
 
-def read_state(checkpoint: Path) -> dict[str, Any]:
-    return safe_load(checkpoint / STATE_FILE)
+STATE_KEYS = ("step", "trainer")  # in every checkpoint state; a single-process one also optimizer, scheduler, rng
+
+
+def read_state(checkpoint: Path, required: tuple[str, ...] = STATE_KEYS) -> dict[str, Any]:
+    """The checkpoint's state, with the `required` keys (a missing one is named: issue 46, was `error: trainer`)."""
+    path = checkpoint / STATE_FILE
+    state = safe_load(path)
+    missing = [k for k in required if not isinstance(state, dict) or k not in state]
+    if missing:
+        held = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"{path} is not a whole lmrl checkpoint state: it lacks {', '.join(map(repr, missing))} (it holds "
+            f"{held}). Move {checkpoint} out of checkpoints/ to resume from the previous one, or start a new run "
+            f"from its weights with model={checkpoint}."
+        )
+    return state
 
 
 def restore_checkpoint(
@@ -373,7 +387,7 @@ def restore_checkpoint(
     With ``config``: keys changed since the checkpoint are printed, a changed ``lr`` is applied to the restored
     optimizer and scheduler, and keys the checkpoint holds (`rundir.FIXED_ON_RESUME`) are refused."""
     ckpt_world.check_world(checkpoint, 1)  # a multi-process checkpoint: the fix, not "does not match the model"
-    state = read_state(checkpoint)
+    state = read_state(checkpoint, (*STATE_KEYS, "optimizer", "scheduler", "rng"))
     changes = {}
     if config is not None:
         changes = rundir.resume_changes(rundir.saved_config(checkpoint, state["trainer"]), to_dict(config))

@@ -90,7 +90,7 @@ def restore_checkpoint(checkpoint: Path, model, optimizer, scheduler) -> dict[st
     states = {"model": model_state, "optim": optim_state}
     dcp.load(states, checkpoint_id=str(checkpoint / "dcp"))
     set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
-    state = read_state(checkpoint)
+    state = read_state(checkpoint, ("step", "scheduler", "trainer"))
     scheduler.load_state_dict(state["scheduler"])
     rng = checkpoint / rng_file(runtime.rank())
     if rng.exists():  # a resume on another world size: the new ranks keep their seeded RNG

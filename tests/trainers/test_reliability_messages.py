@@ -217,3 +217,49 @@ def test_plots_failing_on_the_full_disk_do_not_hide_the_first_error(tmp_path, ca
     assert "Trainingstopped:Writingcheckpointstep-2" in squashed and "Nospaceleftondevice(4,096bytesfree" in squashed
     assert "writingtheplotsandclosingthetrackerfailedtoo(OSError" in squashed and "Traceback" not in out
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]
+
+
+# ---- issue 46, messages: a non-UTF-8 prompts_file, a model folder holding only a pickle, a state missing keys
+
+
+def test_a_prompts_file_that_is_not_utf8_is_named(tmp_path):
+    from lmrl.rollout.generate_config import GenerateConfig
+
+    path = tmp_path / "prompts.txt"
+    path.write_bytes("first\ncaf\xe9\n".encode("latin-1"))
+    config = load_config(GenerateConfig, None, [f"prompts_file={path}"])
+    with pytest.raises(ConfigError, match=r"'prompts_file' .*prompts.txt' is not UTF-8 text: byte 9 \(line 2\)"):
+        config.all_prompts()  # was: 'utf-8' codec can't decode byte 0xe9 in position 9 (no file named)
+
+
+def test_a_model_folder_holding_only_a_pickle_is_one_error_line(tmp_path, capsys):
+    import pickle
+
+    run = tmp_path / "run"
+    assert cli.main(["sft", f"output_dir={run}", *TINY, "max_steps=1"]) == 0
+    final = run / "final"
+    (final / "model.safetensors").unlink()
+    with open(final / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"not": "tensors"}, f)  # not loadable as data only
+    capsys.readouterr()
+    args = [a for a in TINY if not a.startswith("model_args")]
+    assert cli.main(["sft", f"output_dir={tmp_path / 'next'}", f"model={final}", *args, "max_steps=1"]) == 2
+    out = capsys.readouterr().out
+    squashed = " ".join(out.split())
+    assert f"'model' '{final}' holds only pickled weights (pytorch_model.bin)" in squashed and "Traceback" not in out
+    assert out.count("error:") == 1 and len(out.strip().splitlines()) <= 8  # one error (rich wraps); was 51 lines
+
+
+def test_a_checkpoint_state_missing_keys_names_them(tmp_path, capsys):
+    import torch
+
+    run = tmp_path / "run"
+    assert cli.main(["sft", f"output_dir={run}", *TINY, "max_steps=2", "save_every=1"]) == 0
+    state_file = run / "checkpoints" / "step-2" / common.STATE_FILE
+    state = torch.load(state_file, weights_only=True)
+    del state["trainer"], state["rng"]
+    torch.save(state, state_file)
+    capsys.readouterr()
+    assert cli.main(["sft", f"output_dir={run}", *TINY, "max_steps=3", "resume=true"]) == 2  # was: `error: trainer`
+    squashed = " ".join(capsys.readouterr().out.split())
+    assert "is not a whole lmrl checkpoint state: it lacks 'trainer'" in squashed and "step-2" in squashed
