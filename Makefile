@@ -12,7 +12,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.lmrl-installed
 
-.PHONY: install demo lint test test-all test-vllm bench gpu-check gpu-bench clean chromium smollm2
+.PHONY: install demo lint test test-all test-portable test-vllm bench gpu-check gpu-bench clean chromium smollm2
 
 $(STAMP): pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -48,6 +48,26 @@ test: $(STAMP) chromium
 
 test-all: $(STAMP) chromium
 	$(PY) -m pytest -m "slow or not slow"
+
+# The same results and start-up on other CPUs (docs/reliability.md, "Determinism"): the equivalence tests and start-up
+# checks (pytest -m portable), every start-up check on SmolLM2 with its difference and bound, and a 1-step SmolLM2
+# GRPO run, each under other kernels and thread counts than `make test`'s: 1 thread; AVX2 kernels in ATen and oneDNN;
+# ATen's default (scalar) kernels with oneDNN at SSE4.1 (no bf16 there). The checks' numbers: runs/portable/checks.jsonl.
+PORTABLE_SETTINGS ?= OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2,ONEDNN_MAX_CPU_ISA=AVX2 \
+	ATEN_CPU_CAPABILITY=default,ONEDNN_MAX_CPU_ISA=SSE41
+PORTABLE_RL = rl --config rl/smollm2_arithmetic_grpo max_steps=1 eval_rows=4 prompts_per_step=2 samples_per_prompt=2 \
+	max_new_tokens=8 overwrite=true output_dir=runs/portable/smollm2
+
+test-portable: smollm2
+	@mkdir -p runs/portable && rm -f runs/portable/checks.jsonl
+	@set -e; for setting in $(PORTABLE_SETTINGS); do \
+		vars=$$(echo $$setting | tr , ' '); echo "== make test-portable: $$vars"; \
+		env $$vars $(PY) -m pytest -m "portable and not slow" -q -p no:cacheprovider --durations=5; \
+		env $$vars $(PY) benchmarks/portable_checks.py --json runs/portable/checks.jsonl; \
+		env $$vars $(VENV)/bin/lmrl $(PORTABLE_RL) > runs/portable/smollm2.log 2>&1 || \
+			{ tail -30 runs/portable/smollm2.log; exit 1; }; \
+		grep -q '"step": 1' runs/portable/smollm2/metrics.jsonl && echo "SmolLM2 GRPO: 1 step under $$vars"; \
+	done
 
 # engine=vllm tests on vLLM's CPU build, in an environment of their own (vLLM 0.32 needs transformers<5.20). The
 # CPU build's torchvision/torchaudio/torchcodec break transformers' model imports; lmrl is text-only, so they go.

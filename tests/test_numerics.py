@@ -2,10 +2,13 @@
 
 import math
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lmrl.numerics import Agreement, agreement, compute_dtype, matmul_bound, model_ulps, rounding_bound, unit_roundoff
+
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
 
 
 def test_unit_roundoff_is_half_an_ulp_of_one():

@@ -13,6 +13,8 @@ from lmrl.data.tokenizers import build_char_tokenizer
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from arch_zoo import build_model  # noqa: E402
 
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
+
 
 def test_first_fit_decreasing_by_hand():
     # longest first: 7 -> bin0 (room 3); 5 -> bin1 (room 5); 4 -> bin1 (room 1); 3 -> bin0 (room 0); 2 -> bin2
@@ -61,7 +63,7 @@ def test_the_model_check_catches_attention_across_rows(arch, agrees):
 
 def test_the_model_check_accepts_logits_that_differ_by_rounding():
     """Another CPU rounds the packed and the lone rows' products differently: still the same model (a leak is O(1))."""
-    from tests.rounding_noise import add_rounding_noise
+    from tests.rounding import add_rounding_noise
 
     tokenizer = build_char_tokenizer()
     model = build_model("llama", tokenizer)

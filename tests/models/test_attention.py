@@ -14,6 +14,8 @@ from lmrl.models.attention import NAME, sdpa_fp32_on_cpu
 from lmrl.models.memory import keep_freed_memory
 from tests.models.test_replay import tiny_llama
 
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
+
 
 class Module(torch.nn.Module):
     is_causal = True

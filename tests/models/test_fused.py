@@ -17,6 +17,9 @@ from lmrl.models import fused
 from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fused_count
 from lmrl.models.speedups import SpeedupOff
 from lmrl.tracking import read_jsonl
+from tests.rounding import assert_trained_alike
+
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
 
 
 def test_rms_norm_hand_values_and_gradients():
@@ -153,7 +156,9 @@ def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_p
     for on in ("true", "false"):
         out = tmp_path / on
         before = sum(fused.CALLS.values())
-        online.train(rl_config(tmp_path, "grpo", "max_steps=2", f"output_dir={out}", f"fused_layers={on}"))
+        online.train(
+            rl_config(tmp_path, "grpo", "max_steps=2", f"output_dir={out}", f"fused_layers={on}", "adam_eps=1.0")
+        )
         ran = sum(fused.CALLS.values()) - before
         rows = [r for r in read_jsonl(out / "metrics.jsonl") if "update/fused_calls" in r]
         assert len(rows) == 2
@@ -167,8 +172,7 @@ def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_p
             assert ran == 0 and all(r["update/fused_calls"] == 0 for r in rows), rows
             assert all(r["update/rebuilt_saves"] == 0 for r in rows), rows
         finals.append(dict(load_model(str(out / "final")).named_parameters()))
-    for name, p in finals[0].items():  # fp32: the fused backward differs from autograd's by rounding only
-        torch.testing.assert_close(p, finals[1][name], rtol=0, atol=1e-4, msg=name)
+    assert_trained_alike(finals[0], finals[1])  # fp32: the fused backward differs from autograd's by rounding only
 
 
 def test_fused_swiglu_gradients_are_autograds_bit_for_bit_in_bf16():

@@ -14,7 +14,9 @@ from lmrl.models.head import chunk_tokens, decoder_and_head, fusable, head_logpr
 from lmrl.models.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
 from lmrl.models.speedups import SpeedupOff
 from lmrl.trainers.sft.trainer import token_cross_entropy
-from tests.rounding_noise import add_rounding_noise
+from tests.rounding import add_rounding_noise
+
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
 
 
 def qwen(vocab=3000, tied=True, seed=0):

@@ -14,6 +14,8 @@ from lmrl.models.logprobs import (
     selective_log_softmax,
 )
 
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
+
 PAD = 0
 
 

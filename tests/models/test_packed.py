@@ -8,7 +8,10 @@ from lmrl.models import packed
 from lmrl.models.speedups import SpeedupOff
 from lmrl.rollout import HFEngine, SamplingParams
 
-pytestmark = pytest.mark.skipif(not packed.available(), reason="oneDNN without bf16 on this CPU: nothing is packed")
+pytestmark = [
+    pytest.mark.skipif(not packed.available(), reason="oneDNN without bf16 on this CPU: nothing is packed"),
+    pytest.mark.portable,  # `make test-portable`: again under other CPU kernels and threads
+]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prom
 from lmrl.models.replay import LinearRecorder, has_dropout, is_linear, replaying
 from lmrl.rollout import HFEngine, SamplingParams
 
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
+
 VOCAB = 50
 
 

@@ -5,7 +5,9 @@ import torch
 from transformers import BertConfig, BertLMHeadModel, T5Config, T5ForConditionalGeneration
 
 from lmrl.models.support import check_causal_lm
-from tests.rounding_noise import add_rounding_noise
+from tests.rounding import add_rounding_noise
+
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
 
 
 def test_an_encoder_loaded_as_a_causal_lm_is_refused():

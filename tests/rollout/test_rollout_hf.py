@@ -10,6 +10,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.rollout import HFEngine, SamplingParams, StopStringMatcher
 
+pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
+
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 PAD, BOS, EOS = 0, 1, 2
 CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,:;!?+-=*/()\n"

@@ -1,4 +1,4 @@
-"""Rounding noise on demand: what another CPU's kernels, thread count or batch layout do to a model's outputs.
+"""Rounding in tests. Noise on demand: what another CPU's kernels, thread count or batch layout do to a model's outputs.
 
 `add_rounding_noise(module, relative)` makes every forward of ``module`` add relative * scale * z to its output
 (scale: the row's max |output|; z ~ N(0, 1), fresh at every call, as two runs of an fp32 GEMM differ on a CPU whose
@@ -21,3 +21,16 @@ def add_rounding_noise(module: torch.nn.Module, relative: float = RELATIVE, seed
         return output + relative * output.abs().amax(-1, keepdim=True) * z
 
     return module.register_forward_hook(noisy)
+
+
+def assert_trained_alike(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], ulps: float = 8) -> None:
+    """Two runs' final weights (name -> tensor) are the same training up to fp32 rounding: within ``ulps``
+    roundoffs of the weights' scale. For runs made with adam_eps=1, whose update lr * m / (sqrt(v) + 1) is linear in
+    the gradient; AdamW's default eps (1e-8) turns a near-zero gradient's rounding into up to a whole step of lr (1e-4
+    after 2 steps of lr 1e-2, measured on an AMD EPYC), which no rounding bound can hold."""
+    from lmrl.numerics import agreement, rounding_bound
+
+    assert a.keys() == b.keys()
+    flat_a, flat_b = (torch.cat([w[k].detach().flatten().float() for k in sorted(w)]) for w in (a, b))
+    outcome = agreement(flat_b, flat_a, rounding_bound(flat_a, [], dtype=torch.float32, floor_ulps=ulps))
+    assert outcome, f"the runs trained differently: {outcome}"
