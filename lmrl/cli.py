@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rich.markup import escape
 
-    from lmrl.models.speedups import print_as_one_line
+    from lmrl.notices import print_as_one_line
     from lmrl.tracking import console
 
     print_as_one_line(lambda text: console.print(f"[yellow]{escape(text)}"))

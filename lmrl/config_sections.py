@@ -20,6 +20,10 @@ class ModelSection(Section):
     title = "model"
     model: str = field("builtin:tiny", "HF model path or hub id, a checkpoint dir, or builtin:tiny|small|medium")
     tokenizer: str | None = field(None, "tokenizer path/hub id; default: the model's (builtin models use builtin:char)")
+    chat_template: str | None = field(
+        None,
+        "the model's chat template: a Jinja string, a file holding one, or chatml (lmrl's ChatML, adding <|im_start|> and <|im_end|> when the vocabulary lacks them); null: the tokenizer's own, else ChatML with a one-line notice when its tokens are new",
+    )
     model_args: dict = field({}, "overrides of the built-in model's architecture (hidden_size, num_hidden_layers, ...)")
     precision: Literal["auto", "bf16", "fp32"] = field(
         "auto", "auto: bf16 autocast where the CPU/GPU supports it; weights stay fp32"

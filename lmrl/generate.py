@@ -24,7 +24,7 @@ import torch
 from rich.table import Table
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best
-from lmrl.data.chat import render_prompt
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
 from lmrl.rollout.engines import make_engine
@@ -40,7 +40,9 @@ def run(config: GenerateConfig) -> list[list[str]]:
     """Prints a table of completions and returns them, grouped per prompt (best_of: the best one per prompt)."""
     prompts = config.all_prompts()
     start_servers(config)  # an MCP server that does not start stops here, before the model loads
-    model, tokenizer = load_model_and_tokenizer(config.model, config.tokenizer, config.seed)
+    model, tokenizer = load_model_and_tokenizer(
+        config.model, config.tokenizer, config.seed, chat=config.chat, chat_template=config.chat_template
+    )
     params = SamplingParams(
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature or 1.0,
@@ -54,8 +56,7 @@ def run(config: GenerateConfig) -> list[list[str]]:
             config, model, tokenizer, autocast_dtype(config.precision), sampling=params, longest_prompt=1
         )
         return run_tool_episodes(config, engine, tokenizer, params, prompts)
-    texts = [render_prompt(tokenizer, p) if config.chat else p for p in prompts]
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ids = [PromptFormat.from_config(config).ids(tokenizer, p) for p in prompts]
     engine = make_engine(
         config,
         model,

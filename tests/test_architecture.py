@@ -20,7 +20,7 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 LAYERS = [
-    {"algorithms", "numerics", "config_base", "tracking", "sandbox"},
+    {"algorithms", "numerics", "notices", "config_base", "tracking", "sandbox"},
     {"parallel"},
     {"config", "config_sections"},
     {"data", "report"},

@@ -17,6 +17,7 @@ _EXPORTS = {
     "validate_messages": "chat",
     "render_prompt": "chat",
     "encode_prompt": "chat",
+    "PromptFormat": "prompt_format",
     "tokenize_conversation": "chat",
     "tokenize_prompt_completion": "chat",
     "load_rows": "loading",

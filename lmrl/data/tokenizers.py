@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -101,15 +102,17 @@ def build_builtin_bpe() -> PreTrainedTokenizerFast:
 BUILTIN_TOKENIZERS = {"builtin:char": build_char_tokenizer, "builtin:bpe": build_builtin_bpe}
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str, chat: bool = True, chat_template: str | None = None) -> PreTrainedTokenizerBase:
     """A built-in tokenizer (`builtin:char`, `builtin:bpe`), the tokenizer of a GGUF file (or of a folder holding one:
     `lmrl.models.gguf`), or `AutoTokenizer.from_pretrained`.
 
-    After loading, a missing pad token is set to the eos token and a missing chat
-    template is replaced by ChatML (`ensure_chat_template`).
+    After loading, a missing pad token is set to the eos token (never a new token: the vocabulary keeps its size)
+    and the chat template is set (`set_chat_template`): ``chat_template`` when given; else, for ``chat`` runs, the
+    tokenizer's own or ChatML (`ensure_chat_template`, with a one-line notice naming the tokens it adds); ``chat=False``
+    runs (raw prompts) leave the tokenizer as it is.
     """
     if name_or_path in BUILTIN_TOKENIZERS:
-        return BUILTIN_TOKENIZERS[name_or_path]()
+        return set_chat_template(BUILTIN_TOKENIZERS[name_or_path](), name_or_path, chat, chat_template)
     if name_or_path.startswith("builtin:"):
         raise ValueError(
             f"unknown built-in tokenizer {name_or_path!r}; the built-in ones are {sorted(BUILTIN_TOKENIZERS)}."
@@ -127,7 +130,38 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
                 f"tokenizer {name_or_path!r} has neither a pad nor an eos token; set one in its tokenizer_config.json."
             )
         tokenizer.pad_token = tokenizer.eos_token
-    return ensure_chat_template(tokenizer)
+    return set_chat_template(tokenizer, name_or_path, chat, chat_template)
+
+
+def set_chat_template(tokenizer, name: str, chat: bool = True, chat_template: str | None = None):
+    """``tokenizer`` with the chat template of `load_tokenizer`'s rules; returns it."""
+    if chat_template is not None and chat_template != "chatml":
+        path = os.path.expanduser(chat_template)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                chat_template = f.read()
+        elif "{{" not in chat_template and "{%" not in chat_template:
+            raise ValueError(
+                f"chat_template={chat_template!r} is neither a file nor a Jinja template (no '{{{{' or '{{%'). Give a "
+                "file holding the template, the template itself, or chatml."
+            )
+        tokenizer.chat_template = chat_template
+        return tokenizer
+    if chat_template == "chatml":
+        tokenizer.chat_template = None
+    elif not chat:
+        return tokenizer
+    had_template = bool(getattr(tokenizer, "chat_template", None))
+    ensure_chat_template(tokenizer)
+    added = getattr(tokenizer, "lmrl_added_tokens", None)
+    if added and not had_template and chat_template is None:
+        warnings.warn(
+            f"{name} has no chat template: lmrl's ChatML adds {' and '.join(added)} as new tokens, whose embeddings "
+            "start at the mean of the others (a base model has never seen them). Fix: chat_template=<file or Jinja "
+            "string> for the model's own format, or chat=false to prompt with the raw text.",
+            stacklevel=3,
+        )
+    return tokenizer
 
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")

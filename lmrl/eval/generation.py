@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lmrl.data.chat import render_prompt
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.data.tasks import get_task
 from lmrl.rollout.hf import HFEngine, SamplingParams
 
@@ -19,20 +19,21 @@ def task_accuracy(
     autocast_dtype: torch.dtype | None = None,
     batch_size: int = 64,
     num_samples: int = 4,
+    prompt_format: PromptFormat | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy pass@1 of ``model`` on built-in task rows (columns prompt, answer, task, meta).
+    """Greedy pass@1 of ``model`` on built-in task rows (columns prompt, answer, task, meta), each prompt encoded
+    by ``prompt_format`` (as the run trains on it; default: the chat template).
 
     Returns ``{"accuracy": mean score}`` and the first ``num_samples`` rows as sample records.
     """
+    prompt_format = prompt_format or PromptFormat()
     engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype)
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     scores: list[float] = []
     samples: list[dict[str, Any]] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        prompt_ids = [
-            tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in chunk
-        ]
+        prompt_ids = [prompt_format.ids(tokenizer, r["prompt"]) for r in chunk]
         batch = engine.generate(prompt_ids, params, n=1)
         for row, completion in zip(chunk, batch.completions):
             score = get_task(row["task"]).score(completion, row["answer"], row["meta"])

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from lmrl.models.rebuild import rebuildable
-from lmrl.models.speedups import model_name, switched_off
+from lmrl.notices import model_name, switched_off
 from lmrl.numerics import Agreement, agreement, rounding_bound
 
 CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu", "gelu_tanh")

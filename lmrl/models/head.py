@@ -108,7 +108,7 @@ def _checked(lm, parts: HeadParts) -> HeadParts | None:
 
 def _reproduces_logits(lm, parts: HeadParts) -> bool:
     """Whether the split reproduces ``lm``'s logits (`head_agreement`); says so in one line when it does not."""
-    from lmrl.models.speedups import model_name, switched_off
+    from lmrl.notices import model_name, switched_off
 
     outcome = head_agreement(lm, parts)
     if not outcome:

@@ -268,11 +268,14 @@ def load_model_and_tokenizer(
     seed: int = 0,
     model_args: dict | None = None,
     load_in_4bit: bool = False,
+    chat: bool = True,
+    chat_template: str | None = None,
 ):
-    """The model and its tokenizer (built-in models get ``builtin:char`` unless told otherwise)."""
+    """The model and its tokenizer (built-in models get ``builtin:char`` unless told otherwise; ``chat``,
+    ``chat_template``: `lmrl.data.tokenizers.load_tokenizer`)."""
     if not is_builtin(name):
         check_model_path(name)
-    tokenizer = load_tokenizer(tokenizer_name or default_tokenizer_name(name))
+    tokenizer = load_tokenizer(tokenizer_name or default_tokenizer_name(name), chat, chat_template)
     model = load_model(name, tokenizer, seed=seed, model_args=model_args, load_in_4bit=load_in_4bit)
     check_vocab(model, tokenizer, name)
     return model, tokenizer

@@ -21,7 +21,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from lmrl.models.speedups import model_name, switched_off
+from lmrl.notices import model_name, switched_off
 from lmrl.numerics import matmul_bound
 
 __all__ = ["CALLS", "available", "packed_linears"]

@@ -53,6 +53,8 @@ class ModelSetup:
     parallel: str = "fsdp"  # with several processes (torchrun): fsdp | ddp (`lmrl.parallel.wrap`)
     fused_layers: bool = True  # RMSNorm and SwiGLU as one autograd op each (`lmrl.models.fused`)
     release_memory: bool = True  # CPU: malloc's free heap handed back every 10 layers (`lmrl.models.memory`)
+    chat: bool = True  # prompts through a chat template (false: raw text; no ChatML is installed)
+    chat_template: str | None = None  # the model's template: Jinja, a file or chatml (`load_tokenizer`)
 
     def __post_init__(self) -> None:
         self.device = runtime.init(resolve_device(str(self.device)))  # joins torchrun's process group, if any
@@ -94,6 +96,8 @@ class ModelSetup:
             getattr(config, "parallel", "fsdp"),
             getattr(config, "fused_layers", True),
             getattr(config, "release_memory", True),
+            getattr(config, "chat", True),
+            getattr(config, "chat_template", None),
         )
 
     @property
@@ -113,7 +117,13 @@ class ModelSetup:
         own = name in (None, self.model)
         name = name or self.model
         model, tokenizer = load_model_and_tokenizer(
-            name, self.tokenizer, self.seed, self.model_args if own else None, self.load_in_4bit
+            name,
+            self.tokenizer,
+            self.seed,
+            self.model_args if own else None,
+            self.load_in_4bit,
+            self.chat,
+            self.chat_template,
         )
         check_causal_lm(model, name)
         model = self.prepare(model, base=name)

@@ -80,13 +80,13 @@ class GreedyGenerator:
         self.params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
 
     def __call__(self, texts: Sequence[str]) -> list[str]:
-        from lmrl.data.chat import render_prompt
+        from lmrl.data.prompt_format import PromptFormat
 
         out: list[str] = []
+        prompt_format = PromptFormat(self.chat)
         for start in range(0, len(texts), self.batch_size):
             chunk = texts[start : start + self.batch_size]
-            rendered = [render_prompt(self.tokenizer, t) if self.chat else t for t in chunk]
-            ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in rendered]
+            ids = [prompt_format.ids(self.tokenizer, t) for t in chunk]
             out += self.engine.generate(ids, self.params, n=1).completions
         return out
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lmrl.data.chat import render_prompt
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.rollout.hf import HFEngine, SamplingParams
 
 MAX_SCORE = 7
@@ -104,9 +104,7 @@ class SelfReward:
         texts: list[str] = []
         for start in range(0, len(responses), self.batch_size):
             ids = [
-                self.tokenizer(
-                    render_prompt(self.tokenizer, quality_prompt(q, a, self.template)), add_special_tokens=False
-                )["input_ids"]
+                PromptFormat().ids(self.tokenizer, quality_prompt(q, a, self.template))
                 for q, a in zip(
                     instructions[start : start + self.batch_size], responses[start : start + self.batch_size]
                 )

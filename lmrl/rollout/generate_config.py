@@ -23,7 +23,14 @@ class GenerateConfig(ToolSection, EngineSection):
     top_p: float = field(1.0, "nucleus sampling mass")
     top_k: int = field(0, "sample among the k most likely tokens (0: off)")
     stop: list[str] = field([], "stop strings")
-    chat: bool = field(True, "apply the tokenizer's chat template (ChatML when it has none)")
+    chat: bool = field(
+        True,
+        "apply the tokenizer's chat template (ChatML when it has none); false: the raw text with the tokenizer's own special tokens (a base model's BOS)",
+    )
+    chat_template: str | None = field(
+        None, "the model's chat template: a Jinja string, a file holding one, or chatml; null: the tokenizer's own"
+    )
+    prompt_template: str | None = field(None, "a template holding {prompt} that each prompt is put into first")
     seed: int = field(0, "sampling seed")
     precision: str = field("auto", "auto | bf16 | fp32")
     best_of: int = field(1, "best-of-N: sample N completions per prompt, keep the best by `rewards` (1: off)")

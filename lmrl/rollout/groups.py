@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmrl.data.chat import render_prompt
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.parallel import runtime
 from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.rollout.protocol import Engine
@@ -51,6 +51,8 @@ class GroupOptions:
     record: bool | None = False
     """keep the sampling forwards' layer outputs for the update to replay (`lmrl.models.replay`); None: where the
     engine samples on a CPU"""
+    prompt: PromptFormat = PromptFormat()
+    """how a row's prompt becomes the model's prompt ids (`lmrl.data.prompt_format`)"""
 
     @classmethod
     def from_config(cls, config) -> GroupOptions:
@@ -64,14 +66,21 @@ class GroupOptions:
             and getattr(config, "max_tokens_per_microbatch", None) is None
         )
         record = reuse if possible else False  # None: decided by the engine's device (`wants_record`)
-        return cls(config.samples_per_prompt, sampling_params(config), config.sampling_shards, config.seed, record)
+        return cls(
+            config.samples_per_prompt,
+            sampling_params(config),
+            config.sampling_shards,
+            config.seed,
+            record,
+            PromptFormat.from_config(config) if hasattr(config, "chat") else PromptFormat(),
+        )
 
 
 def sample_shard(
     engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, generator: torch.Generator, record: bool = False
 ) -> RolloutBatch:
-    """G completions of each of ``rows`` (their rendered ``prompt``s) with ``generator``."""
-    ids = [tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"] for row in rows]
+    """G completions of each of ``rows`` (their ``prompt``s, encoded by ``options.prompt``) with ``generator``."""
+    ids = [options.prompt.ids(tokenizer, row["prompt"]) for row in rows]
     return engine.generate(
         ids, options.params, n=options.samples_per_prompt, generator=generator, record_linear_outputs=record
     )

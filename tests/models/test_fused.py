@@ -15,7 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from lmrl.models import fused
 from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fused_count
-from lmrl.models.speedups import SpeedupOff
+from lmrl.notices import SpeedupOff
 from lmrl.tracking import read_jsonl
 from tests.rounding import assert_trained_alike
 

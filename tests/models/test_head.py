@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from lmrl.data.sft import collate_sft
 from lmrl.models.head import chunk_tokens, decoder_and_head, fusable, head_logprobs
 from lmrl.models.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
-from lmrl.models.speedups import SpeedupOff
+from lmrl.notices import SpeedupOff
 from lmrl.trainers.sft.trainer import token_cross_entropy
 from tests.rounding import add_rounding_noise
 

@@ -5,7 +5,7 @@ import torch
 from test_replay import Tok, tiny_llama
 
 from lmrl.models import packed
-from lmrl.models.speedups import SpeedupOff
+from lmrl.notices import SpeedupOff
 from lmrl.rollout import HFEngine, SamplingParams
 
 pytestmark = [

@@ -263,7 +263,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 def test_stop_at_accuracy_ends_training_at_the_first_eval_that_reaches_it(tmp_path, monkeypatch):
     accuracies = iter([0.0, 0.1, 0.3, 0.9, 0.9])  # initial eval, then steps 5, 10, ...; the final eval repeats 0.9
 
-    def fake_accuracy(model, tokenizer, rows, max_new_tokens, dtype, num_samples=0):
+    def fake_accuracy(model, tokenizer, rows, max_new_tokens, dtype, num_samples=0, prompt_format=None):
         return {"accuracy": next(accuracies)}, []
 
     monkeypatch.setattr(sft, "task_accuracy", fake_accuracy)

@@ -17,7 +17,7 @@ import torch
 from lmrl.algorithms import RunningDelta, kto_reference_kl, preference_loss, preference_stats
 from lmrl.data import packing
 from lmrl.data import preference as prefs
-from lmrl.data.chat import render_prompt
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.models.head import DEFAULT_CHUNK_MB
 from lmrl.models.logprobs import completion_logprobs, labelled_logprobs
 from lmrl.models.placement import model_device, to_device
@@ -296,7 +296,7 @@ def gold_eval(model, tokenizer, rows: list[dict], config: DPOConfig, dtype) -> t
     """
     unique = list({r["prompt"]: r for r in rows}.values())
     engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
-    ids = [tokenizer(render_prompt(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"] for r in unique]
+    ids = [PromptFormat.from_config(config).ids(tokenizer, r["prompt"]) for r in unique]
 
     def gold(batch, n):
         return [

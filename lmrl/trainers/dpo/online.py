@@ -42,6 +42,7 @@ from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import is_generated
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
@@ -281,7 +282,13 @@ def evaluate_online(
     metrics, samples = evaluate(parts.model, parts.tokenizer, eval_examples, ref, gold_rows, config, dtype, delta)
     if task_rows:
         acc, task_samples = task_accuracy(
-            parts.model, parts.tokenizer, task_rows, config.max_new_tokens, dtype, num_samples=config.num_samples
+            parts.model,
+            parts.tokenizer,
+            task_rows,
+            config.max_new_tokens,
+            dtype,
+            num_samples=config.num_samples,
+            prompt_format=PromptFormat(config.chat),
         )
         metrics["eval/accuracy"] = acc["accuracy"]
         samples = samples or task_samples

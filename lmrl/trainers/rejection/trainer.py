@@ -38,6 +38,7 @@ from lmrl.config import TrainConfig, to_dict
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import is_generated, load_rows
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.eval.generation import task_accuracy
 from lmrl.eval.training import build_evaluator, evals_metrics
 from lmrl.models.logprobs import completion_logprobs
@@ -257,7 +258,9 @@ def evaluate(
         )  # (N, T)
         metrics["eval/kl"] = ((batch.sampler_logp - ref_logp) * batch.completion_mask).sum(1).mean().item()
     if "task" in rows[0] and "answer" in rows[0]:
-        acc, _ = task_accuracy(model, tokenizer, rows, config.max_new_tokens, dtype, num_samples=0)
+        acc, _ = task_accuracy(
+            model, tokenizer, rows, config.max_new_tokens, dtype, num_samples=0, prompt_format=PromptFormat(config.chat)
+        )
         metrics["eval/accuracy"] = acc["accuracy"]
     model.train(was_training)
     return metrics

@@ -76,6 +76,14 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
     )
     dataset: str = field("task:arithmetic", "prompts: task:<name>, a file or HF dataset with a prompt column")
     task_args: dict = field({}, "arguments of a built-in task")
+    chat: bool = field(
+        True,
+        "prompt through the tokenizer's chat template (false: the raw prompt text with the tokenizer's own special tokens, e.g. a base model's BOS: 'zero' RL)",
+    )
+    prompt_template: str | None = field(
+        None,
+        "a template holding {prompt} that each prompt is put into first (e.g. R1-Zero's 'A conversation between User and Assistant. ... User: {prompt} Assistant:'); null: the prompt as is",
+    )
     train_rows: int | None = field(2000, "prompts generated for a built-in task, or the first N rows of a dataset")
     eval_rows: int = field(200, "held-out prompts for eval/accuracy (built-in tasks)")
     prompts_per_step: int = field(16, "distinct prompts per step (B); a step trains on B*G completions")

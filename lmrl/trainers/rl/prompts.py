@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmrl.data.chat import render_prompt
 from lmrl.data.loading import check_prompt, is_generated, load_rows, row_where
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.eval.generation import task_accuracy
 from lmrl.trainers import agentic
 from lmrl.trainers.rl.config import RLConfig
@@ -26,16 +26,21 @@ def evaluate(
     if env_factory is not None:
         return agentic.evaluate_episodes(model, tokenizer, eval_rows, config, dtype, env_factory)
     metrics, samples = task_accuracy(
-        model, tokenizer, eval_rows, config.max_new_tokens, dtype, num_samples=config.num_samples
+        model,
+        tokenizer,
+        eval_rows,
+        config.max_new_tokens,
+        dtype,
+        num_samples=config.num_samples,
+        prompt_format=PromptFormat.from_config(config),
     )
     return {"eval/accuracy": metrics["accuracy"]}, samples
 
 
-def longest_prompt(tokenizer, rows: list[dict]) -> int:
-    """Tokens of the longest rendered prompt (the engine=vllm context check at start-up)."""
-    return max(
-        len(tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]) for row in rows
-    )
+def longest_prompt(tokenizer, rows: list[dict], config: RLConfig) -> int:
+    """Tokens of the longest prompt as the model reads it (the engine=vllm context check at start-up)."""
+    prompt_format = PromptFormat.from_config(config)
+    return max(len(prompt_format.ids(tokenizer, row["prompt"])) for row in rows)
 
 
 def load_prompts(config: RLConfig) -> tuple[list[dict], list[dict]]:

@@ -298,7 +298,7 @@ class OnlineRL(loop.MethodDefaults):
         params = [*self.model.parameters(), *(value_model.parameters() if value_model is not None else [])]
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
-        longest = longest_prompt(self.tokenizer, self.rows) if config.engine == "vllm" else 1
+        longest = longest_prompt(self.tokenizer, self.rows, config) if config.engine == "vllm" else 1
         if config.placement == "ray":  # rollout-worker actors; this process learns
             from lmrl.rollout.ray import RayRollouts
 

@@ -47,8 +47,8 @@ import torch
 
 from lmrl.algorithms import policy_loss
 from lmrl.algorithms.selfplay import selfplay_advantages
-from lmrl.data.chat import render_prompt
 from lmrl.data.loading import load_rows
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.models import describe_parameters
 from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
@@ -205,7 +205,7 @@ def sample_shard(parts: Parts, config: SelfPlayConfig, generator: torch.Generato
         [parts.challenger_ids], SamplingParams(config.challenger_max_new_tokens, **sampling), n=n, generator=generator
     )  # (n rows)
     queries = [parts.check(text) for text in challenger.completions]
-    ids = [tok(render_prompt(tok, q.text), add_special_tokens=False)["input_ids"] for q in queries if q is not None]
+    ids = [PromptFormat().ids(tok, q.text) for q in queries if q is not None]
     solver = (
         parts.engine.generate(
             ids,
@@ -371,7 +371,7 @@ class SelfPlay(loop.MethodDefaults):
             judge_set = RewardSet(
                 [judge], on_reward_error=config.on_reward_error, max_skipped_steps=config.max_skipped_steps
             )
-        cp_ids = tokenizer(render_prompt(tokenizer, challenger_text(config)), add_special_tokens=False)["input_ids"]
+        cp_ids = PromptFormat().ids(tokenizer, challenger_text(config))
         longest = SamplingParams(
             max(config.challenger_max_new_tokens, config.solver_max_new_tokens),
             temperature=config.temperature,

@@ -20,6 +20,7 @@ import torch
 
 from lmrl.data import packing
 from lmrl.data.loading import is_generated, load_rows
+from lmrl.data.prompt_format import PromptFormat
 from lmrl.data.sft import SFTExample, build_sft_examples, collate_sft
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import describe_parameters
@@ -146,7 +147,13 @@ def evaluate(
         metrics.update(episode_metrics)
     elif eval_rows and "task" in eval_rows[0]:
         acc, samples = task_accuracy(
-            model, tokenizer, eval_rows, config.eval_max_new_tokens, dtype, num_samples=config.num_samples
+            model,
+            tokenizer,
+            eval_rows,
+            config.eval_max_new_tokens,
+            dtype,
+            num_samples=config.num_samples,
+            prompt_format=PromptFormat(config.chat),  # as the rows were trained
         )
         metrics["eval/accuracy"] = acc["accuracy"]
     model.train(was_training)

@@ -1,4 +1,4 @@
-"""One line when a speed-up is switched off for a model, naming the speed-up, the model and why.
+"""One-line notices: a speed-up switched off for a model, naming the speed-up, the model and why.
 
 The speed-ups (fused layers, packed bf16 linears, the chunked LM head) each check at start-up that they reproduce
 the model's own computation up to rounding (`lmrl.numerics`), and a model that fails keeps its own, slower path.
@@ -9,6 +9,7 @@ prints as one line, and each speed-up's metric (docs/metrics.md: `update/fused_c
 
 from __future__ import annotations
 
+import os
 import warnings
 
 __all__ = ["SpeedupOff", "model_name", "print_as_one_line", "switched_off"]
@@ -24,12 +25,15 @@ def switched_off(speedup: str, model: str, why: str) -> None:
 
 
 def print_as_one_line(print_line) -> None:
-    """Show every `SpeedupOff` warning as one line through ``print_line`` (the CLI's console), others as before."""
+    """Show every `SpeedupOff` warning, and every warning lmrl's own code raises, as one line through ``print_line``
+    (the CLI's console); others as before."""
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, SpeedupOff):
             print_line(f"Speed-up off: {message}")
+        elif f"{os.sep}lmrl{os.sep}" in str(filename):
+            print_line(f"Warning: {message}")
         else:
             shown(message, category, filename, lineno, file, line)
 
