@@ -200,8 +200,13 @@ CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")  
 
 
 def _checkpointed_forward(forward, *args, **kwargs):
+    """A decoder layer's forward, recomputed in the backward; without a KV cache, which the recompute would append
+    to a second time (GPT-2 hands its cache positionally, others by keyword)."""
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    from transformers.cache_utils import Cache
+
+    args = tuple(None if i > 0 and isinstance(arg, Cache) else arg for i, arg in enumerate(args))
     for name in CACHE_ARGUMENTS:
         if kwargs.get(name) is not None:
             kwargs[name] = None

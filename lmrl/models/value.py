@@ -11,6 +11,8 @@ import copy
 import torch
 from torch import nn
 
+from lmrl.models.hf_compat import no_cache
+
 
 def backbone_of(causal_lm: nn.Module) -> nn.Module:
     """The decoder stack of an HF causal LM (``model.model`` for Llama, ``transformer`` for GPT-2); through a peft
@@ -41,6 +43,6 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-        ).last_hidden_state
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **no_cache(self.backbone)
+        ).last_hidden_state  # no KV cache: a training forward reads none (and checkpointing would append twice)
         return self.head(hidden.float()).squeeze(-1)  # (N, L)
