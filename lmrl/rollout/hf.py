@@ -80,12 +80,17 @@ def pad_token_id(tokenizer) -> int:
     return 0
 
 
-def stop_token_ids(tokenizer, params: SamplingParams) -> tuple[int, ...]:
-    """params.stop_token_ids, or the tokenizer's eos id when it is None (every engine stops the same way)."""
+def stop_token_ids(tokenizer, params: SamplingParams, model=None) -> tuple[int, ...]:
+    """params.stop_token_ids, or when it is None the tokenizer's eos id and every id of the model's
+    ``generation_config.eos_token_id`` (an int or a list: Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``), as
+    transformers' ``generate`` stops (every engine stops the same way)."""
     if params.stop_token_ids is not None:
         return params.stop_token_ids
-    eos = tokenizer.eos_token_id
-    return () if eos is None else (int(eos),)
+    ids = [tokenizer.eos_token_id]
+    config = getattr(model, "generation_config", None)
+    model_eos = getattr(config, "eos_token_id", None)
+    ids += list(model_eos) if isinstance(model_eos, (list, tuple)) else [model_eos]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
 class HFEngine:
@@ -146,7 +151,7 @@ class HFEngine:
         return pad_token_id(self.tokenizer)
 
     def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        return stop_token_ids(self.tokenizer, params)
+        return stop_token_ids(self.tokenizer, params, self.model)
 
     def generate_text(
         self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None

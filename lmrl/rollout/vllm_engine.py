@@ -140,7 +140,7 @@ class VLLMEngine:
         return pad_token_id(self.tokenizer)
 
     def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        return stop_token_ids(self.tokenizer, params)
+        return stop_token_ids(self.tokenizer, params, self.model)
 
     def generate_text(
         self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None

@@ -139,3 +139,20 @@ def test_rl_trains_a_base_model_from_raw_prompts_with_its_bos_and_its_own_vocabu
     final = LlamaForCausalLM.from_pretrained(tmp_path / "grpo" / "final")
     assert final.get_input_embeddings().num_embeddings == len(tok)  # no token added, the checkpoint's shape kept
     assert len(load_tokenizer(str(tmp_path / "grpo" / "final"), chat=False)) == len(tok)
+
+
+def test_the_models_own_stop_tokens_end_a_completion_as_transformers_generate_does(base_model_dir):
+    """generation_config.eos_token_id may be a list (Llama 3's <|eot_id|>, Gemma's <end_of_turn>): each ends it."""
+    from lmrl.rollout import HFEngine, SamplingParams
+
+    tok = base_tokenizer()
+    model = LlamaForCausalLM.from_pretrained(base_model_dir).eval()
+    ids = tok("The capital of France is")["input_ids"]
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    free = HFEngine(model, load_tokenizer(str(base_model_dir), chat=False)).generate([ids], params)
+    third = free.completion_ids[0, 2].item()  # the greedy third token becomes a stop token of the model's own
+    model.generation_config.eos_token_id = [tok.eos_token_id, third]
+    stopped = HFEngine(model, load_tokenizer(str(base_model_dir), chat=False)).generate([ids], params)
+    assert stopped.completion_mask[0].sum().item() == 3 and stopped.finish_reason == ["stop"]
+    theirs = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8, pad_token_id=tok.eos_token_id)
+    assert stopped.completion_ids[0, :3].tolist() == theirs[0, len(ids) :].tolist()
