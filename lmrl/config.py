@@ -39,6 +39,16 @@ from lmrl.config_sections import (  # noqa: F401 - the shared sections, re-expor
     SamplingSection,
     TrainConfig,
 )
+from lmrl.config_trl import (  # noqa: F401 - re-exported: TRL's names
+    ALIAS_CONFIGS,
+    ALIAS_VALUES,
+    ALIASES,
+    AS_LMRL_DOES,
+    NO_EQUIVALENT,
+    REFUSED,
+    TRL_BOOLS,
+    alias_value,
+)
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -183,43 +193,29 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
 T = typing.TypeVar("T")
 
 
-ALIASES: dict[str, str] = {
-    # TRL / HF TrainingArguments name -> lmrl name
-    "learning_rate": "lr",
-    "adam_epsilon": "adam_eps",
-    "num_generations": "samples_per_prompt",
-    "max_completion_length": "max_new_tokens",
-    "gradient_accumulation_steps": "grad_accum",
-    "beta": "kl_coef",
-    "lr_scheduler_type": "lr_schedule",
-    "num_iterations": "ppo_epochs",
-    "epsilon": "clip_low",
-    "epsilon_high": "clip_high",
-    "logging_steps": "log_every",
-    "eval_steps": "eval_every",
-    "save_steps": "save_every",
-    "save_total_limit": "keep_checkpoints",
-}
-"""Names users bring from TRL and HF ``TrainingArguments``, accepted where the config has the lmrl name and not
-the alias itself (``beta`` is DPO's own key, and ``kl_coef`` in ``lmrl rl``)."""
-
-ALIAS_VALUES: dict[str, dict[Any, Any]] = {
-    "lr_scheduler_type": {"constant_with_warmup": "constant", "cosine_with_min_lr": "cosine"}
-}
+def applies(alias: str, cls: type, fields: typing.Collection[str]) -> bool:
+    """Whether TRL's ``alias`` is read as its lmrl key in ``cls``: the key is there, the name itself is not."""
+    return (
+        ALIASES[alias] in fields and alias not in fields and cls.__name__ in ALIAS_CONFIGS.get(alias, (cls.__name__,))
+    )
 
 
 def resolve_aliases(cls: type, data: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Rename the TRL/HF aliases in ``data`` to ``cls``'s keys, with a one-line notice each."""
+    """Rename the TRL/HF aliases in ``data`` to ``cls``'s keys, with a one-line notice each; drop the TRL settings
+    set to what lmrl does anyway (``packing=false``), with a notice too."""
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     out = dict(data)
     for alias, name in ALIASES.items():
-        if alias not in out or alias in fields or name not in fields:
+        if alias not in out or not applies(alias, cls, fields):
             continue
         if name in out:
             raise ConfigError(f"Both '{alias}' (TRL's name) and '{name}' are set; keep one ('{name}').")
-        value = out.pop(alias)
-        out[name] = ALIAS_VALUES.get(alias, {}).get(value, value) if isinstance(value, str) else value
+        out[name] = alias_value(alias, out.pop(alias))
         (notify or _notice)(f"note: '{alias}' is read as lmrl's '{name}' ({name}={out[name]})")
+    for name, value in AS_LMRL_DOES.items():
+        if name in out and name not in fields and out[name] is value:
+            out.pop(name)
+            (notify or _notice)(f"note: '{name}={str(value).lower()}' is what lmrl does anyway (ignored)")
     return out
 
 
@@ -228,15 +224,23 @@ def _notice(text: str) -> None:
 
 
 def unknown_key_message(key: str, cls: type) -> str:
-    """'Unknown config key ...' with the closest key or alias (an alias suggests the key it stands for)."""
+    """'Unknown config key ...' with lmrl's equivalent of a TRL name, or the closest key or alias for a typo (an alias
+    suggests the key it stands for). A TRL name is never answered with a look-alike key of another meaning."""
     fields = [f.name for f in dataclasses.fields(cls) if f.init]
-    names = fields + [a for a, n in ALIASES.items() if n in fields and a not in fields]
+    tail = "Run with --help-config to list every key."
+    if key in REFUSED:
+        return f"'{key}' (TRL/transformers) is not an lmrl key: {REFUSED[key]}."
+    if key in ALIASES:
+        return f"'{key}' is TRL's name for lmrl's '{ALIASES[key]}', which {cls.__name__} does not have. {tail}"
+    if key in NO_EQUIVALENT:
+        return f"'{key}' is a TRL/transformers setting that lmrl has no equivalent of ({cls.__name__}). {tail}"
+    names = fields + [a for a in ALIASES if applies(a, cls, fields)]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     hint = ""
     if close:
         target = close[0] if close[0] in fields else ALIASES[close[0]]
         hint = f" Did you mean '{target}'?" + (f" ('{close[0]}' in TRL)" if target != close[0] else "")
-    return f"Unknown config key '{key}' for {cls.__name__}.{hint} Run with --help-config to list every key."
+    return f"Unknown config key '{key}' for {cls.__name__}.{hint} {tail}"
 
 
 def from_dict(cls: type[T], data: dict[str, Any], notify: Callable[[str], None] | None = None) -> T:
@@ -304,7 +308,7 @@ def describe(cls: type) -> str:
     own = groups.pop("", [])
     parts = [f"{cls.__name__.removesuffix('Config') or cls.__name__}:\n" + "\n".join(own)] if own else []
     parts += [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()]
-    aliases = [f"{a} -> {n}" for a, n in ALIASES.items() if n in hints and a not in hints]
+    aliases = [f"{a} -> {n}" for a, n in ALIASES.items() if applies(a, cls, hints)]
     if aliases:
         parts.append("TRL/HF names accepted: " + ", ".join(aliases))
     return "\n\n".join(parts)

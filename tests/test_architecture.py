@@ -22,7 +22,7 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 LAYERS = [
     {"algorithms", "numerics", "notices", "config_base", "tracking", "sandbox"},
     {"parallel"},
-    {"config", "config_sections"},
+    {"config", "config_sections", "config_trl"},
     {"data", "report"},
     {"models"},
     {"rollout"},
