@@ -298,6 +298,19 @@ def _run_function(verb: Verb) -> Callable:
     return getattr(importlib.import_module(verb.module), verb.run)
 
 
+def quiet_third_party_bars() -> None:
+    """transformers' "Loading weights" bars (one per model a verb loads, each left in the scrollback) off, in lmrl's
+    CLI only: lmrl's own bar shows the run. Downloads from the Hub keep theirs (a first download takes minutes)."""
+    if "transformers" not in sys.modules:  # report, dashboard: nothing loads weights
+        return
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    if not os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"):
+        hub.enable_progress_bars()
+
+
 STOP_ERRORS = {
     "lmrl.trainers.common": "TrainingStopped",
     "lmrl.rollout.ray": "WorkersFailed",
@@ -380,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         check_resume_world(config)  # a checkpoint of another number of processes: before torchrun starts ranks
         if should_launch(config):  # nproc=N: the same command as N torchrun processes
             return launch(config.nproc, argv)
-        _run_function(VERBS[args.verb])(config)
+        run = _run_function(VERBS[args.verb])
+        quiet_third_party_bars()
+        run(config)
     except Exception as exc:
         if isinstance(exc, stop_errors()):
             console.print(f"[bold red]Training stopped:[/] {escape(str(exc))}")

@@ -23,6 +23,20 @@ console = Console(highlight=False)
 
 # Shown in the progress bar, in this order, when present (names: docs/metrics.md).
 KEY_METRICS = ("loss", "reward/mean", "policy/accuracy", "eval/accuracy", "kl", "entropy", "lr", "tokens_per_s")
+# The console's line for a logged training step, in this order, when present (as transformers prints loss,
+# grad_norm and learning_rate); an evaluation's line has every eval/ metric, `EVAL_FIRST` first.
+LINE_METRICS = (
+    "loss",
+    "reward/mean",
+    "policy/accuracy",
+    "kl",
+    "entropy",
+    "completion_len/mean",
+    "optim/grad_norm",
+    "lr",
+    "tokens_per_s",
+)
+EVAL_FIRST = ("eval/accuracy", "eval/reward", "eval/loss")
 # Plotted at the end: one figure per group, each present key a line; the reward first (the report's panels follow
 # this order, then every other namespace, `NAMESPACES`).
 PLOT_GROUPS = {
@@ -87,6 +101,29 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def console_line(step: int, record: dict[str, Any], total: int | None = None) -> str:
+    """The line a logged record leaves in the console's history: ``step 20/200  loss=1.23  lr=0.001 ...`` for a
+    training step, ``step 25/200  eval/accuracy=0.4  eval/loss=1.9 ...`` for an evaluation (every eval/ metric:
+    DPO's margins, pretrain's eval/ce, a file's eval/loss), and a record with neither (a rejection round's rs/
+    statistics) with its own metrics."""
+
+    def shown(value: Any) -> bool:
+        return isinstance(value, (int, float, str)) and not isinstance(value, bool)
+
+    keys = [k for k in LINE_METRICS if shown(record.get(k))]
+    evals = sorted((k for k in record if k.startswith("eval/") and shown(record[k])), key=_eval_order)
+    keys += evals
+    if not keys:  # nor training nor evaluation metrics: what the record has, but timings and memory
+        keys = [k for k in record if k not in ("step", "time_s") and not k.startswith(("time/", "memory/"))]
+        keys = [k for k in keys if shown(record[k])]
+    where = f"step {step}/{total}" if total else f"step {step}"
+    return "  ".join([where, *(f"{k}={_fmt(record[k])}" for k in keys)])
+
+
+def _eval_order(key: str) -> tuple[int, str]:
+    return (EVAL_FIRST.index(key) if key in EVAL_FIRST else len(EVAL_FIRST), key)
+
+
 def truncate_jsonl(path: Path, max_step: int) -> None:
     """Drop records logged after ``max_step`` (a resumed run re-logs the steps after its checkpoint), and lines
     that are not JSON records (a line cut by a full disk or a power loss), with a warning."""
@@ -141,6 +178,7 @@ class Tracker:
             console=console,
             transient=False,
         )
+        self.total = total_steps
         self.task = self.progress.add_task(description, total=total_steps, completed=start_step, metrics="")
         self.progress.start()
         self.backends = [b for b in (_open_backend(name, self.dir, config) for name in report_to) if b is not None]
@@ -156,8 +194,10 @@ class Tracker:
             f.write(json.dumps(record) + "\n")
         shown = "  ".join(f"{k}={_fmt(record[k])}" for k in KEY_METRICS if k in record)
         self.progress.update(self.task, completed=step, metrics=shown)
-        if not console.is_terminal:
-            console.print(f"step {step}  {shown}")
+        # the history: one plain line per logged step and evaluation, above the live bar
+        self.progress.console.print(
+            console_line(step, record, self.total), markup=False, highlight=False, soft_wrap=True
+        )
         for backend in self.backends:
             backend.log(step, {k: v for k, v in record.items() if isinstance(v, (int, float))})
 

@@ -99,6 +99,8 @@ def test_a_few_readme_commands_run_for_one_step(tmp_path):
         assert rc == 0, (command, proc.stdout[-3000:])
         print(f"{seconds:6.1f} s  {command}")
     print(f"{time.time() - start:6.1f} s  in all")
+    assert "Loading weights" not in proc.stdout + proc.stderr  # transformers' bars are quiet in lmrl's CLI
+    assert "step 1/1  loss=" in proc.stdout and "step 1/1  eval/accuracy=" in proc.stdout  # the console's history
     assert (tmp_path / "runs/sft-tiny-arithmetic/final").is_dir()
     assert (tmp_path / "runs/sft-tiny-arithmetic/report.html").is_file()
     assert (tmp_path / "runs/sw").is_dir()
