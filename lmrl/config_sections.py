@@ -143,6 +143,10 @@ class RunSection(Section):
 
     def __post_init__(self) -> None:
         check_output_dir(self.output_dir)
+        if self.report_to == ["none"]:  # TRL's and transformers' way to say no tracker
+            self.report_to = []
+        if "all" in self.report_to:
+            raise ConfigError(f"'report_to' names its trackers in lmrl: report_to=[{','.join(TRACKERS)}] (or some).")
         check_at_least(self, ("log_every", "keep_checkpoints"), 0, inclusive=False)
         check_at_least(self, ("eval_every", "save_every", "num_samples"), 0)
         for name in self.report_to:

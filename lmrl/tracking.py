@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -321,6 +322,16 @@ def _open_backend(name: str, run_dir: Path, config: dict | None):
         return _WandbLike(name, run_dir, config)
     except ImportError:
         console.print(
-            f"[yellow]report_to: '{name}' is not installed (pip install {name}); logging to metrics.jsonl only."
+            f"[yellow]report_to: '{name}' is not installed ({escape(install_hint(name))}); logging to metrics.jsonl only."
         )
         return None
+
+
+TRACKER_EXTRAS = {"tensorboard": "tracking", "wandb": "tracking"}
+"""The lmrl extra that installs each tracker (pyproject.toml's optional dependencies); trackio has none."""
+
+
+def install_hint(name: str) -> str:
+    """How to install the tracker ``name``: ``pip install 'lmrl[tracking]'`` (tensorboard, wandb) or by its name."""
+    extra = TRACKER_EXTRAS.get(name)
+    return f"pip install 'lmrl[{extra}]', or pip install {name}" if extra else f"pip install {name}"
