@@ -64,6 +64,67 @@ def test_every_readme_command_parses_as_written(command, capsys):
     assert config is not None
 
 
+PLACEHOLDER = re.compile(r"=([A-Z][A-Z_:]*|S|N)$|<|\.\.\.")
+"""Words of a docs command to be filled in (``seed=S``, ``judge=PATH``, ``<run>``, ``...``)."""
+
+
+def docs_commands() -> list[tuple[str, str]]:
+    """(file, command) for every `lmrl <verb> ...` in a code block of docs/*.md and README.md: continued lines joined,
+    a `$ ` prompt dropped, shell lists (`a & b`) split; not the commands shown failing (the next line is `error:`)
+    nor those with words to fill in."""
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(), re.S):
+            lines = block.replace("\\\n", " ").splitlines()
+            for i, line in enumerate(lines):
+                line = re.split(r"\s+#\s", line.strip().removeprefix("$ "))[0]
+                following = next((x.strip() for x in lines[i + 1 :] if x.strip()), "")
+                if not line.startswith("lmrl ") or following.startswith("error:"):
+                    continue
+                for words in shell_commands(line):
+                    if words[0] == "lmrl" and len(words) > 1 and not any(PLACEHOLDER.search(w) for w in words):
+                        out.append((str(path.relative_to(ROOT)), shlex.join(words)))
+    return out
+
+
+def shell_commands(line: str) -> list[list[str]]:
+    """The words of each command of a shell line: ``a & b`` and ``a | b`` are two (quotes kept together)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars="&;|")
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if set(token) <= set("&;|"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [c for c in commands if c]
+
+
+def test_every_docs_command_parses_as_written(capsys):
+    """Every command of the docs reads as the CLI reads it; the only failure allowed is a data file of the user's own
+    (`dataset=prefs.jsonl`) that this checkout does not have."""
+    from lmrl.cli import VERBS
+
+    commands = docs_commands()
+    assert len(commands) > 80
+    failures = []
+    for where, command in commands:
+        argv = shlex.split(command)[1:]
+        if argv[0] not in VERBS:
+            failures.append(f"{where}: {command}: no verb '{argv[0]}'")
+            continue
+        try:
+            if "--help-config" in argv:
+                assert main(argv) == 0
+            else:
+                parse(argv)
+        except Exception as exc:  # noqa: BLE001 - every failure is listed
+            if "not found (working directory" not in str(exc):
+                failures.append(f"{where}: {command}\n  -> {exc}")
+    capsys.readouterr()
+    assert not failures, "\n".join(failures)
+
+
 RUN = """
 import json, shlex, sys, time
 from lmrl.cli import main
