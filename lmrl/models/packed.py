@@ -95,6 +95,13 @@ def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int)
     it, gradients are off and the packed product reproduces ``F.linear`` for the layer's shape. Yields how many
     layers were swapped; the weights are read at entry, so the block must not change them."""
     if dtype != torch.bfloat16 or torch.is_grad_enabled() or not available():
+        if dtype == torch.bfloat16 and not torch.is_grad_enabled() and not available():
+            switched_off(
+                "the packed bf16 linear",
+                model_name(model),
+                "oneDNN has no bf16 on this CPU (or ONEDNN_MAX_CPU_ISA hides it); sampling multiplies through "
+                "F.linear (metric rollout/packed_linear_calls: 0)",
+            )
         yield 0
         return
     swapped = []

@@ -123,3 +123,14 @@ def test_a_packed_product_off_by_rounding_is_used_and_one_off_by_more_is_not(mon
         packed.packed_linears(layers, torch.bfloat16, 4) as swapped,
     ):
         assert swapped == 0
+
+
+def test_without_onednn_bf16_the_packed_linear_says_it_is_off(monkeypatch):
+    monkeypatch.setattr(packed, "available", lambda: False)
+    layers = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with (
+        pytest.warns(SpeedupOff, match="the packed bf16 linear is off for Sequential: oneDNN has no bf16"),
+        torch.no_grad(),
+        packed.packed_linears(layers, torch.bfloat16, 4) as swapped,
+    ):
+        assert swapped == 0
