@@ -176,9 +176,15 @@ def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return merged
 
 
+SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "cross")
+
+
 def reward_vs_kl(runs: list[RunData]) -> go.Figure | None:
-    """Training reward and held-out scores against KL(π‖π_ref) of the same step, for the runs that log ``kl``."""
+    """Training reward and held-out scores against KL(π‖π_ref) of the same step, for the runs that log ``kl``: a
+    scatter coloured by step (one colour scale, a marker shape per key and run), which reads where a line in step
+    order is a scribble."""
     fig = go.Figure()
+    last = max((s for run in runs for s in by_step(run.metrics)), default=0)
     for i, run in enumerate(runs):
         steps = by_step(run.metrics)
         points = sorted((s, r) for s, r in steps.items() if isinstance(r.get("kl"), (int, float)))
@@ -194,14 +200,24 @@ def reward_vs_kl(runs: list[RunData]) -> go.Figure | None:
                         text=[f"step {p[2]}" for p in xs],
                         name=prefix + key,
                         uid=prefix + key,
-                        mode="lines+markers",
-                        marker=dict(size=6),
-                        line=line_style(i, j, len(runs) > 1),
+                        mode="markers",
+                        marker=dict(
+                            size=7,
+                            symbol=SYMBOLS[(i * len(keys) + j) % len(SYMBOLS)],
+                            color=[p[2] for p in xs],
+                            colorscale="Viridis",
+                            cmin=0,
+                            cmax=max(last, 1),
+                            showscale=not fig.data,  # one colour bar: the step
+                            colorbar=dict(title="step", thickness=12),
+                            line=dict(width=0.5, color="#333"),
+                        ),
                     )
                 )
     if not fig.data:
         return None
-    return _layout(fig, "reward and held-out scores vs KL(π‖π_ref)", x="kl", y="score")
+    fig = _layout(fig, "reward and held-out scores vs KL(π‖π_ref), coloured by step", x="kl", y="score")
+    return fig.update_layout(legend=dict(orientation="h", y=-0.25, font=dict(size=10)), height=380)
 
 
 def swarm_figures(run: RunData) -> dict[str, go.Figure]:

@@ -12,7 +12,7 @@ from conftest import EVAL_ACC, GARBAGE_SKIPPED, KLS, REWARDS, write_rl_run
 from lmrl.cli import main
 from lmrl.report.dashboard import DashboardConfig, serve
 from lmrl.report.figures import metric_figures, reward_vs_kl
-from lmrl.report.html import ReportConfig, run
+from lmrl.report.html import ReportConfig, render, run
 from lmrl.report.runs import config_diff, load_run, numeric_keys, read_jsonl
 
 
@@ -147,3 +147,20 @@ def test_report_and_dashboard_read_old_and_lossless_multi_turn_samples(tmp_path)
     payload = run_payload(live, 12)
     assert payload["sample_cols"] == ["step", "prompt", "completion", "reward", "rewards/task", "tokens"]
     assert payload["samples"][-1]["tokens"] == "33 assistant, 12 tool (masked), 5 assistant"
+
+
+def test_the_report_opens_on_the_curves_with_the_config_folded_below(rl_run):
+    """Issue 47: the page opened on ~130 config rows, the first plot two screens down."""
+    html = render([load_run(rl_run)])
+    order = [html.index(f'<h2 id="{name}"') for name in ("runs", "metrics", "reward-vs-kl", "evals", "samples")]
+    assert order == sorted(order) and order[-1] < html.index('<h2 id="config"')
+    config = html[html.index('<h2 id="config"') :]
+    assert config.index('<details id="config-details">') < config.index('<table id="config-table">')
+
+
+def test_reward_vs_kl_is_a_scatter_coloured_by_step(rl_run):
+    traces = {t.name: t for t in reward_vs_kl([load_run(rl_run)]).data}
+    reward = traces["reward/mean"]
+    assert reward.mode == "markers" and list(reward.marker.color) == [1, 2, 3, 4]
+    assert reward.marker.showscale and not traces["eval/accuracy"].marker.showscale  # one colour bar
+    assert list(traces["eval/accuracy"].marker.color) == [4]
