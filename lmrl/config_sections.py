@@ -217,6 +217,10 @@ class SamplingSection(DecodingSection):
     title = "sampling"
     samples_per_prompt: int = field(8, "completions per prompt (G); a step trains on prompts x G completions")
     max_new_tokens: int = field(32, "completion length cap in tokens")
+    stop: list[str] = field(
+        [],
+        "stop strings (engine=hf): a completion ends at the first one; rewards see the text before it (a base model prompted raw goes on to write the next 'User:' turn)",
+    )
 
     def __post_init__(self) -> None:
         check_at_least(self, ("samples_per_prompt", "max_new_tokens"), 1)

@@ -62,6 +62,11 @@ class EngineSection(Section):
     )
 
     def __post_init__(self) -> None:
+        if self.engine == "vllm" and getattr(self, "stop", None):  # a sampling verb's SamplingSection key
+            raise ConfigError(
+                "'stop' strings are applied by engine=hf only (the vLLM engine samples token ids). Fix: engine=hf, "
+                "or end completions with the model's own stop tokens."
+            )
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}."

@@ -24,9 +24,13 @@ from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 
 
 def sampling_params(config) -> SamplingParams:
-    """The run's sampling parameters from its `max_new_tokens`, `temperature`, `top_p` and `top_k` keys."""
+    """The run's sampling parameters from its `max_new_tokens`, `temperature`, `top_p`, `top_k` and `stop` keys."""
     return SamplingParams(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        stop_strings=tuple(getattr(config, "stop", ())),
     )
 
 

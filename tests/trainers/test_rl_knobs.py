@@ -259,3 +259,33 @@ def test_release_memory_runs_before_each_training_forward_and_after_the_step(tmp
         # 2 parts + 1 after the optimizer step (builtin:tiny's 2 layers are fewer than the 10 a layer release needs)
         assert runs == ([3.0, 3.0] if on == "true" else [0.0, 0.0])
     assert trims == [0] * 6
+
+
+def test_stop_strings_reach_the_sampler_and_vllm_refuses_them(tmp_path):
+    from lmrl.rollout.groups import GroupOptions
+
+    config = rl_config(tmp_path, "grpo", 'stop=["User:"]')
+    assert GroupOptions.from_config(config).params.stop_strings == ("User:",)
+    with pytest.raises(ConfigError, match="'stop' strings are applied by engine=hf only"):
+        rl_config(tmp_path, "grpo", 'stop=["User:"]', "engine=vllm")
+
+
+STOP_SEEN: list[str] = []
+
+
+def stop_spy(prompts, completions, **kwargs):
+    STOP_SEEN.extend(completions)
+    return [0.5] * len(completions)
+
+
+if "test_stop_spy" not in REWARDS:
+    register_reward("test_stop_spy")(lambda **_: stop_spy)
+
+
+def test_a_run_with_a_stop_string_scores_the_text_before_it(tmp_path):
+    seen = STOP_SEEN
+    seen.clear()
+    online.train(
+        rl_config(tmp_path, "grpo", "max_steps=1", 'stop=["1"]', "max_new_tokens=12", "rewards=[test_stop_spy]")
+    )
+    assert seen and not any("1" in text for text in seen)  # cut before the stop string
