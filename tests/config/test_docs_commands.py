@@ -140,14 +140,15 @@ REAL = [
     # (the command as README.md writes it, what the test adds: one step, a few held-out rows)
     ("lmrl sft --config sft/tiny_arithmetic", "max_steps=1 eval_rows=4 num_samples=2"),
     ("lmrl generate model=runs/sft-tiny-arithmetic/final prompts='[\"23+45=\"]' n=4 temperature=0.8", ""),
-    ("lmrl eval model=runs/sft-tiny-arithmetic/final metrics=[accuracy,pass@8,maj@8,avg@8]", "rows=4"),
     ("lmrl report runs/sft-tiny-arithmetic", ""),
     ("lmrl swarm sim --config swarm/tiny_sim local=4 external=4", "max_steps=1 warm_start_steps=1 output_dir=runs/sw"),
 ]
 
 
 def test_a_few_readme_commands_run_for_one_step(tmp_path):
-    """In a fresh folder, in the README's order: the SFT run that generate, eval and report read from."""
+    """In a fresh folder, in the README's order: the SFT run that generate and report read from, and the swarm
+    simulation (the command of issue 47). About 20 s on 2 quiet cores (`lmrl eval`, 7 s more, is left to the parse
+    test: the default suite is near its 10-minute line)."""
     for command, _ in REAL:
         assert command in COMMANDS, command  # still the README's words
     start = time.time()
