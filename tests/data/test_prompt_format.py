@@ -156,3 +156,22 @@ def test_the_models_own_stop_tokens_end_a_completion_as_transformers_generate_do
     assert stopped.completion_mask[0].sum().item() == 3 and stopped.finish_reason == ["stop"]
     theirs = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8, pad_token_id=tok.eos_token_id)
     assert stopped.completion_ids[0, :3].tolist() == theirs[0, len(ids) :].tolist()
+
+
+def test_lmrl_eval_chat_false_gives_transformers_greedy_tokens(base_model_dir, tmp_path):
+    import json
+
+    from lmrl.eval.cli import EvalConfig
+    from lmrl.eval.cli import run as evaluate
+
+    out = tmp_path / "eval.json"
+    overrides = [f"model={base_model_dir}", "chat=false", "metrics=[accuracy]", "rows=3", "task_args.digits=1"]
+    evaluate(load_config(EvalConfig, None, [*overrides, "max_new_tokens=8", f"output_file={out}", "precision=fp32"]))
+    samples = json.loads(out.read_text())["samples"]
+    assert samples and len(samples) <= 3
+    tok = base_tokenizer()
+    model = LlamaForCausalLM.from_pretrained(base_model_dir).eval()
+    for sample in samples:
+        inputs = tok(sample["prompt"], return_tensors="pt")
+        out_ids = model.generate(**inputs, do_sample=False, max_new_tokens=8, pad_token_id=tok.eos_token_id)
+        assert sample["completion"] == tok.decode(out_ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
