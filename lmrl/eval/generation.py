@@ -20,15 +20,16 @@ def task_accuracy(
     batch_size: int = 64,
     num_samples: int = 4,
     prompt_format: PromptFormat | None = None,
+    stop_strings: tuple[str, ...] = (),
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy pass@1 of ``model`` on built-in task rows (columns prompt, answer, task, meta), each prompt encoded
-    by ``prompt_format`` (as the run trains on it; default: the chat template).
+    by ``prompt_format`` and ended at ``stop_strings`` (as the run samples them; default: the chat template, no stop).
 
     Returns ``{"accuracy": mean score}`` and the first ``num_samples`` rows as sample records.
     """
     prompt_format = prompt_format or PromptFormat()
     engine = HFEngine(model, tokenizer, autocast_dtype=autocast_dtype)
-    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop_strings=stop_strings)
     scores: list[float] = []
     samples: list[dict[str, Any]] = []
     for start in range(0, len(rows), batch_size):

@@ -289,3 +289,18 @@ def test_a_run_with_a_stop_string_scores_the_text_before_it(tmp_path):
         rl_config(tmp_path, "grpo", "max_steps=1", 'stop=["1"]', "max_new_tokens=12", "rewards=[test_stop_spy]")
     )
     assert seen and not any("1" in text for text in seen)  # cut before the stop string
+
+
+def test_the_held_out_evaluation_ends_at_the_runs_stop_strings(tmp_path, monkeypatch):
+    from lmrl.trainers.rl import prompts
+
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return {"accuracy": 0.0}, []
+
+    monkeypatch.setattr(prompts, "task_accuracy", spy)
+    config = rl_config(tmp_path, "grpo", 'stop=["User:"]', "chat=false")
+    prompts.evaluate(None, None, [{"task": "arithmetic"}], config, None)
+    assert seen["stop_strings"] == ("User:",) and seen["prompt_format"].chat is False

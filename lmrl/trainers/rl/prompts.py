@@ -33,6 +33,7 @@ def evaluate(
         dtype,
         num_samples=config.num_samples,
         prompt_format=PromptFormat.from_config(config),
+        stop_strings=tuple(config.stop),
     )
     return {"eval/accuracy": metrics["accuracy"]}, samples
 
