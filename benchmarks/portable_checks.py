@@ -76,16 +76,12 @@ def fused_agreements(model) -> dict:
     """The worst module of each fusable kind (the check `fuse_layers` makes before it swaps a forward)."""
     worst = {}
     for module in model.modules():
-        if fused._is_rms_norm(module):
-            kind, forward, width = "rms_norm", fused._rms_norm_forward, module.weight.shape[0]
-        elif fused._is_swiglu(module) and hasattr(module.gate_proj, "in_features"):
-            kind, forward, width = "swiglu", fused._swiglu_forward, module.gate_proj.in_features
-        else:
+        candidate = fused.fusion_candidate(module)
+        if candidate is None:
             continue
+        kind, forward, width = candidate
         outcome = fused._reproduces(module, forward, width)
-        if kind not in worst or outcome.difference / max(outcome.bound, 1e-300) > worst[kind].difference / max(
-            worst[kind].bound, 1e-300
-        ):
+        if kind not in worst or outcome.difference * worst[kind].bound > worst[kind].difference * outcome.bound:
             worst[kind] = outcome
     fused.CALLS.clear()
     return worst

@@ -40,7 +40,15 @@ from lmrl.numerics import Agreement, agreement, rounding_bound
 
 CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu", "gelu_tanh")
 
-__all__ = ["CALLS", "RMSNormFunction", "SwiGLUFunction", "fuse_layers", "fused_count", "total_calls"]
+__all__ = [
+    "CALLS",
+    "RMSNormFunction",
+    "SwiGLUFunction",
+    "fuse_layers",
+    "fused_count",
+    "fusion_candidate",
+    "total_calls",
+]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -162,6 +170,17 @@ def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
+def fusion_candidate(module: torch.nn.Module):
+    """(kind, fused forward, input width) when ``module`` is a layer a fused version exists for, else None."""
+    if _is_rms_norm(module):
+        return "rms_norm", _rms_norm_forward, module.weight.shape[0]
+    if _is_swiglu(module) and hasattr(module.gate_proj, "in_features"):
+        return "swiglu", _swiglu_forward, module.gate_proj.in_features
+    if type(module).__name__ == "NewGELUActivation":
+        return "gelu_tanh", _gelu_tanh_forward, 64
+    return None
+
+
 def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
     """Swap the forward of every RMSNorm, SwiGLU MLP and tanh GELU (GPT-2's ``NewGELUActivation``) of ``model`` that
     the fused version reproduces; returns how many of each were fused ({"rms_norm": n, "swiglu": m}, and
@@ -172,14 +191,10 @@ def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
         if getattr(module, "lmrl_fused", None):
             fused[module.lmrl_fused] = fused.get(module.lmrl_fused, 0) + 1
             continue
-        if _is_rms_norm(module):
-            kind, forward, width = "rms_norm", _rms_norm_forward, module.weight.shape[0]
-        elif _is_swiglu(module) and hasattr(module.gate_proj, "in_features"):
-            kind, forward, width = "swiglu", _swiglu_forward, module.gate_proj.in_features
-        elif type(module).__name__ == "NewGELUActivation":
-            kind, forward, width = "gelu_tanh", _gelu_tanh_forward, 64
-        else:
+        candidate = fusion_candidate(module)
+        if candidate is None:
             continue
+        kind, forward, width = candidate
         before = CALLS[kind]
         outcome = _reproduces(module, forward, width)
         if outcome:
