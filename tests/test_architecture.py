@@ -1,14 +1,18 @@
-"""The package's shape (docs/architecture.md): layers, no import circles, pure algorithms, small modules."""
+"""The package's shape (docs/architecture.md): layers, no import circles, pure algorithms, small step/update
+functions."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lmrl"
-MAX_LINES = 450
+SANITY_LINES = 600
+"""Not a style rule: a module past this size holds two modules' worth (the largest is 450 lines). What keeps the
+hot path small is the per-function budget below."""
 
 
 def module_name(path: Path) -> str:
@@ -139,19 +143,83 @@ def test_algorithms_import_nothing_of_lmrl_but_themselves():
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_modules_stay_small(name):
+def test_no_module_is_two_modules(name):
     lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by responsibility (<= {MAX_LINES})"
+    assert lines <= SANITY_LINES, f"{name} has {lines} lines; split it by responsibility (<= {SANITY_LINES})"
+
+
+HOT = re.compile(r"step|.+_step|update|.+_update")
+"""The functions that run every step: `step`, `*_step`, `update`, `*_update`."""
+MAX_STATEMENTS, MAX_DEPTH = 32, 3
+"""Every hot function's budget: statements in its body (ast.stmt nodes, nested ones included) and levels of
+for/while/if/with/try/match nesting (an elif counts as a level). The largest now: 30 statements, depth 3."""
+OVER_BUDGET = {
+    "lmrl.trainers.rl.trainer.rl_step": (54, MAX_DEPTH),  # issue 45: to 35
+    "lmrl.trainers.pretrain.trainer.train_step": (MAX_STATEMENTS, 5),  # for micro-batch > autocast > 3 objectives
+}
+"""(statements, depth) for the functions allowed past the budget, each with its reason."""
+
+
+def nesting(node: ast.AST) -> int:
+    """Levels of compound statements below and at ``node``."""
+    nests = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try, ast.Match)
+    return int(isinstance(node, nests)) + max((nesting(c) for c in ast.iter_child_nodes(node)), default=0)
+
+
+def statements(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    return sum(isinstance(node, ast.stmt) for top in fn.body for node in ast.walk(top))
+
+
+def hot_functions() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every hot function of lmrl by its qualified name (module, class, function)."""
+    found = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}.{child.name}"
+                if not isinstance(child, ast.ClassDef) and HOT.fullmatch(child.name):
+                    found[name] = child
+                visit(child, name)
+
+    for module, path in MODULES.items():
+        visit(ast.parse(path.read_text()), module)
+    return found
+
+
+HOT_FUNCTIONS = hot_functions()
+
+
+COUNTED = """
+def f(x):
+    for a in x:
+        if a:
+            y = 1
+        elif x:
+            pass
+"""
+"""5 statements (for, if, assignment, elif, pass) at depth 3 (for > if > elif)."""
+
+
+def test_the_budget_finds_the_hot_functions():
+    assert "lmrl.trainers.rl.trainer.rl_step" in HOT_FUNCTIONS and "lmrl.trainers.rl.update.update" in HOT_FUNCTIONS
+    assert set(OVER_BUDGET) <= set(HOT_FUNCTIONS), "an exception names a function that is gone: remove it"
+    fn = ast.parse(COUNTED).body[0]
+    assert statements(fn) == 5 and nesting(fn) == 3
+
+
+@pytest.mark.parametrize("name", sorted(HOT_FUNCTIONS))
+def test_step_and_update_functions_stay_small(name):
+    fn = HOT_FUNCTIONS[name]
+    count, depth = statements(fn), nesting(fn)
+    most, deepest = OVER_BUDGET.get(name, (MAX_STATEMENTS, MAX_DEPTH))
+    assert count <= most and depth <= deepest, (
+        f"{name} has {count} statements and depth {depth}; budget {most} statements, depth {deepest}: "
+        "move a concern behind a name"
+    )
 
 
 def test_the_rl_update_reads_top_to_bottom():
     """`lmrl.trainers.rl.update.update`: at most 40 lines and 3 levels of nesting (the concerns behind names)."""
-    tree = ast.parse(MODULES["lmrl.trainers.rl.update"].read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "update")
-
-    def depth(node: ast.AST) -> int:
-        inner = [depth(c) for c in ast.iter_child_nodes(node)]
-        nested = isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try))
-        return int(nested) + max(inner, default=0)
-
-    assert fn.end_lineno - fn.lineno + 1 <= 40 and depth(fn) <= 3
+    fn = HOT_FUNCTIONS["lmrl.trainers.rl.update.update"]
+    assert fn.end_lineno - fn.lineno + 1 <= 40 and nesting(fn) <= 3

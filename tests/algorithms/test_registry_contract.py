@@ -3,6 +3,9 @@ each entry gets its own, and aggregation owns the global normaliser (so no calle
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -86,37 +89,47 @@ def test_running_delta_is_the_mean_of_beta_u_over_chosen_and_rejected():
     assert RunningDelta(*delta.state_dict()).value == pytest.approx(0.05)
 
 
-def test_no_trainer_tests_a_registry_entrys_name():
-    import ast
-    from pathlib import Path
+NAMED_ELSEWHERE = {"lmrl/rewards/reward_model.py": "model.kind"}
+"""Comparisons allowed to meet an entry's name, by file and subject: a reward model's head kind
+(`lmrl.models.reward.KINDS`: bt, orm, prm) shares its name with the loss that trains that head."""
 
+
+def registry_name_tests(path: Path, root: Path) -> list[str]:
+    """Comparisons in ``path`` of a value with a registry entry's name (`x == "grpo"`, `x in ("dpo", "ipo")`)."""
     from lmrl.algorithms import ADVANTAGES, POLICY_LOSSES, PREFERENCE_LOSSES, REWARD_MODEL_LOSSES
 
     names = set(ADVANTAGES) | set(POLICY_LOSSES) | set(PREFERENCE_LOSSES) | set(REWARD_MODEL_LOSSES)
-    trainers = Path(__file__).resolve().parents[2] / "lmrl" / "trainers"
+    file = path.relative_to(root).as_posix()
     found = []
-    for file in (
-        "rl/trainer.py",
-        "rl/update.py",
-        "rl/config.py",
-        "dpo/common.py",
-        "dpo/config.py",
-        "dpo/trainer.py",
-        "dpo/online.py",
-        "reward/trainer.py",
-        "reward/config.py",
-    ):
-        for node in ast.walk(ast.parse((trainers / file).read_text())):
-            if isinstance(node, ast.Compare):
-                values = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
-                values += [
-                    e.value
-                    for c in node.comparators
-                    if isinstance(c, (ast.Tuple, ast.List))
-                    for e in c.elts
-                    if isinstance(e, ast.Constant)
-                ]
-                found += [f"{file}: {ast.unparse(node)}" for v in values if v in names]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        values = [c.value for c in operands if isinstance(c, ast.Constant)]
+        values += [
+            e.value
+            for c in node.comparators
+            if isinstance(c, (ast.Tuple, ast.List, ast.Set))
+            for e in c.elts
+            if isinstance(e, ast.Constant)
+        ]
+        subjects = {ast.unparse(c) for c in operands if not isinstance(c, (ast.Constant, ast.Tuple, ast.List, ast.Set))}
+        if any(v in names for v in values) and NAMED_ELSEWHERE.get(file) not in subjects:
+            found.append(f"{file}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_name_scan_finds_a_comparison_with_an_entry(tmp_path):
+    (tmp_path / "lmrl").mkdir()
+    module = tmp_path / "lmrl" / "m.py"
+    module.write_text('def f(config):\n    return config.loss in ("dpo", "other") or config.advantage == "rloo"\n')
+    assert len(registry_name_tests(module, tmp_path)) == 2
+
+
+def test_no_module_tests_a_registry_entrys_name():
+    """Every module of lmrl (the registries themselves included): callers read an entry's traits and options."""
+    root = Path(__file__).resolve().parents[2]
+    found = [hit for path in sorted((root / "lmrl").rglob("*.py")) for hit in registry_name_tests(path, root)]
     assert found == []
 
 
