@@ -30,8 +30,8 @@ from lmrl.rewards import RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.generate_config import GenerateConfig  # also `lmrl generate`'s config (lmrl/cli.py)
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.multiturn import run_episodes
-from lmrl.rollout.tool_config import build_env_factory, start_servers
+from lmrl.rollout.tools.multiturn import run_episodes
+from lmrl.rollout.tools.section import build_env_factory, start_servers
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import console, plain
 

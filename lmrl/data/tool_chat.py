@@ -65,7 +65,7 @@ class ToolContext:
 
     tools: list[dict]
     parser: Any
-    """a `lmrl.rollout.tool_parsers.ToolParser` (writes `tool_calls` into the content, finds call spans)"""
+    """a `lmrl.rollout.tools.parsers.ToolParser` (writes `tool_calls` into the content, finds call spans)"""
     train_calls: bool = True
 
 

@@ -29,7 +29,7 @@ from lmrl.config import ConfigError, ModelSection, Section, field
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
 from lmrl.rollout.engine_section import EngineSection
-from lmrl.rollout.tool_config import ToolSection, build_env_factory, start_servers
+from lmrl.rollout.tools.section import ToolSection, build_env_factory, start_servers
 from lmrl.tracking import console, plain
 
 if TYPE_CHECKING:  # (torch and transformers: `lmrl.cli` checks these configs without them)

@@ -10,8 +10,8 @@ tokens run through the model, once per sample), ``tokens/generated`` (completion
 ``tokens/baseline`` and ``tokens/judge`` (when judging).
 
 Tool episodes: with an environment factory (``evaluator(model, tokenizer, env_factory=...)``, built from the
-`tools`/`env`/`mcp_servers` keys by `lmrl.rollout.tool_config`) every completion is a multi-turn episode of
-`lmrl.rollout.multiturn.run_episodes` (the training-time tool loop), scored on its final answer; ``tools/<counter>
+`tools`/`env`/`mcp_servers` keys by `lmrl.rollout.tools.section`) every completion is a multi-turn episode of
+`lmrl.rollout.tools.multiturn.run_episodes` (the training-time tool loop), scored on its final answer; ``tools/<counter>
 _per_episode`` are added, from the greedy episodes when there are any, else the sampled ones. `lmrl eval
 tools=[...]`, a trainer's held-out tool accuracy (``eval/accuracy``) and its ``eval_metrics`` all run here.
 """
@@ -30,7 +30,7 @@ from lmrl.eval.loglik import check_choice_rows, evaluate_choices
 from lmrl.eval.spec import parse_metrics
 from lmrl.eval.verify import check_rows, scorer
 from lmrl.rollout.hf import HFEngine, SamplingParams
-from lmrl.rollout.multiturn import MultiTurnOptions, run_episodes
+from lmrl.rollout.tools.multiturn import MultiTurnOptions, run_episodes
 
 Progress = Callable[[str, int, int], None]
 """progress(stage, done, total), called as work advances (the CLI draws bars with it)."""

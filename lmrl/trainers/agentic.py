@@ -15,7 +15,7 @@ import torch
 from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.parallel import runtime
 from lmrl.rollout.groups import sampling_params, seeded_shards
-from lmrl.rollout.multiturn import run_episodes
+from lmrl.rollout.tools.multiturn import run_episodes
 from lmrl.rollout.types import RolloutBatch, concat_batches
 
 

@@ -120,7 +120,7 @@ def train(method_class, config: TrainConfig, name: str) -> dict[str, float]:
     """Every method's entry: its models and data (every input error surfaces here, before the run directory is
     touched), the run directory, the start-up line, the method's `start`, then `run`."""
     from lmrl.models.setup import ModelSetup
-    from lmrl.rollout.tool_config import ToolSection, start_servers
+    from lmrl.rollout.tools.section import ToolSection, start_servers
 
     if isinstance(config, ToolSection):
         start_servers(config)  # an MCP server that does not start stops the run here, before any model loads

@@ -14,8 +14,8 @@ from lmrl.data.tool_chat import (
     tokenize_tool_conversation,
     validate_tool_messages,
 )
-from lmrl.rollout.tool_parsers import ToolCall, get_parser
-from lmrl.rollout.tools import calculator
+from lmrl.rollout.tools.parsers import ToolCall, get_parser
+from lmrl.rollout.tools.toolbox import calculator
 
 TOOLS = [calculator().schema()]
 CALL = get_parser("hermes").format([ToolCall("calculator", {"expression": "12*34"})])

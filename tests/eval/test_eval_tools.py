@@ -54,7 +54,7 @@ def _eval_and_training_eval(tmp_path, *overrides):
     from lmrl.data.loading import load_rows
     from lmrl.eval import cli as eval_cli
     from lmrl.models.setup import ModelSetup
-    from lmrl.rollout.tool_config import build_env_factory
+    from lmrl.rollout.tools.section import build_env_factory
     from lmrl.trainers.rl import trainer as online
 
     config = load_config(

@@ -3,7 +3,7 @@ the contract (issue 33), not a traceback deep in the rollout."""
 
 import pytest
 
-from lmrl.rollout.env import CheckedEnv, StepResult, checked_factory
+from lmrl.rollout.tools.env import CheckedEnv, StepResult, checked_factory
 
 
 class Good:

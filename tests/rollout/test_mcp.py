@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK is the `tools` extra (make install installs it)")
 
-from lmrl.rollout.env import ToolEnv  # noqa: E402
-from lmrl.rollout.mcp_tools import _OPEN, MCPConnection, mcp_tools, server_command  # noqa: E402
-from lmrl.rollout.tool_parsers import ToolCall, get_parser  # noqa: E402
-from lmrl.rollout.tools import ToolBox  # noqa: E402
+from lmrl.rollout.tools.env import ToolEnv  # noqa: E402
+from lmrl.rollout.tools.mcp import _OPEN, MCPConnection, mcp_tools, server_command  # noqa: E402
+from lmrl.rollout.tools.parsers import ToolCall, get_parser  # noqa: E402
+from lmrl.rollout.tools.toolbox import ToolBox  # noqa: E402
 
 SERVER = [sys.executable, str(Path(__file__).with_name("mcp_server.py"))]
 

@@ -6,10 +6,10 @@ from scripted_policy import ScriptedEngine
 
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.data.tool_chat import ensure_tool_template, prompt_ids, render
-from lmrl.rollout.env import StepResult, tool_env_factory
-from lmrl.rollout.multiturn import MultiTurnOptions, run_episodes
-from lmrl.rollout.tool_parsers import ToolCall, get_parser
-from lmrl.rollout.tools import Tool, ToolBox, calculator
+from lmrl.rollout.tools.env import StepResult, tool_env_factory
+from lmrl.rollout.tools.multiturn import MultiTurnOptions, run_episodes
+from lmrl.rollout.tools.parsers import ToolCall, get_parser
+from lmrl.rollout.tools.toolbox import Tool, ToolBox, calculator
 from lmrl.rollout.types import SamplingParams
 
 HERMES = get_parser("hermes")

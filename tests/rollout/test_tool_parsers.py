@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmrl.rollout.tool_parsers import TOOL_PARSERS, ToolCall, get_parser
+from lmrl.rollout.tools.parsers import TOOL_PARSERS, ToolCall, get_parser
 
 CALLS = [
     ToolCall("calculator", {"expression": "4821*937"}),

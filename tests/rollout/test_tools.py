@@ -2,8 +2,8 @@
 
 import pytest
 
-from lmrl.rollout.tool_parsers import ToolCall
-from lmrl.rollout.tools import Tool, ToolBox, build_tools, calculate, calculator, python_tool
+from lmrl.rollout.tools.parsers import ToolCall
+from lmrl.rollout.tools.toolbox import Tool, ToolBox, build_tools, calculate, calculator, python_tool
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Environments for the multi-turn trainer tests (imported by path: env=agentic_envs:digits)."""
 
-from lmrl.rollout.env import StepResult
+from lmrl.rollout.tools.env import StepResult
 
 
 class DigitsEnv:

@@ -167,7 +167,7 @@ def test_single_turn_batches_are_unchanged():
 
 def test_env_and_tool_paths_fail_at_start_up_with_the_key(tmp_path):
     from lmrl.data.tokenizers import build_char_tokenizer
-    from lmrl.rollout.tool_config import build_env_factory
+    from lmrl.rollout.tools.section import build_env_factory
 
     tok = build_char_tokenizer()
     for overrides, match in (
@@ -221,9 +221,9 @@ def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
     small."""
     from lmrl.data.loading import load_rows
     from lmrl.data.tokenizers import build_char_tokenizer
-    from lmrl.rollout.multiturn import MultiTurnOptions, run_episodes
-    from lmrl.rollout.tool_config import build_env_factory
-    from lmrl.rollout.tool_parsers import get_parser
+    from lmrl.rollout.tools.multiturn import MultiTurnOptions, run_episodes
+    from lmrl.rollout.tools.section import build_env_factory
+    from lmrl.rollout.tools.parsers import get_parser
     from lmrl.rollout.types import SamplingParams
     from lmrl.trainers import agentic
 

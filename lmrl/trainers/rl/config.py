@@ -12,7 +12,7 @@ from typing import Literal
 from lmrl.config import ConfigError, RewardSection, SamplingSection, Section, TrainConfig, check_at_least, field
 from lmrl.parallel.config import env_world_size
 from lmrl.rollout.engine_section import EngineSection
-from lmrl.rollout.tool_config import ToolSection
+from lmrl.rollout.tools.section import ToolSection
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rollout.engines import make_engine
 from lmrl.rollout.groups import GroupOptions, LocalGroups, sampling_params
 from lmrl.rollout.protocol import Engine, GroupSampler
-from lmrl.rollout.tool_config import build_env_factory
+from lmrl.rollout.tools.section import build_env_factory
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.rl.config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported

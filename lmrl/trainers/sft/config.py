@@ -6,7 +6,7 @@ import dataclasses
 from typing import Literal
 
 from lmrl.config import ConfigError, DataSection, TrainConfig, field
-from lmrl.rollout.tool_config import ToolSection
+from lmrl.rollout.tools.section import ToolSection
 
 
 @dataclasses.dataclass

@@ -29,7 +29,7 @@ from lmrl.models.logprobs import labelled_logprobs
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.rollout.tool_config import build_env_factory
+from lmrl.rollout.tools.section import build_env_factory
 from lmrl.trainers import agentic, common, loop
 from lmrl.trainers.sft.config import SFTConfig  # also `lmrl sft`'s config (lmrl/cli.py)
 
@@ -184,7 +184,7 @@ class SFT(loop.MethodDefaults):
         tool_context = None
         if config.multi_turn:
             from lmrl.data.tool_chat import ToolContext
-            from lmrl.rollout.tools import ToolBox, build_tools
+            from lmrl.rollout.tools.toolbox import ToolBox, build_tools
 
             schemas = ToolBox(build_tools(config.tools, config.tool_kwargs)).schemas() if config.tools else []
             tool_context = ToolContext(schemas, config.turn_options().parser, config.train_tool_calls)

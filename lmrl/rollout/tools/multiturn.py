@@ -33,7 +33,7 @@ from lmrl.data.tool_chat import (
     render,
     span_token_mask,
 )
-from lmrl.rollout.env import Environment
+from lmrl.rollout.tools.env import Environment
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 
 FINISHES = ("done", "max_turns", "turn_length", "budget")

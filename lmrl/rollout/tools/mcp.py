@@ -13,7 +13,7 @@ A command whose program is `python` or `python3` runs with the interpreter that 
 `mcp_servers='["python my_server.py"]'` works without an activated venv. `server_command` checks a command line
 (quotes, the program, a `python X.py` script) at start-up; a server that starts and dies is reported with the
 tail of what it printed to stderr. `mcp_tools` keeps one connection per command, so a server started before the
-model loads (`lmrl.rollout.tool_config.start_servers`) is the one the run uses.
+model loads (`lmrl.rollout.tools.section.start_servers`) is the one the run uses.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 import threading
 from typing import Any
 
-from lmrl.rollout.tools import Tool
+from lmrl.rollout.tools.toolbox import Tool
 
 _OPEN: list[MCPConnection] = []
 

@@ -20,8 +20,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from lmrl.rollout.tool_parsers import ToolParser
-from lmrl.rollout.tools import ToolBox
+from lmrl.rollout.tools.parsers import ToolParser
+from lmrl.rollout.tools.toolbox import ToolBox
 
 
 @dataclasses.dataclass
@@ -162,14 +162,14 @@ class CheckedEnv:
         ):
             raise self._broken(
                 f"step(message) returned {_shown(result)}; it must return a StepResult(observations, "
-                "reward, done) (from lmrl.rollout.env import StepResult): observations a list of "
+                "reward, done) (from lmrl.rollout.tools.env import StepResult): observations a list of "
                 "messages, reward a number, done a bool"
             )
         return result
 
     def _broken(self, what: str) -> ValueError:
         return ValueError(
-            f"env={self._name}: the environment breaks the Environment protocol (lmrl.rollout.env): "
+            f"env={self._name}: the environment breaks the Environment protocol (lmrl.rollout.tools.env): "
             f"{what}. See docs/tools.md."
         )
 

@@ -11,12 +11,12 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from lmrl.config import ConfigError, Section, field
-from lmrl.rollout.env import EnvFactory, checked_factory, tool_env_factory
-from lmrl.rollout.tool_parsers import TOOL_PARSERS, get_parser
-from lmrl.rollout.tools import ToolBox, build_tools, import_callable
+from lmrl.rollout.tools.env import EnvFactory, checked_factory, tool_env_factory
+from lmrl.rollout.tools.parsers import TOOL_PARSERS, get_parser
+from lmrl.rollout.tools.toolbox import ToolBox, build_tools, import_callable
 
 if TYPE_CHECKING:
-    from lmrl.rollout.multiturn import MultiTurnOptions
+    from lmrl.rollout.tools.multiturn import MultiTurnOptions
 
 
 @dataclasses.dataclass
@@ -55,7 +55,7 @@ class ToolSection(Section):
             if getattr(self, name) < 1:
                 raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
         if self.mcp_servers:
-            from lmrl.rollout.mcp_tools import NO_SDK, sdk_installed, server_command
+            from lmrl.rollout.tools.mcp import NO_SDK, sdk_installed, server_command
 
             if not sdk_installed():
                 raise ConfigError(NO_SDK)
@@ -72,7 +72,7 @@ class ToolSection(Section):
         return bool(self.tools or self.mcp_servers or self.env)
 
     def turn_options(self) -> MultiTurnOptions:
-        from lmrl.rollout.multiturn import MultiTurnOptions  # here: configs check without torch (lmrl.cli)
+        from lmrl.rollout.tools.multiturn import MultiTurnOptions  # here: configs check without torch (lmrl.cli)
 
         return MultiTurnOptions(
             self.max_turns, self.max_total_tokens, self.train_tool_calls, get_parser(self.tool_parser)
@@ -106,7 +106,7 @@ def start_servers(section: ToolSection) -> list:
     tools; called before a model loads, so a server that does not start stops the run at once, naming it."""
     if not section.mcp_servers:
         return []
-    from lmrl.rollout.mcp_tools import mcp_tools, server_command
+    from lmrl.rollout.tools.mcp import mcp_tools, server_command
 
     try:
         return [tool for line in section.mcp_servers for tool in mcp_tools(server_command(line))]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from lmrl.rollout.tool_parsers import ToolCall
+from lmrl.rollout.tools.parsers import ToolCall
 from lmrl.sandbox import SandboxLimits, require_isolation, run_python
 
 _JSON_TYPES = {
@@ -299,7 +299,7 @@ def build_tools(names: Sequence[str], kwargs: dict[str, dict] | None = None) -> 
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise ValueError(
                 f"unknown tool {name!r}: the built-in tools are {sorted(BUILTIN_TOOLS)}, a user tool is "
-                f"'module.path:factory' returning lmrl.rollout.tools.Tool.{hint}"
+                f"'module.path:factory' returning lmrl.rollout.tools.toolbox.Tool.{hint}"
             )
         try:
             tool = factory(**kwargs.get(name, {}))
