@@ -312,8 +312,8 @@ class MemoryModel:
         import torch
 
         from lmrl.rollout import kv_cache
+        from lmrl.rollout.samplers.groups import LocalGroups
         from lmrl.trainers import common
-        from lmrl.trainers.rl import trainer as online
         from lmrl.trainers.rl import update as rl_update
 
         self.bf16 = model_dtype == "bf16"
@@ -325,7 +325,7 @@ class MemoryModel:
         self.last_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.resets = reset_peak()
         rollout, logprobs, step, repeat = (
-            online.rollout,
+            LocalGroups.sample,
             rl_update.completion_logprobs,
             common.optimizer_step,
             kv_cache.repeat_cache,
@@ -389,7 +389,7 @@ class MemoryModel:
             )
             return cache
 
-        online.rollout, rl_update.completion_logprobs, common.optimizer_step = (
+        LocalGroups.sample, rl_update.completion_logprobs, common.optimizer_step = (
             timed_rollout,
             measured_logprobs,
             measured_step,

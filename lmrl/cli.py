@@ -313,7 +313,7 @@ def quiet_third_party_bars() -> None:
 
 STOP_ERRORS = {
     "lmrl.trainers.common": "TrainingStopped",
-    "lmrl.rollout.ray": "WorkersFailed",
+    "lmrl.rollout.samplers.ray": "WorkersFailed",
     "lmrl.rollout.vllm_client": "VLLMServerError",
     "lmrl.swarm.hivemind_transport": "SwarmStartupError",
 }

@@ -2,10 +2,11 @@
 
 Two levels, one contract for weights:
 
-- an **engine** (`HFEngine`, `VLLMEngine` colocated or behind `lmrl vllm-serve`) completes token-id prompts:
-  ``generate(prompt_ids, params, n, generator) -> RolloutBatch``;
-- a **group sampler** (`LocalGroups` over an engine, `RayRollouts` over rollout-worker actors, `ServerAhead` over
-  vLLM servers with async_steps) gives a step's G completions per prompt: ``sample(rows, step) -> RolloutBatch``.
+- an **engine** (`lmrl.rollout.engines`: `HFEngine`, `VLLMEngine` colocated or behind `lmrl vllm-serve`) completes
+  token-id prompts: ``generate(prompt_ids, params, n, generator) -> RolloutBatch``;
+- a **group sampler** (`lmrl.rollout.samplers`: `LocalGroups` over an engine, `EpisodeGroups` of multi-turn episodes,
+  `RayRollouts` over rollout-worker actors, `ServerAhead` over vLLM servers with async_steps) gives a step's G
+  completions per prompt: ``sample(rows, step) -> RolloutBatch``.
 
 Both have ``sync(model, version)``, ``metrics()`` and ``close()``. The trainer calls ``sync`` before it samples,
 with the weights it trains and ``version``, the number of updates they have had: an engine that samples the
@@ -52,7 +53,7 @@ class Engine(Protocol):
 
 
 class GroupSampler(Protocol):
-    """A step's G completions per prompt (`lmrl.rollout.groups.LocalGroups`, `lmrl.rollout.ray.RayRollouts`)."""
+    """A step's G completions per prompt (`lmrl.rollout.samplers.factory.make_sampler` picks one)."""
 
     def sample(self, rows: list[dict], step: int) -> RolloutBatch:
         """G completions of each of this rank's ``rows`` (the step's prompts), prompt-major."""

@@ -37,7 +37,7 @@ from lmrl.models import count_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.groups import GroupOptions, LocalGroups
+from lmrl.rollout.samplers.groups import GroupOptions, LocalGroups
 from lmrl.rollout.types import RolloutBatch
 from lmrl.swarm.batch import (
     TokenizedGroup,

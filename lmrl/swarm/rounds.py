@@ -51,7 +51,7 @@ def node_seed(seed: int, name: str) -> int:
 
 
 def rl_config(config: SwarmConfig, samples_per_prompt: int, seed: int) -> online.RLConfig:
-    """The `lmrl rl` config that `online.rollout`/`online.update` read, for one node: the swarm's optimizer and
+    """The `lmrl rl` config that `GroupOptions.from_config`/`online.update` read, for one node: the swarm's optimizer and
     decoding sections as they are, the node's G and seed, no KL and no dynamic sampling."""
     shared = {
         f.name: getattr(config, f.name)

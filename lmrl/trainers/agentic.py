@@ -2,8 +2,9 @@
 
 The policy-gradient step is the single-turn one (`lmrl.trainers.rl.trainer`): a trajectory is one row of the
 `RolloutBatch` whose `loss_mask` leaves out tool outputs, so advantages, losses, KL and TIS apply
-unchanged. This module builds the environments, runs the episodes, adds the `env_reward` column for the
-`env` reward, and the `rollout/tools/*` and `rollout/*` episode metrics.
+unchanged. The episodes are sampled by `lmrl.rollout.samplers.episodes.EpisodeGroups` (the run's group sampler);
+this module adds the `env_reward` column for the `env` reward, the `rollout/tools/*` and `rollout/*` episode
+metrics, what samples.jsonl keeps of an episode, and the held-out evaluation of tool episodes.
 """
 
 from __future__ import annotations
@@ -14,33 +15,7 @@ import torch
 
 from lmrl.eval.runner import EvalOptions, Evaluator
 from lmrl.parallel import runtime
-from lmrl.rollout.groups import sampling_params, seeded_shards
-from lmrl.rollout.tools.multiturn import run_episodes
-from lmrl.rollout.types import RolloutBatch, concat_batches
-
-
-def rollout_episodes(engine, tokenizer, rows: list[dict], config, step: int, env_factory) -> RolloutBatch:
-    """G episodes per prompt (prompt-major) of this rank's rows, in its ``sampling_shards`` (whole groups; shard k
-    with the generator of (seed, step, k): resume-exact, and independent of the number of processes). Each rank
-    runs its episodes alone (several processes: the policy is unsharded for the rollout), so episodes of different
-    lengths or turn counts need no padding: every rank's batch has the same number of rows."""
-    G, params = config.samples_per_prompt, sampling_params(config)
-    batches = []
-    for _, part, generator in seeded_shards(rows, config.sampling_shards, config.seed, step):
-        rep = [row for row in part for _ in range(G)]
-        batches.append(
-            run_episodes(
-                engine,
-                tokenizer,
-                [env_factory(r) for r in rep],
-                rep,
-                params,
-                config.turn_options(),
-                generator,
-                group_size=G,
-            )
-        )
-    return concat_batches(batches, tokenizer.pad_token_id)
+from lmrl.rollout.types import RolloutBatch
 
 
 def episode_columns(batch: RolloutBatch) -> dict[str, list]:

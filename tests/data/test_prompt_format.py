@@ -103,7 +103,7 @@ def test_lmrl_generate_chat_false_gives_transformers_greedy_tokens(base_model_di
 
 
 def test_rl_trains_a_base_model_from_raw_prompts_with_its_bos_and_its_own_vocabulary(base_model_dir, tmp_path):
-    from lmrl.rollout import groups
+    from lmrl.rollout.samplers import groups
     from lmrl.trainers.rl import trainer as online
 
     seen = []

@@ -86,7 +86,7 @@ def test_async_workers_learn_with_bounded_staleness_and_a_killed_worker_is_repla
 @SLOW
 def test_a_worker_failing_repeatedly_stops_the_run_with_the_checkpoint_intact(tmp_path, cluster):
     ray = cluster
-    from lmrl.rollout.ray import WorkersFailed
+    from lmrl.rollout.samplers.ray import WorkersFailed
 
     config = load_config(
         online.RLConfig,
@@ -147,7 +147,7 @@ def test_async_resume_trains_on_the_batches_sampled_ahead_and_ends_exactly(tmp_p
 
     from dist_helpers import max_weight_diff
 
-    from lmrl.rollout.ray import RayRollouts
+    from lmrl.rollout.samplers.ray import RayRollouts
 
     args = [*ARGS, "async_steps=1", "max_steps=4", "save_every=2"]
     run_with(load_config(online.RLConfig, None, [f"output_dir={tmp_path / 'full'}", *args]))
@@ -169,7 +169,7 @@ def test_async_resume_trains_on_the_batches_sampled_ahead_and_ends_exactly(tmp_p
 
 
 def test_a_batch_sampled_ahead_goes_through_a_checkpoint_unchanged(tmp_path):
-    from lmrl.rollout.ray import batch_state
+    from lmrl.rollout.samplers.ray import batch_state
     from lmrl.rollout.types import RolloutBatch
 
     batch = RolloutBatch(
@@ -194,7 +194,7 @@ def test_a_batch_sampled_ahead_goes_through_a_checkpoint_unchanged(tmp_path):
 
 
 def test_ray_missing_is_a_start_up_error_with_the_install_command(tmp_path, monkeypatch):
-    from lmrl.rollout import ray as ray_rollout
+    from lmrl.rollout.samplers import ray as ray_rollout
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ConfigError, match=r"pip install 'lmrl\[ray\]'"):

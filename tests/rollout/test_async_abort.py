@@ -1,4 +1,4 @@
-"""`async_abort_on_push` (`lmrl.rollout.vllm_async.ServerAhead`): with the server's sampling held by gates, so that
+"""`async_abort_on_push` (`lmrl.rollout.samplers.server_ahead.ServerAhead`): with the server's sampling held by gates, so that
 which request has started at each push is fixed, a push cancels the queued requests that have not started and they
 are sent again behind it: each batch carries the version it was sampled with (the fake records the weights the
 "server" held while sampling), staleness drops from 2 to 1 with async_steps=2. No vLLM (`make test`)."""
@@ -10,8 +10,8 @@ import pytest
 
 from lmrl.config import load_config
 from lmrl.config_base import ConfigError
-from lmrl.rollout import vllm_async
-from lmrl.rollout.vllm_async import ServerAhead
+from lmrl.rollout.samplers import server_ahead as vllm_async
+from lmrl.rollout.samplers.server_ahead import ServerAhead
 from lmrl.trainers.rl.config import RLConfig
 
 STEPS = 4

@@ -14,10 +14,10 @@ import pytest
 from lmrl.rollout import protocol
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import ENGINES
-from lmrl.rollout.groups import LocalGroups
+from lmrl.rollout.samplers.groups import LocalGroups
 from lmrl.rollout.hf import HFEngine
-from lmrl.rollout.ray import RayRollouts
-from lmrl.rollout.vllm_async import ServerAhead
+from lmrl.rollout.samplers.ray import RayRollouts
+from lmrl.rollout.samplers.server_ahead import ServerAhead
 from lmrl.rollout.vllm_engine import VLLMEngine
 from lmrl.trainers.rl import trainer as online
 

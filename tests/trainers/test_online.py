@@ -251,7 +251,7 @@ def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypa
 def test_the_sampling_forward_is_reused_by_default_on_a_cpu_and_not_on_a_gpu(tmp_path):
     """reuse_sampling_forward=null (default): the record is kept where the engine samples on a CPU; on a GPU it held
     15 GB and slowed sampling (docs/gpu.md). An explicit true or false holds on either device."""
-    from lmrl.rollout.groups import GroupOptions, wants_record
+    from lmrl.rollout.samplers.groups import GroupOptions, wants_record
 
     config = rl_config(tmp_path, "grpo", "max_steps=2", "skip_zero_advantage=false")
     assert config.reuse_sampling_forward is None

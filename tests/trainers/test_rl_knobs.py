@@ -262,7 +262,7 @@ def test_release_memory_runs_before_each_training_forward_and_after_the_step(tmp
 
 
 def test_stop_strings_reach_the_sampler_and_vllm_refuses_them(tmp_path):
-    from lmrl.rollout.groups import GroupOptions
+    from lmrl.rollout.samplers.groups import GroupOptions
 
     config = rl_config(tmp_path, "grpo", 'stop=["User:"]')
     assert GroupOptions.from_config(config).params.stop_strings == ("User:",)

@@ -38,7 +38,7 @@ from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.groups import sampling_params, seeded_shards
+from lmrl.rollout.samplers.groups import sampling_params, seeded_shards
 from lmrl.trainers import common, loop
 from lmrl.trainers.distill.config import DistillConfig  # also `lmrl distill`'s config (lmrl/cli.py)
 from lmrl.trainers.sft import trainer as sft
@@ -142,7 +142,7 @@ class Distill(loop.MethodDefaults):
 
     def sample(self, examples: list[SFTExample], generator: torch.Generator) -> tuple[list[SFTExample], float]:
         """The student's own completions of these examples' prompts, as examples (prompt unlearned), with the
-        generator of their sampling shard (`lmrl.rollout.groups.seeded_shards`); and their summed length."""
+        generator of their sampling shard (`lmrl.rollout.samplers.groups.seeded_shards`); and their summed length."""
         if not examples:
             return [], 0.0
         prompts = [ex.input_ids[: prompt_length(ex)] for ex in examples]

@@ -50,7 +50,7 @@ from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.groups import sampling_params, seeded_shards
+from lmrl.rollout.samplers.groups import sampling_params, seeded_shards
 from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.trainers import common, loop

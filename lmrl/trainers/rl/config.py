@@ -365,7 +365,7 @@ class RLConfig(PtxSection, ToolSection, SamplingSection, EngineSection, RewardSe
             )
 
     def check_async_servers(self) -> None:
-        """placement=local async_steps: vLLM server(s) sample ahead (lmrl.rollout.vllm_async); nothing else can."""
+        """placement=local async_steps: vLLM server(s) sample ahead (lmrl.rollout.samplers.server_ahead); nothing else can."""
         from lmrl.rollout.engine_section import server_list
 
         if self.engine != "vllm" or not server_list(self):

@@ -40,9 +40,8 @@ from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
-from lmrl.rollout.engines import make_engine
-from lmrl.rollout.groups import GroupOptions, LocalGroups, sampling_params
 from lmrl.rollout.protocol import Engine, GroupSampler
+from lmrl.rollout.samplers.factory import make_sampler
 from lmrl.rollout.tools.section import build_env_factory
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import agentic, common, loop
@@ -56,15 +55,6 @@ from lmrl.trainers.rl.sampler_gap import check_sampler_gap
 from lmrl.trainers.rl.update import Coefficients, Targets, UpdateOptions, update
 
 # ----------------------------------------------------------------------------- rollout and scoring
-
-
-def rollout(parts: Parts, rows, config: RLConfig, step: int) -> RolloutBatch:
-    """This rank's rows, G completions each: multi-turn episodes with tools or an environment
-    (`lmrl.trainers.agentic`), else the run's group sampler (`lmrl.rollout.groups`; placement=ray:
-    `lmrl.rollout.ray`)."""
-    if parts.env_factory is not None:
-        return agentic.rollout_episodes(parts.engine, parts.tokenizer, rows, config, step, parts.env_factory)
-    return parts.sampler.sample(rows, step)
 
 
 def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
@@ -115,7 +105,7 @@ def refill_round(parts: Parts, rows: list[dict], config: RLConfig, step: int, k:
     """Refill round ``k`` of ``step``: this rank's ``rows`` sampled and scored, or None (on every rank) when a
     reward failed on some rank."""
     with runtime.full_params(parts.model):
-        batch = rollout(parts, rows, config, round_key(step, k))
+        batch = parts.sampler.sample(rows, round_key(step, k))
     with RewardFailure() as failure:
         rewards = score(parts.reward_set, batch, rows, config.samples_per_prompt)[0]
     if runtime.any_rank(failure.error is not None):
@@ -182,7 +172,7 @@ def rl_step(
     t0 = time.perf_counter()
     parts.sampler.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
     with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
-        batch = rollout(parts, rows, config, step)
+        batch = parts.sampler.sample(rows, step)
     t_rollout = time.perf_counter() - t0
     parts.group_rewards = None
     with RewardFailure() as failure:
@@ -299,33 +289,17 @@ class OnlineRL(loop.MethodDefaults):
         self.optimizer = common.build_optimizer(params, config)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * config.updates_per_step)
         longest = longest_prompt(self.tokenizer, self.rows, config) if config.engine == "vllm" else 1
-        if config.placement == "ray":  # rollout-worker actors; this process learns
-            from lmrl.rollout.ray import RayRollouts
-
-            engine, sampler = None, RayRollouts(config, self.rows_of, self.model, self.tokenizer)
-        else:
-            engine = make_engine(
-                config,
-                self.model,
-                self.tokenizer,
-                setup.dtype,
-                sampling=sampling_params(config),
-                longest_prompt=longest,
-            )
-            sampler = LocalGroups(engine, self.tokenizer, GroupOptions.from_config(config))
-            if config.async_steps:  # vLLM server(s) sample the next steps while this one trains
-                from lmrl.rollout.vllm_async import ServerAhead
-
-                sampler = ServerAhead(
-                    engine,
-                    self.tokenizer,
-                    GroupOptions.from_config(config),
-                    self.rows_of,
-                    config.async_steps,
-                    config.max_steps,
-                    config.async_abort_on_push,
-                )
         self.env_factory = env_factory = build_env_factory(config, self.tokenizer)
+        # local, multi-turn episodes, vLLM servers ahead (async_steps) or Ray workers (`lmrl.rollout.samplers.factory`)
+        sampler = make_sampler(
+            config,
+            self.model,
+            self.tokenizer,
+            setup.dtype,
+            rows_of=self.rows_of,
+            env_factory=env_factory,
+            longest_prompt=longest,
+        )
         self.curriculum = (
             Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)
             if config.curriculum is not None
@@ -337,7 +311,7 @@ class OnlineRL(loop.MethodDefaults):
             self.tokenizer,
             ref_model,
             value_model,
-            engine,
+            None,  # the engine is the sampler's own
             sampler,
             reward_set,
             self.optimizer,

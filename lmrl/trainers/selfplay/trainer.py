@@ -56,7 +56,7 @@ from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.groups import seeded_shards
+from lmrl.rollout.samplers.groups import seeded_shards
 from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 from lmrl.trainers import common, loop
@@ -198,7 +198,7 @@ def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: Sel
 
 
 def sample_shard(parts: Parts, config: SelfPlayConfig, generator: torch.Generator, n: int):
-    """One shard of the step (`lmrl.rollout.groups.seeded_shards`: its seeded generator, resume-exact): ``n``
+    """One shard of the step (`lmrl.rollout.samplers.groups.seeded_shards`: its seeded generator, resume-exact): ``n``
     Challenger queries, their checks, and G Solver answers to each valid one (None if none is valid)."""
     sampling, tok = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k), parts.tokenizer
     challenger = parts.engine.generate(

@@ -27,7 +27,7 @@ import torch
 from lmrl.config_base import ConfigError
 from lmrl.parallel.shards import shard_generator
 from lmrl.rollout.engines import make_engine
-from lmrl.rollout.groups import GroupOptions, sample_shard
+from lmrl.rollout.samplers.groups import GroupOptions, sample_shard
 from lmrl.rollout.types import RolloutBatch, concat_batches
 
 Result = tuple[RolloutBatch, int]  # a worker's shard of a step and the weights version it was sampled with

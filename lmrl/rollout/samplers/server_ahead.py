@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from lmrl.rollout.groups import GroupOptions, sample_groups
-from lmrl.rollout.ray import batch_state
+from lmrl.rollout.samplers.groups import GroupOptions, sample_groups
+from lmrl.rollout.samplers.ray import batch_state
 from lmrl.rollout.types import RolloutBatch
 
 

@@ -1,5 +1,5 @@
 """G completions per prompt, in seeded shards: the rollout of `lmrl rl`, of its Ray workers and of the multi-turn
-and distillation samplers.
+(`lmrl.rollout.samplers.episodes`) and distillation samplers.
 
 The step's rows are cut into ``sampling_shards`` shards (`lmrl.parallel.shards`), each sampled with the generator
 of (seed, step, shard): a run's samples are resume-exact and do not depend on how many processes share the step.
