@@ -11,9 +11,7 @@ from lmrl.models import load_model
 from lmrl.models.loading import builtin_config
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.distill import trainer as distill
-
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
-TINY_KEYS = [f"model_args.{k}={v}" for k, v in TINY.items()]
+from tests.helpers import DISTILL_RUN, TINY, TINY_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +19,7 @@ def teacher_dir(tmp_path_factory):
     """A teacher that differs from the student: the same tiny architecture from another seed."""
     path = tmp_path_factory.mktemp("teacher")
     tokenizer = build_char_tokenizer()
-    load_model("builtin:tiny", tokenizer, seed=7, model_args=TINY).save_pretrained(path)
+    load_model("builtin:tiny", tokenizer, seed=7, model_args=TINY_ARGS).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -31,18 +29,11 @@ def config(tmp_path, teacher, *overrides):
         f"output_dir={tmp_path / 'run'}",
         f"teacher={teacher}",
         "precision=fp32",
-        *TINY_KEYS,
+        *TINY,
         "task_args.digits=1",
         "train_rows=64",
         "eval_rows=16",
-        "batch_size=8",
-        "lr=1e-2",
-        "warmup_steps=0",
-        "max_new_tokens=8",
-        "eval_max_new_tokens=8",
-        "save_every=0",
-        "log_every=1",
-        "num_samples=1",
+        *DISTILL_RUN,
     ]
     return load_config(distill.DistillConfig, None, [*base, *overrides])
 
@@ -83,7 +74,7 @@ def test_bad_input_is_refused_before_training(tmp_path, teacher_dir):
     other = tmp_path / "other"
     tokenizer = build_char_tokenizer()
     LlamaForCausalLM(
-        builtin_config("builtin:tiny", 120, tokenizer.pad_token_id, tokenizer.eos_token_id, **TINY)
+        builtin_config("builtin:tiny", 120, tokenizer.pad_token_id, tokenizer.eos_token_id, **TINY_ARGS)
     ).save_pretrained(other)
     with pytest.raises(ValueError, match="vocabulary of 120 tokens but the student has"):
         distill.train(config(tmp_path, other))

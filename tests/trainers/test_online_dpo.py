@@ -16,13 +16,8 @@ from lmrl.rewards import RewardError
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.dpo import online as online_dpo
 from lmrl.trainers.dpo import trainer as preference
+from tests.helpers import TINY
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
 RUN = [
     "online=true",
     "rewards=[gold]",

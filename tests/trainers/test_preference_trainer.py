@@ -16,23 +16,7 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers.dpo import common as dpo_common
 from lmrl.trainers.dpo import trainer as preference
 from lmrl.trainers.sft import trainer as sft
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
-TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
-SMALL_RUN = [
-    "train_rows=48",
-    "eval_rows=16",
-    "batch_size=8",
-    "eval_every=0",
-    "save_every=0",
-    "log_every=1",
-    "eval_max_new_tokens=4",
-]
+from tests.helpers import PREFERENCE_RUN, TINY, TINY_ARGS
 
 
 def config(tmp_path, *overrides, builtin=True, name="run"):
@@ -75,8 +59,8 @@ def test_packed_sequence_logps_equal_the_padded_ones(tok):
 
 
 def test_packed_dpo_step_gives_the_padded_loss_and_gradients(tmp_path, tok):
-    padded_cfg = config(tmp_path, *SMALL_RUN, "max_length=64")
-    packed_cfg = config(tmp_path, *SMALL_RUN, "max_length=64", "max_tokens_per_microbatch=160")
+    padded_cfg = config(tmp_path, *PREFERENCE_RUN, "max_length=64")
+    packed_cfg = config(tmp_path, *PREFERENCE_RUN, "max_length=64", "max_tokens_per_microbatch=160")
     examples, _ = dpo_common.build_examples(
         prefs.load_preference_rows("builtin:prefs", "train", 8, digits=1), tok, padded_cfg, "rows"
     )
@@ -105,7 +89,7 @@ def test_packing_refuses_grad_accum_unpaired_losses_and_too_small_budgets(tmp_pa
 
 
 def test_first_dpo_loss_is_log2_and_logps_are_logged(tmp_path):
-    cfg = config(tmp_path, *SMALL_RUN, "max_steps=2")
+    cfg = config(tmp_path, *PREFERENCE_RUN, "max_steps=2")
     result = preference.train(cfg)
     first = read_jsonl(Path(cfg.output_dir) / "metrics.jsonl")[1]
     # the policy starts equal to π_ref: h = 0, L = -log σ(0) = log 2
@@ -124,8 +108,10 @@ def test_first_dpo_loss_is_log2_and_logps_are_logged(tmp_path):
 
 
 def test_cached_reference_equals_on_the_fly_reference(tmp_path):
-    cached = preference.train(config(tmp_path, *SMALL_RUN, "max_steps=4", "lr=1e-2", name="cached"))
-    fly = preference.train(config(tmp_path, *SMALL_RUN, "max_steps=4", "lr=1e-2", "precompute_ref=false", name="fly"))
+    cached = preference.train(config(tmp_path, *PREFERENCE_RUN, "max_steps=4", "lr=1e-2", name="cached"))
+    fly = preference.train(
+        config(tmp_path, *PREFERENCE_RUN, "max_steps=4", "lr=1e-2", "precompute_ref=false", name="fly")
+    )
     assert (tmp_path / "cached" / preference.REF_CACHE).exists() and not (
         tmp_path / "fly" / preference.REF_CACHE
     ).exists()
@@ -140,7 +126,7 @@ def test_cached_reference_equals_on_the_fly_reference(tmp_path):
 
 
 def test_resume_reuses_the_reference_cache(tmp_path, monkeypatch):
-    args = [*SMALL_RUN, "max_steps=4", "save_every=2", "keep_checkpoints=5"]
+    args = [*PREFERENCE_RUN, "max_steps=4", "save_every=2", "keep_checkpoints=5"]
     preference.train(config(tmp_path, *args))
     full = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     for step in ("step-4",):
@@ -189,7 +175,7 @@ def test_kto_balance_warning(tmp_path):
 
 @pytest.mark.parametrize("loss", PREFERENCE_LOSSES.names())
 def test_every_registered_loss_trains(tmp_path, loss):
-    cfg = config(tmp_path, *SMALL_RUN, "max_steps=2", f"loss={loss}", "lr=1e-2")
+    cfg = config(tmp_path, *PREFERENCE_RUN, "max_steps=2", f"loss={loss}", "lr=1e-2")
     result = preference.train(cfg)
     steps = [r for r in read_jsonl(Path(cfg.output_dir) / "metrics.jsonl") if "loss" in r]
     assert len(steps) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
@@ -215,7 +201,7 @@ def test_kto_builds_unpaired_examples_from_pairs_and_files(tmp_path, tok):
 
 
 def test_bco_keeps_a_running_mean_of_implicit_rewards(tmp_path):
-    cfg = config(tmp_path, *SMALL_RUN, "max_steps=3", "loss=bco", "save_every=3")
+    cfg = config(tmp_path, *PREFERENCE_RUN, "max_steps=3", "loss=bco", "save_every=3")
     preference.train(cfg)
     from lmrl.trainers import common
 
@@ -328,7 +314,9 @@ def test_bad_reference_model_fails_before_the_run_starts(tmp_path):
     # the reference used to be loaded after the run directory was opened; now the method's construction fails
     for precompute in ("true", "false"):
         with pytest.raises(FileNotFoundError, match="does not exist"):
-            preference.train(config(tmp_path, *SMALL_RUN, "ref_model=/no/such/model", f"precompute_ref={precompute}"))
+            preference.train(
+                config(tmp_path, *PREFERENCE_RUN, "ref_model=/no/such/model", f"precompute_ref={precompute}")
+            )
         assert not (tmp_path / "run").exists()
 
 
@@ -375,7 +363,7 @@ class _Marker:
 @pytest.mark.parametrize("damage", ["cut", "crafted", "not a cache"])
 def test_a_bad_reference_cache_is_rebuilt_and_never_unpickled(tmp_path, capsys, damage):
     # issue 46: a cut reference_logps.pt was a traceback even with overwrite=true; a crafted one ran its code
-    cfg = config(tmp_path, *SMALL_RUN, "max_steps=1", "train_rows=16", "eval_rows=8")
+    cfg = config(tmp_path, *PREFERENCE_RUN, "max_steps=1", "train_rows=16", "eval_rows=8")
     preference.train(cfg)
     cache = Path(cfg.output_dir) / preference.REF_CACHE
     good = torch.load(cache, weights_only=True)
@@ -387,7 +375,7 @@ def test_a_bad_reference_cache_is_rebuilt_and_never_unpickled(tmp_path, capsys, 
     else:
         torch.save({"fingerprint": good["fingerprint"]}, cache)
     capsys.readouterr()
-    preference.train(config(tmp_path, *SMALL_RUN, "max_steps=1", "train_rows=16", "eval_rows=8", "overwrite=true"))
+    preference.train(config(tmp_path, *PREFERENCE_RUN, "max_steps=1", "train_rows=16", "eval_rows=8", "overwrite=true"))
     out = " ".join(capsys.readouterr().out.split())
     assert "is unreadable" in out and "computing them again" in out  # rich may wrap the long path
     assert not marker.exists()

@@ -20,19 +20,12 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers import common
 from lmrl.trainers.pretrain import trainer as pretrain
 from lmrl.trainers.pretrain.trainer import PretrainConfig
+from tests.helpers import TINY, TINY_ARGS
 
 VOCAB = 102  # builtin:char: 5 special tokens + "\n", "\t" + 95 printable ASCII characters
-TINY_ARGS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-TINY = [f"model_args.{k}={v}" for k, v in TINY_ARGS.items()]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # On the shared 2-core machine one intra-op thread is ~4x faster than two for these tiny models.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

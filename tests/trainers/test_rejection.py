@@ -9,26 +9,12 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.rejection import trainer as rejection
+from tests.helpers import TINY, digit_fraction, register_once
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    """A dense reward a random model can improve on: the share of completion characters that are digits."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-if "test_rs_digit_fraction" not in REWARDS:
-    register_reward("test_rs_digit_fraction")(lambda **_: digit_fraction)
+register_once("test_rs_digit_fraction", digit_fraction)
 
 
 def config(tmp_path, *overrides):

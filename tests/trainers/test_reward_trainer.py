@@ -21,14 +21,7 @@ from lmrl.rewards.reward_model import reward_model_reward, score_texts, tokenize
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common
 from lmrl.trainers.reward import trainer as reward
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
-TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
+from tests.helpers import TINY, TINY_ARGS
 
 
 def config(tmp_path, *overrides, builtin=True):

@@ -12,24 +12,13 @@ from lmrl.models import load_model
 from lmrl.rewards.self_reward import SelfReward, parse_score, quality_prompt
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.selfplay import trainer as selfplay
+from tests.helpers import TINY
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
 CHAIN_SUM = "State the final answer to the following arithmetic problem: "  # reasoning-gym chain_sum's prompt
 VERIFIABLE = ["verifier=arithmetic", "rewards=[task]", "challenger_prompt=short", "task=arithmetic", "template={}+{}="]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: one intra-op thread is many times faster than two contended ones for these sizes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def sp_config(tmp_path, *overrides):

@@ -18,13 +18,7 @@ from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common
 from lmrl.trainers.sft import trainer as sft
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
+from tests.helpers import TINY
 
 
 def config(tmp_path, *overrides):

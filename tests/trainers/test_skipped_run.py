@@ -4,23 +4,15 @@ also when it is shorter than max_skipped_steps."""
 import pytest
 
 from lmrl import cli
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.trainers import common, loop
+from tests.helpers import TINY, register_once
 
 
 def always_raises(prompts, completions, **kwargs):
     raise RuntimeError("boom")
 
 
-if "test_always_raises" not in REWARDS:
-    register_reward("test_always_raises")(lambda **_: always_raises)
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
+register_once("test_always_raises", always_raises)
 
 
 def test_a_run_shorter_than_max_skipped_steps_with_a_failing_reward_fails(tmp_path, capsys):
