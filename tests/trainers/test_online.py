@@ -4,31 +4,18 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.rl import trainer as online
+from tests.helpers import RL_RUN, RL_SMOKE, TINY, digit_fraction, register_once
 from tests.rounding import assert_trained_alike
-
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    """Trivial dense task: the share of completion characters that are digits."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
 
 
 def failing(prompts, completions, **kwargs):
     raise RuntimeError("boom")
 
 
-if "test_digit_fraction" not in REWARDS:
-    register_reward("test_digit_fraction")(lambda **_: digit_fraction)
-    register_reward("test_failing")(lambda **_: failing)
+register_once("test_digit_fraction", digit_fraction)
+register_once("test_failing", failing)
 
 
 def rl_config(tmp_path, algorithm, *overrides):
@@ -40,12 +27,7 @@ def rl_config(tmp_path, algorithm, *overrides):
             f"output_dir={tmp_path / algorithm}",
             "precision=fp32",
             *TINY,
-            "task_args.digits=1",
-            "train_rows=64",
-            "eval_rows=8",
-            "prompts_per_step=4",
-            "samples_per_prompt=4",
-            "max_new_tokens=6",
+            *RL_RUN,
             "rewards=[test_digit_fraction]",
             "eval_every=0",
             "save_every=0",
@@ -138,12 +120,7 @@ def test_a_reward_that_always_fails_stops_the_run_after_max_skipped_steps(tmp_pa
         f"output_dir={tmp_path / 'run'}",
         "precision=fp32",
         *TINY,
-        "task_args.digits=1",
-        "train_rows=16",
-        "eval_rows=4",
-        "prompts_per_step=2",
-        "samples_per_prompt=2",
-        "max_new_tokens=4",
+        *RL_SMOKE,
         "rewards=[test_failing]",
         "eval_every=0",
         "max_steps=12",
@@ -160,8 +137,7 @@ def digits_on_additions(prompts, completions, **kwargs):
     ]
 
 
-if "test_digits_on_additions" not in REWARDS:
-    register_reward("test_digits_on_additions")(lambda **_: digits_on_additions)
+register_once("test_digits_on_additions", digits_on_additions)
 
 
 @pytest.mark.portable
