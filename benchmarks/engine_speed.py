@@ -27,8 +27,8 @@ from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa
 
 from lmrl.models.loading import builtin_config  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
-from lmrl.rollout.vllm_client import server_driver  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
+from lmrl.rollout.engines.vllm.client import server_driver  # noqa: E402
+from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
 
 
 def build(name: str, vocab: int, hidden: int = 512, layers: int = 8):

@@ -311,7 +311,7 @@ class MemoryModel:
     def __init__(self, model_dtype: str):
         import torch
 
-        from lmrl.rollout import kv_cache
+        from lmrl.rollout.engines import kv_cache
         from lmrl.rollout.samplers.groups import LocalGroups
         from lmrl.trainers import common
         from lmrl.trainers.rl import update as rl_update

@@ -37,9 +37,9 @@ def rollout_rows(servers, rounds: int, prompts: int) -> list[dict]:
 
     from lmrl.data.tokenizers import build_char_tokenizer
     from lmrl.rollout import SamplingParams
-    from lmrl.rollout.vllm_driver import VLLMOptions
-    from lmrl.rollout.vllm_engine import VLLMEngine
-    from lmrl.rollout.vllm_replicas import Replicas, start_all
+    from lmrl.rollout.engines.vllm.driver import VLLMOptions
+    from lmrl.rollout.engines.vllm.engine import VLLMEngine
+    from lmrl.rollout.engines.vllm.replicas import Replicas, start_all
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
@@ -139,9 +139,9 @@ def push_rows(servers, rounds: int) -> list[dict]:
     replicas, for the rollout's tiny Qwen2 and engine_speed.py's 40.9M-parameter Qwen2 (vocabulary 32768)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from lmrl.rollout.vllm_driver import VLLMOptions
-    from lmrl.rollout.vllm_engine import VLLMEngine
-    from lmrl.rollout.vllm_replicas import Replicas, start_all
+    from lmrl.rollout.engines.vllm.driver import VLLMOptions
+    from lmrl.rollout.engines.vllm.engine import VLLMEngine
+    from lmrl.rollout.engines.vllm.replicas import Replicas, start_all
 
     rows = []
     for name, vocab, hidden, layers in (("tiny", 128, 256, 4), ("qwen2 40.9M", 32768, 512, 8)):
@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--push", action="store_true", help="only the push time: vllm_weight_transport=http vs gloo")
     args = parser.parse_args()
-    from lmrl.rollout.vllm_client import spawn
+    from lmrl.rollout.engines.vllm.client import spawn
 
     spawned = [spawn(timeout=600) for _ in range(2)]
     servers = [remote.url.removeprefix("http://") for remote in spawned]

@@ -137,7 +137,7 @@ VERBS: dict[str, Verb] = {
     ),
     "vllm-serve": Verb(
         "vLLM as a server for trainers elsewhere (engine=vllm vllm_server=host:port); weights pushed to it",
-        "lmrl.rollout.vllm_server",
+        "lmrl.rollout.engines.vllm.server",
         "VLLMServeConfig",
         "run",
     ),
@@ -314,7 +314,7 @@ def quiet_third_party_bars() -> None:
 STOP_ERRORS = {
     "lmrl.trainers.common": "TrainingStopped",
     "lmrl.rollout.samplers.ray": "WorkersFailed",
-    "lmrl.rollout.vllm_client": "VLLMServerError",
+    "lmrl.rollout.engines.vllm.client": "VLLMServerError",
     "lmrl.swarm.hivemind_transport": "SwarmStartupError",
 }
 """Errors that stop a started run (exit 1, "Training stopped"), by module: a run that raises one has imported it."""

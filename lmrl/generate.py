@@ -27,7 +27,7 @@ from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_bes
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
-from lmrl.rollout.engines import make_engine
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.generate_config import GenerateConfig  # also `lmrl generate`'s config (lmrl/cli.py)
 from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.tools.multiturn import run_episodes

@@ -223,7 +223,7 @@ def eval_engine(config: EvalConfig, evaluator: Evaluator | None, model, tokenize
         return None  # nothing to generate (e.g. loglik only): no engine to start
     from lmrl.data.chat import encode_prompt
     from lmrl.rollout import SamplingParams
-    from lmrl.rollout.engines import make_engine
+    from lmrl.rollout.engines.factory import make_engine
 
     opts = evaluator.options
     longest = max(len(encode_prompt(tokenizer, r["prompt"], opts.chat)) for r in evaluator.rows)

@@ -1,16 +1,22 @@
-"""Rollout engines: prompts in, `RolloutBatch` out (token ids, sampler log-probs, masks, finish reasons, text).
+"""Rollouts: prompts in, `RolloutBatch` out (token ids, sampler log-probs, masks, finish reasons, text), in three
+families around `types` (`SamplingParams`, `RolloutBatch`) and `protocol` (`Engine`, `GroupSampler`):
 
-The names below import on first use (PEP 562), so that a light submodule (`engine_section`, `tool_config`) imports
-without torch and transformers: `lmrl.cli` checks a config before any heavy import."""
+- `engines/`: complete token-id prompts (HF with a KV cache, vLLM colocated or on servers), picked by `make_engine`;
+- `samplers/`: a step's G completions per prompt over an engine, Ray workers or vLLM servers, or multi-turn episodes,
+  picked by `make_sampler`;
+- `tools/`: tools, environments and the multi-turn loop.
+
+The names below import on first use (PEP 562), so that a light submodule (`engine_section`, `tools.section`)
+imports without torch and transformers: `lmrl.cli` checks a config before any heavy import."""
 
 import importlib
 
 _EXPORTS = {
     "HFEngine": "lmrl.rollout.hf",
-    "StopStringMatcher": "lmrl.rollout.hf",
-    "sample_next_token": "lmrl.rollout.sampling",
-    "top_k_filter": "lmrl.rollout.sampling",
-    "top_p_filter": "lmrl.rollout.sampling",
+    "StopStringMatcher": "lmrl.rollout.engines.stop_strings",
+    "sample_next_token": "lmrl.rollout.engines.sampling",
+    "top_k_filter": "lmrl.rollout.engines.sampling",
+    "top_p_filter": "lmrl.rollout.engines.sampling",
     "RolloutBatch": "lmrl.rollout.types",
     "SamplingParams": "lmrl.rollout.types",
 }

@@ -1,4 +1,4 @@
-"""`EngineSection`: the config keys that pick and set up the rollout engine (`lmrl.rollout.engines.make_engine`).
+"""`EngineSection`: the config keys that pick and set up the rollout engine (`lmrl.rollout.engines.factory.make_engine`).
 
 Composed into every sampling trainer's config (`RLConfig(SamplingSection, EngineSection, ...)`), like the shared
 sections of `lmrl.config`; kept here, beside the engines, so that `lmrl.config` stays one screenful of sections.
@@ -14,7 +14,7 @@ from lmrl.config_base import ConfigError, Section, check_at_least, field
 
 @dataclasses.dataclass
 class EngineSection(Section):
-    """Which rollout engine samples (`lmrl.rollout.engines.make_engine`); the vllm_* keys apply to engine=vllm."""
+    """Which rollout engine samples (`lmrl.rollout.engines.factory.make_engine`); the vllm_* keys apply to engine=vllm."""
 
     title = "rollout engine"
     engine: Literal["hf", "vllm"] = field(
@@ -74,7 +74,7 @@ class EngineSection(Section):
         if self.vllm_max_model_len is not None:
             check_at_least(self, ("vllm_max_model_len",), 1)
         check_at_least(self, ("vllm_kv_cache_gb", "vllm_server_timeout"), 0, inclusive=False)
-        from lmrl.rollout.vllm_wire import parse_server  # torch-free: configs check without torch (lmrl.cli)
+        from lmrl.rollout.engines.vllm.wire import parse_server  # torch-free: configs check without torch (lmrl.cli)
 
         if self.vllm_server not in (None, "auto"):
             parse_server(self.vllm_server)

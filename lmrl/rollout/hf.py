@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
 
 import torch
 
@@ -22,75 +21,13 @@ from lmrl.models import attention, packed
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.modes import evaluating
 from lmrl.models.replay import LinearRecorder, has_dropout
-from lmrl.rollout import kv_cache
-from lmrl.rollout.sampling import sample_next_token
+from lmrl.rollout.engines import kv_cache
+from lmrl.rollout.engines.assemble import assemble_batch, check_request, left_pad, pad_token_id, stop_token_ids
+from lmrl.rollout.engines.sampling import sample_next_token
+from lmrl.rollout.engines.stop_strings import StopStringMatcher
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 
-__all__ = ["HFEngine", "SamplingParams", "StopStringMatcher"]
-
-
-class StopStringMatcher:
-    """Finds running rows whose decoded completion now contains a stop string.
-
-    A stop string can only be completed by a token whose text contains the string's last character, so
-    each step a (V,) lookup table selects the candidate rows (vectorised) and only those rows decode their
-    last `window` tokens. Tokens that decode to nothing or to a partial UTF-8 character are always
-    candidates; if a stop string ends in whitespace (which some tokenizers strip when decoding a lone
-    token), every token is.
-    """
-
-    def __init__(self, tokenizer, stop_strings: Sequence[str], vocab_size: int, device: torch.device):
-        self.tokenizer = tokenizer
-        self.stop_strings = tuple(stop_strings)
-        self.window = max(len(s) for s in self.stop_strings) + 2  # tokens; each real token is >= 1 character
-        size = max(vocab_size, len(tokenizer))
-        last_chars = {s[-1] for s in self.stop_strings}
-        candidate = torch.zeros(size, dtype=torch.bool)
-        if any(c.isspace() for c in last_chars):
-            candidate[:] = True
-        else:
-            texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
-            flags = [t == "" or "\ufffd" in t or any(c in t for c in last_chars) for t in texts]
-            candidate[: len(flags)] = torch.tensor(flags, dtype=torch.bool)
-        self.candidate = candidate.to(device)  # (V,)
-
-    def __call__(self, completion_ids: torch.Tensor, new_tokens: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
-        """BoolTensor (N,): rows in `running` whose completion (N, t) now contains a stop string."""
-        hit = torch.zeros_like(running)
-        rows = (running & self.candidate[new_tokens]).nonzero().squeeze(1)  # (n_cand,)
-        if rows.numel() == 0:
-            return hit
-        tails = completion_ids[rows, -self.window :].tolist()
-        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
-        found = [any(s in text for s in self.stop_strings) for text in texts]
-        hit[rows] = torch.tensor(found, dtype=torch.bool, device=hit.device)
-        return hit
-
-    def cut(self, text: str) -> tuple[str, bool]:
-        """`text` cut before the earliest stop string, and whether one was found."""
-        cuts = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
-        return (text[: min(cuts)], True) if cuts else (text, False)
-
-
-def pad_token_id(tokenizer) -> int:
-    """The tokenizer's pad id, else its eos id, else 0 (padding is always masked, so any id works)."""
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if tid is not None:
-            return int(tid)
-    return 0
-
-
-def stop_token_ids(tokenizer, params: SamplingParams, model=None) -> tuple[int, ...]:
-    """params.stop_token_ids, or when it is None the tokenizer's eos id and every id of the model's
-    ``generation_config.eos_token_id`` (an int or a list: Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``), as
-    transformers' ``generate`` stops (every engine stops the same way)."""
-    if params.stop_token_ids is not None:
-        return params.stop_token_ids
-    ids = [tokenizer.eos_token_id]
-    config = getattr(model, "generation_config", None)
-    model_eos = getattr(config, "eos_token_id", None)
-    ids += list(model_eos) if isinstance(model_eos, (list, tuple)) else [model_eos]
-    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+__all__ = ["HFEngine", "SamplingParams"]
 
 
 class HFEngine:
@@ -150,9 +87,6 @@ class HFEngine:
     def pad_token_id(self) -> int:
         return pad_token_id(self.tokenizer)
 
-    def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        return stop_token_ids(self.tokenizer, params, self.model)
-
     def generate_text(
         self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None
     ) -> RolloutBatch:
@@ -187,8 +121,8 @@ class HFEngine:
         self._check_inputs(prompt_ids, params, n, generator)
         generator = on_device(generator, self.device)
         device, pad = self.device, self.pad_token_id
-        ids, mask = _left_pad(prompt_ids, pad, device)  # (B, P) each
-        stop_ids = torch.tensor(self.stop_token_ids(params), dtype=torch.long, device=device)
+        ids, mask = left_pad(prompt_ids, pad, device)  # (B, P) each
+        stop_ids = torch.tensor(stop_token_ids(self.tokenizer, params, self.model), dtype=torch.long, device=device)
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
         recorder = None
         if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
@@ -208,8 +142,10 @@ class HFEngine:
                 recorder.close()
         # Clone out of inference mode so that learners can use the tensors in autograd graphs.
         out_ids, out_logp, finish_step = out_ids.clone(), out_logp.clone(), finish_step.clone()
-        ids, mask = ids.clone(), mask.clone()
-        batch = self._assemble(ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts)
+        lengths = torch.where(finish_step >= 0, finish_step + 1, steps)  # (N,)
+        batch = assemble_batch(
+            self.tokenizer, prompt_ids, prompt_texts, out_ids, out_logp, lengths, finish_step < 0, n, matcher, device
+        )
         if recorder is None:
             return batch
         return dataclasses.replace(batch, linear_outputs=recorder.finish(steps, group_size=n))
@@ -290,29 +226,6 @@ class HFEngine:
         steps = step + 1
         return out_ids[:, :steps], out_logp[:, :steps], finish_step, steps
 
-    def _assemble(self, ids, mask, out_ids, out_logp, finish_step, steps, n, matcher, prompt_ids, prompt_texts):
-        lengths = torch.where(finish_step >= 0, finish_step + 1, steps)  # (N,)
-        completion_mask = (torch.arange(steps, device=out_ids.device)[None, :] < lengths[:, None]).float()  # (N, T)
-        truncated = finish_step < 0  # (N,)
-        token_lists = [row[:length] for row, length in zip(out_ids.tolist(), lengths.tolist())]
-        texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
-        if matcher is not None:
-            texts = [matcher.cut(t)[0] for t in texts]
-        if prompt_texts is None:
-            prompt_texts = self.tokenizer.batch_decode([list(p) for p in prompt_ids], skip_special_tokens=False)
-        return RolloutBatch(
-            prompt_ids=ids.repeat_interleave(n, dim=0),
-            prompt_mask=mask.repeat_interleave(n, dim=0),
-            completion_ids=out_ids,
-            completion_mask=completion_mask,
-            sampler_logp=out_logp,
-            truncated=truncated,
-            finish_reason=["length" if t else "stop" for t in truncated.tolist()],
-            prompts=[text for text in prompt_texts for _ in range(n)],
-            completions=texts,
-            group_size=n,
-        )
-
     def _matcher(self, stop_strings: tuple[str, ...]) -> StopStringMatcher:
         if stop_strings not in self._matchers:
             vocab = self.model.get_output_embeddings().weight.shape[0]
@@ -339,26 +252,7 @@ class HFEngine:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _check_inputs(self, prompt_ids, params, n, generator) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"HFEngine.generate takes a SamplingParams, got {type(params).__name__}.")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"HFEngine.generate: n (completions per prompt) must be an int >= 1, got {n!r}.")
-        if not isinstance(prompt_ids, (list, tuple)) or len(prompt_ids) == 0:
-            raise ValueError(
-                "HFEngine.generate: prompt_ids must be a non-empty list of token-id lists, one per prompt."
-            )
-        vocab = self.model.get_input_embeddings().num_embeddings
-        for i, prompt in enumerate(prompt_ids):
-            if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
-                raise ValueError(
-                    f"HFEngine.generate: prompt {i} is empty or not a list of token ids; every prompt needs at "
-                    "least one token (render a chat template or add a BOS token)."
-                )
-            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
-                raise ValueError(
-                    f"HFEngine.generate: prompt {i} has token ids outside [0, {vocab}) (the model's vocabulary); "
-                    "check that the prompts were tokenized with this model's tokenizer."
-                )
+        check_request("HFEngine", prompt_ids, params, n, self.model.get_input_embeddings().num_embeddings)
         longest = max(len(p) for p in prompt_ids)
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         if limit is not None and longest + params.max_new_tokens > limit:
@@ -375,15 +269,3 @@ def on_device(generator: torch.Generator | None, device: torch.device) -> torch.
         return generator
     seed = int(torch.randint(0, 2**62, (), generator=generator))
     return torch.Generator(device).manual_seed(seed)
-
-
-def _left_pad(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids (B, P) and attention mask (B, P), P = longest prompt."""
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
-    for i, prompt in enumerate(prompt_ids):
-        if len(prompt):
-            ids[i, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)

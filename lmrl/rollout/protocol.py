@@ -2,7 +2,7 @@
 
 Two levels, one contract for weights:
 
-- an **engine** (`lmrl.rollout.engines`: `HFEngine`, `VLLMEngine` colocated or behind `lmrl vllm-serve`) completes
+- an **engine** (`lmrl.rollout.engines.factory`: `HFEngine`, `VLLMEngine` colocated or behind `lmrl vllm-serve`) completes
   token-id prompts: ``generate(prompt_ids, params, n, generator) -> RolloutBatch``;
 - a **group sampler** (`lmrl.rollout.samplers`: `LocalGroups` over an engine, `EpisodeGroups` of multi-turn episodes,
   `RayRollouts` over rollout-worker actors, `ServerAhead` over vLLM servers with async_steps) gives a step's G
@@ -24,7 +24,7 @@ from lmrl.rollout.types import RolloutBatch, SamplingParams
 
 
 class Engine(Protocol):
-    """Completes prompts with a policy's current weights (`lmrl.rollout.engines.make_engine` builds one)."""
+    """Completes prompts with a policy's current weights (`lmrl.rollout.engines.factory.make_engine` builds one)."""
 
     @property
     def device(self) -> torch.device: ...

@@ -36,7 +36,7 @@ from lmrl.eval.generation import task_accuracy
 from lmrl.models import count_parameters
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
-from lmrl.rollout.engines import make_engine
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.samplers.groups import GroupOptions, LocalGroups
 from lmrl.rollout.types import RolloutBatch
 from lmrl.swarm.batch import (

@@ -9,10 +9,12 @@ from transformers import LlamaConfig, Qwen2Config
 
 from lmrl.config import ConfigError, load_config
 from lmrl.generate import GenerateConfig
-from lmrl.rollout import HFEngine, SamplingParams, engines
+from lmrl.rollout import HFEngine, SamplingParams
 from lmrl.rollout.engine_section import EngineSection
-from lmrl.rollout.vllm_engine import apply_stop_strings, check_exact_logprobs
-from lmrl.rollout.vllm_weights import checkpoint_name, hf_weights
+from lmrl.rollout.engines import factory as engines
+from lmrl.rollout.engines.stop_strings import apply_stop_strings
+from lmrl.rollout.engines.vllm.engine import check_exact_logprobs
+from lmrl.rollout.engines.vllm.weights import checkpoint_name, hf_weights
 from lmrl.swarm.config import SwarmConfig
 from lmrl.trainers.dpo.config import DPOConfig
 from lmrl.trainers.rejection.trainer import RejectionConfig
@@ -149,7 +151,7 @@ def test_merged_lora_weights_equal_the_merged_model():
     model = peft.get_peft_model(
         tiny_llama(len(tok)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     )
-    from lmrl.rollout.vllm_weights import merged_adapters
+    from lmrl.rollout.engines.vllm.weights import merged_adapters
 
     with torch.no_grad(), merged_adapters(model):
         pushed = {name: t.clone() for name, t in hf_weights(model)}
@@ -166,8 +168,8 @@ def test_the_architecture_is_the_hf_class_under_torch_distributed_wrappers():
     from torch.distributed._composable.replicate import DDP
     from torch.distributed.fsdp import FSDPModule
 
-    from lmrl.rollout.vllm_engine import model_spec
-    from lmrl.rollout.vllm_weights import architecture
+    from lmrl.rollout.engines.vllm.engine import model_spec
+    from lmrl.rollout.engines.vllm.weights import architecture
 
     for wrapper in (DDP, FSDPModule):
         model = tiny_llama(len(char_tokenizer()))
@@ -177,7 +179,7 @@ def test_the_architecture_is_the_hf_class_under_torch_distributed_wrappers():
 
 def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
     peft = pytest.importorskip("peft")
-    from lmrl.rollout.vllm_weights import adapts_tied_head
+    from lmrl.rollout.engines.vllm.weights import adapts_tied_head
 
     tok = char_tokenizer()
 
@@ -242,7 +244,7 @@ def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command
 
 
 def test_a_weight_push_is_split_into_parts_of_at_most_the_limit():
-    from lmrl.rollout.vllm_client import split_bytes
+    from lmrl.rollout.engines.vllm.client import split_bytes
 
     weights = [(f"w{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 5, 5])]  # 4 bytes per element
     parts = [[name for name, _ in part] for part in split_bytes(weights, 80)]

@@ -13,12 +13,12 @@ import pytest
 
 from lmrl.rollout import protocol
 from lmrl.rollout.engine_section import EngineSection
-from lmrl.rollout.engines import ENGINES
-from lmrl.rollout.samplers.groups import LocalGroups
+from lmrl.rollout.engines.factory import ENGINES
+from lmrl.rollout.engines.vllm.engine import VLLMEngine
 from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.samplers.groups import LocalGroups
 from lmrl.rollout.samplers.ray import RayRollouts
 from lmrl.rollout.samplers.server_ahead import ServerAhead
-from lmrl.rollout.vllm_engine import VLLMEngine
 from lmrl.trainers.rl import trainer as online
 
 sys_path = Path(__file__).resolve().parents[1] / "trainers"

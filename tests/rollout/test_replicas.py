@@ -1,4 +1,4 @@
-"""Several vLLM server replicas (`vllm_servers`, `lmrl.rollout.vllm_replicas`) over real local sockets, with a fake
+"""Several vLLM server replicas (`vllm_servers`, `lmrl.rollout.engines.vllm.replicas`) over real local sockets, with a fake
 engine in each `lmrl vllm-serve` handler (no vLLM needed: `make test`): prompts split in order and rows back in
 prompt order, every push loaded by every replica, a second trainer refused on every replica (holding none), a
 replica missing at start-up or dying mid-run named in the error. With vLLM: tests/rollout/test_vllm_replicas.py."""
@@ -13,9 +13,9 @@ from test_vllm_sessions import SPEC, FakeDriver, FakeServer, weights
 
 from lmrl.config import load_config
 from lmrl.config_base import ConfigError
-from lmrl.rollout import vllm_client
-from lmrl.rollout.vllm_client import RemoteVLLM, VLLMServerError
-from lmrl.rollout.vllm_replicas import Replicas, spans, start_all
+from lmrl.rollout.engines.vllm import client as vllm_client
+from lmrl.rollout.engines.vllm.client import RemoteVLLM, VLLMServerError
+from lmrl.rollout.engines.vllm.replicas import Replicas, spans, start_all
 from lmrl.trainers.rl.config import RLConfig
 
 
@@ -57,7 +57,7 @@ def replicas():
 
 
 def handler_of(server):
-    from lmrl.rollout.vllm_server import handler
+    from lmrl.rollout.engines.vllm.server import handler
 
     return handler(server)
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from lmrl.rollout.sampling import sample_next_token, top_k_filter, top_p_filter
+from lmrl.rollout.engines.sampling import sample_next_token, top_k_filter, top_p_filter
 
 NEG = float("-inf")
 

@@ -16,7 +16,7 @@ require_vllm()
 
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
+from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.models.lora import apply_lora  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
+from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)

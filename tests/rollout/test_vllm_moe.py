@@ -17,8 +17,8 @@ require_vllm()
 
 from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine, VLLMOptions  # noqa: E402
-from lmrl.rollout.vllm_weights import hf_weights  # noqa: E402
+from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
+from lmrl.rollout.engines.vllm.weights import hf_weights  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 GREEDY = SamplingParams(max_new_tokens=16, greedy=True, temperature=0)

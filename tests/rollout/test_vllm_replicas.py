@@ -1,5 +1,5 @@
 """Two `lmrl vllm-serve` replicas on vLLM's CPU build (`make test-vllm`) behind one `VLLMEngine`
-(`lmrl.rollout.vllm_replicas`): the same seed gives the rows one server gives, and a weight change reaches both
+(`lmrl.rollout.engines.vllm.replicas`): the same seed gives the rows one server gives, and a weight change reaches both
 replicas (each samples half of the prompts, checked against what the HF model computes now). Without vLLM:
 tests/rollout/test_replicas.py."""
 
@@ -10,10 +10,10 @@ from vllm_helpers import require_vllm, tiny
 require_vllm()
 
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
-from lmrl.rollout.vllm_client import spawn  # noqa: E402
-from lmrl.rollout.vllm_driver import VLLMOptions  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from lmrl.rollout.vllm_replicas import Replicas, start_all  # noqa: E402
+from lmrl.rollout.engines.vllm.client import spawn  # noqa: E402
+from lmrl.rollout.engines.vllm.driver import VLLMOptions  # noqa: E402
+from lmrl.rollout.engines.vllm.engine import VLLMEngine  # noqa: E402
+from lmrl.rollout.engines.vllm.replicas import Replicas, start_all  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 OPTIONS = VLLMOptions(max_model_len=128, kv_cache_gb=0.0625, seed=0)

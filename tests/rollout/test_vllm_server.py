@@ -20,11 +20,11 @@ from lmrl.models.logprobs import completion_logprobs  # noqa: E402
 from lmrl.rollout import (  # noqa: E402
     HFEngine,
     SamplingParams,
-    vllm_client,  # noqa: E402
 )
-from lmrl.rollout.vllm_client import VLLMServerError, spawn  # noqa: E402
-from lmrl.rollout.vllm_driver import VLLMOptions  # noqa: E402
-from lmrl.rollout.vllm_engine import VLLMEngine, model_spec  # noqa: E402
+from lmrl.rollout.engines.vllm import client as vllm_client  # noqa: E402
+from lmrl.rollout.engines.vllm.client import VLLMServerError, spawn  # noqa: E402
+from lmrl.rollout.engines.vllm.driver import VLLMOptions  # noqa: E402
+from lmrl.rollout.engines.vllm.engine import VLLMEngine, model_spec  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 GREEDY = SamplingParams(max_new_tokens=20, greedy=True, temperature=0)

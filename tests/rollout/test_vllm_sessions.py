@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lmrl.config_base import ConfigError
-from lmrl.rollout import vllm_client
-from lmrl.rollout.vllm_client import RemoteVLLM, VLLMServerError
-from lmrl.rollout.vllm_driver import VLLMOptions
-from lmrl.rollout.vllm_server import Server, handler
+from lmrl.rollout.engines.vllm import client as vllm_client
+from lmrl.rollout.engines.vllm.client import RemoteVLLM, VLLMServerError
+from lmrl.rollout.engines.vllm.driver import VLLMOptions
+from lmrl.rollout.engines.vllm.server import Server, handler
 
 SPEC = ({"model_type": "llama"}, "LlamaForCausalLM", VLLMOptions(max_model_len=64))
 

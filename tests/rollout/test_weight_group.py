@@ -1,4 +1,4 @@
-"""Weight pushes over a process group (`vllm_weight_transport=gloo`, `lmrl.rollout.vllm_group`) with fake engines
+"""Weight pushes over a process group (`vllm_weight_transport=gloo`, `lmrl.rollout.engines.vllm.group`) with fake engines
 behind real `lmrl vllm-serve` HTTP handlers (no vLLM: `make test`): the packing round trip, every push (and an
 async snapshot) loaded by every replica as over HTTP, a replica that does not join named with the fix, a refused
 push answered at once, and the config errors. With vLLM: tests/rollout/test_vllm_weight_group.py."""
@@ -10,9 +10,10 @@ from test_vllm_sessions import weights
 
 from lmrl.config import load_config
 from lmrl.config_base import ConfigError
-from lmrl.rollout import vllm_client, vllm_group
-from lmrl.rollout.vllm_client import RemoteVLLM, VLLMServerError
-from lmrl.rollout.vllm_group import layout, pack, resolve_transport, unpack
+from lmrl.rollout.engines.vllm import client as vllm_client
+from lmrl.rollout.engines.vllm import group as vllm_group
+from lmrl.rollout.engines.vllm.client import RemoteVLLM, VLLMServerError
+from lmrl.rollout.engines.vllm.group import layout, pack, resolve_transport, unpack
 from lmrl.trainers.rl.config import RLConfig
 
 

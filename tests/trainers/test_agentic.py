@@ -222,8 +222,8 @@ def test_multi_turn_samples_keep_the_whole_episode(tmp_path):
     from lmrl.data.loading import load_rows
     from lmrl.data.tokenizers import build_char_tokenizer
     from lmrl.rollout.tools.multiturn import MultiTurnOptions, run_episodes
-    from lmrl.rollout.tools.section import build_env_factory
     from lmrl.rollout.tools.parsers import get_parser
+    from lmrl.rollout.tools.section import build_env_factory
     from lmrl.rollout.types import SamplingParams
     from lmrl.trainers import agentic
 

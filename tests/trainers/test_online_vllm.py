@@ -95,7 +95,7 @@ def test_engine_vllm_refuses_what_it_cannot_do_at_start_up(tmp_path):
 def test_a_broken_vllm_sync_stops_an_fp32_run_when_asked(tmp_path, monkeypatch):
     # the built-in model ties its LM head: without the CPU re-pack of the tied head after a reload the engine samples
     # with a stale head (sampler_logp_gap ~1), which max_sampler_logp_gap catches at the first step that trains
-    from lmrl.rollout import vllm_driver
+    from lmrl.rollout.engines.vllm import driver as vllm_driver
     from lmrl.trainers.common import TrainingStopped
 
     monkeypatch.setattr(vllm_driver, "repack_tied_head", lambda worker: 0)
@@ -138,7 +138,7 @@ def test_on_policy_distillation_samples_through_engine_vllm(tmp_path, monkeypatc
     completions come from vLLM, synced with the student before every step's rollout."""
     from lmrl.data.tokenizers import build_char_tokenizer
     from lmrl.models import load_model
-    from lmrl.rollout.vllm_engine import VLLMEngine
+    from lmrl.rollout.engines.vllm.engine import VLLMEngine
     from lmrl.trainers.distill import trainer as distill
 
     teacher, tokenizer = tmp_path / "teacher", build_char_tokenizer()

@@ -16,7 +16,7 @@ else:
 
 from lmrl.config import load_config  # noqa: E402
 from lmrl.rewards import REWARDS, register_reward  # noqa: E402
-from lmrl.rollout.vllm_client import VLLMServerError, spawn, stop_process  # noqa: E402
+from lmrl.rollout.engines.vllm.client import VLLMServerError, spawn, stop_process  # noqa: E402
 from lmrl.tracking import read_jsonl  # noqa: E402
 from lmrl.trainers.rl import trainer as online  # noqa: E402
 
@@ -105,7 +105,7 @@ def one(servers, tmp_path_factory):
 
 
 def test_gloo_pushes_on_one_and_two_replicas_train_as_http_pushes(tmp_path, servers, one, monkeypatch):
-    from lmrl.rollout import vllm_group
+    from lmrl.rollout.engines.vllm import group as vllm_group
 
     parts, send = [], vllm_group.WeightGroup.send
     monkeypatch.setattr(
@@ -164,7 +164,7 @@ def test_async_steps_on_two_replicas_samples_one_update_ahead_and_resumes_exactl
 def test_vllm_replicas_starts_two_servers_for_the_run_and_stops_them(tmp_path, one, monkeypatch):
     """vllm_replicas=2: two `lmrl vllm-serve` children on free ports, trained on as the listed replicas are (the
     first 2 steps equal one server's), stopped when the run ends."""
-    from lmrl.rollout import vllm_client
+    from lmrl.rollout.engines.vllm import client as vllm_client
 
     started, launch = [], vllm_client.launch
     monkeypatch.setattr(vllm_client, "launch", lambda timeout: started.append(launch(timeout)) or started[-1])

@@ -13,7 +13,7 @@
 
 `config` is an `lmrl rl` config (`lmrl.trainers.rl.config.RLConfig`), whose checks refuse the combinations no entry
 serves (placement=ray with multi-turn or engine=vllm, async_steps without vLLM servers or with multi-turn). Every
-entry but `ray` samples through this process's engine (`lmrl.rollout.engines.make_engine`).
+entry but `ray` samples through this process's engine (`lmrl.rollout.engines.factory.make_engine`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from lmrl.rollout.engines import make_engine
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.protocol import GroupSampler
 from lmrl.rollout.samplers.episodes import EpisodeGroups
 from lmrl.rollout.samplers.groups import GroupOptions, LocalGroups

@@ -1,6 +1,6 @@
 """``placement=ray``: rollout workers as Ray actors, the learner in this process, bounded-staleness async RL.
 
-Each of ``rollout_workers`` actors holds a copy of the policy and an engine (`lmrl.rollout.engines.make_engine`)
+Each of ``rollout_workers`` actors holds a copy of the policy and an engine (`lmrl.rollout.engines.factory.make_engine`)
 and samples one shard (whole groups) of a step's prompts. After every update the learner puts its weights in Ray's
 object store once (``ray.put``) and every worker loads them. With ``async_steps=k`` the requests for steps
 s..s+k are in flight while step s trains, so a batch is sampled with weights at most k updates old
@@ -26,7 +26,7 @@ import torch
 
 from lmrl.config_base import ConfigError
 from lmrl.parallel.shards import shard_generator
-from lmrl.rollout.engines import make_engine
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.samplers.groups import GroupOptions, sample_shard
 from lmrl.rollout.types import RolloutBatch, concat_batches
 

@@ -37,7 +37,7 @@ from lmrl.models.hf_compat import no_cache
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.rollout.engines import make_engine
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.samplers.groups import sampling_params, seeded_shards
 from lmrl.trainers import common, loop
 from lmrl.trainers.distill.config import DistillConfig  # also `lmrl distill`'s config (lmrl/cli.py)

@@ -49,9 +49,9 @@ from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.judge import PairwiseJudge
-from lmrl.rollout.engines import make_engine
-from lmrl.rollout.samplers.groups import sampling_params, seeded_shards
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.protocol import Engine
+from lmrl.rollout.samplers.groups import sampling_params, seeded_shards
 from lmrl.rollout.types import RolloutBatch, concat_batches
 from lmrl.trainers import common, loop
 from lmrl.trainers.dpo.common import Example, Reference, build_examples, evaluate, reference_logps, train_step
@@ -94,7 +94,7 @@ class Parts:
     model: Any
     tokenizer: Any
     ref_model: Any  # frozen π_ref, None for reference-free losses
-    engine: Engine  # lmrl.rollout.engines.make_engine
+    engine: Engine  # lmrl.rollout.engines.factory.make_engine
     reward_set: RewardSet | None
     judge: PairwiseJudge | None
     optimizer: torch.optim.Optimizer

@@ -45,9 +45,9 @@ from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardSet
-from lmrl.rollout.engines import make_engine
-from lmrl.rollout.samplers.groups import seeded_shards
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.samplers.groups import seeded_shards
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import Tracker
 from lmrl.trainers import rundir

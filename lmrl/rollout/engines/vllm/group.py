@@ -1,6 +1,6 @@
 """Weight pushes over a torch.distributed process group: ``vllm_weight_transport=gloo|nccl`` (server mode).
 
-The HTTP path (`vllm_client.push_to_all`) sends each push as safetensors bodies; this one sends only a small JSON
+The HTTP path (`client.push_to_all`) sends each push as safetensors bodies; this one sends only a small JSON
 announcement over HTTP and the tensors themselves through ``broadcast`` on a process group between the trainer and
 the `lmrl vllm-serve` replicas (the shape of TRL's ``init_communicator`` + ``update_named_param``, verl's and
 OpenRLHF's weight groups). Same names, same parts, same one in-place reload per push on the server (its
@@ -170,11 +170,11 @@ class WeightGroup:
         self.store = store
 
     def snapshot(self, parts: Iterable[list[tuple[str, torch.Tensor]]]) -> list[tuple[list[list], torch.Tensor]]:
-        """Every part of one push (`vllm_client.parts_of`) packed now (async_steps: a copy; the learner trains on)."""
+        """Every part of one push (`client.parts_of`) packed now (async_steps: a copy; the learner trains on)."""
         return [(layout(part)[0], pack(part, layout(part)[1], self.device)) for part in parts]
 
     def push(self, parts: Iterable[list[tuple[str, torch.Tensor]]], tied: bool) -> None:
-        """One push, part by part (`vllm_client.parts_of`; one part packed at a time)."""
+        """One push, part by part (`client.parts_of`; one part packed at a time)."""
         parts = list(parts)
         push = uuid.uuid4().hex[:12]
         for i, part in enumerate(parts):

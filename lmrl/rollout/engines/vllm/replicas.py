@@ -11,7 +11,7 @@ same for one server or several:
   drawn in the trainer (`VLLMEngine`), so a row does not depend on the replica that samples it: same seed and same
   weights give the rows one server gives (tests/rollout/test_vllm_replicas.py checks it on vLLM's CPU build).
 - **Weights**: each push is serialized once and sent to every replica concurrently; each loads it in place when its
-  last part arrives (`vllm_client.push_to_all`). Sampling starts after every replica has it.
+  last part arrives (`client.push_to_all`). Sampling starts after every replica has it.
 - **Sessions**: every replica gets the trainer's /init and hands out its own session; a replica that samples for
   another trainer refuses it (ConfigError naming that replica), and the replicas this trainer had already taken
   are released, so a refused trainer holds none.
@@ -23,7 +23,6 @@ same for one server or several:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,7 +30,15 @@ import torch
 
 from lmrl.config_base import ConfigError
 from lmrl.parallel import runtime
-from lmrl.rollout.vllm_client import RemoteVLLM, connect, each, encode_push, parts_of, push_to_all, spawn_all
+from lmrl.rollout.engines.vllm.client import (
+    RemoteVLLM,
+    connect,
+    each,
+    push_snapshot,
+    push_to_all,
+    snapshot,
+    spawn_all,
+)
 
 
 def spans(count: int, parts: int) -> list[tuple[int, int]]:
@@ -48,15 +55,15 @@ class Replicas:
 
     def __init__(self, remotes: list[RemoteVLLM], pushes: bool = True):
         self.remotes, self.pushes = remotes, pushes
-        self.group = None  # vllm_weight_transport=gloo|nccl: one `vllm_group.WeightGroup` with every replica
+        self.group = None  # vllm_weight_transport=gloo|nccl: one `group.WeightGroup` with every replica
 
     @property
     def url(self) -> str:
         return ", ".join(remote.url for remote in self.remotes)
 
     def use_transport(self, transport: str, trainer_device: str) -> None:
-        """vllm_weight_transport=gloo|nccl|auto: one process group with every replica (`lmrl.rollout.vllm_group`)."""
-        from lmrl.rollout.vllm_group import form_group
+        """vllm_weight_transport=gloo|nccl|auto: one process group with every replica (`lmrl.rollout.engines.vllm.group`)."""
+        from lmrl.rollout.engines.vllm.group import form_group
 
         timeout = self.remotes[0].timeout
         self.group = form_group(self.remotes, transport, trainer_device, timeout, self.pushes)
@@ -66,14 +73,10 @@ class Replicas:
 
     def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list:
         """One push's parts, a snapshot of the weights (async_steps: the model trains on meanwhile)."""
-        return self.group.snapshot(parts_of(weights)) if self.group else encode_push(weights)
+        return snapshot(weights, self.group)
 
     def push_encoded(self, parts: list, tied: bool) -> None:
-        if self.group:
-            return self.group.push_snapshot(parts, tied)
-        push = uuid.uuid4().hex[:12]
-        for i, body in enumerate(parts):
-            each(self.remotes, lambda remote: remote.push_part(body, i, len(parts), tied, push))  # noqa: B023
+        push_snapshot(self.remotes, parts, tied, self.group)
 
     def sample(self, prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds):
         """Replica i samples the i-th span of the prompts (with their seeds); rows come back in prompt order."""
@@ -107,7 +110,7 @@ class Replicas:
 def start_all(servers: list[str], timeout: float, model, options) -> list[RemoteVLLM]:
     """Connect to every replica (a ConfigError names one that does not answer) and start each on `model`,
     concurrently; if one refuses (another trainer's) or fails, the ones already taken are released first."""
-    from lmrl.rollout.vllm_engine import model_spec
+    from lmrl.rollout.engines.vllm.engine import model_spec
 
     if all(server == "auto" for server in servers):  # vllm_replicas=N: started here, stopped with the run
         remotes = spawn_all(len(servers), timeout)

@@ -1,4 +1,4 @@
-"""What `lmrl vllm-serve` (`vllm_server.py`) and its client (`vllm_client.py`) agree on over HTTP, importable by both
+"""What `lmrl vllm-serve` (`server.py`) and its client (`client.py`) agree on over HTTP, importable by both
 without torch or a circle."""
 
 from lmrl.config_base import ConfigError

@@ -29,12 +29,12 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from lmrl.rollout.vllm_weights import install_moe_repack, repack_tied_head
+from lmrl.rollout.engines.vllm.weights import install_moe_repack, repack_tied_head
 
 
 @dataclasses.dataclass
 class VLLMOptions:
-    """How the engine starts (from `EngineSection` via `lmrl.rollout.engines.vllm_options`)."""
+    """How the engine starts (from `EngineSection` via `lmrl.rollout.engines.factory.vllm_options`)."""
 
     max_model_len: int
     dtype: torch.dtype = torch.float32

@@ -16,7 +16,7 @@ processes (nproc=N) they are one trainer: rank 0 starts (or spawns) the server a
 samples its own prompts through it with that token, and rank 0 alone pushes the weights while the others wait at a
 barrier (every rank gathers a sharded parameter, so FSDP and DDP push the same full weights).
 
-Several servers (`vllm_servers`): `lmrl.rollout.vllm_replicas.Replicas` drives one `RemoteVLLM` per replica with
+Several servers (`vllm_servers`): `lmrl.rollout.engines.vllm.replicas.Replicas` drives one `RemoteVLLM` per replica with
 the helpers here (`push_to_all`: each part serialized once and sent to every replica concurrently; `each`).
 """
 
@@ -39,7 +39,7 @@ import torch
 
 from lmrl.config_base import ConfigError
 from lmrl.parallel import runtime
-from lmrl.rollout.vllm_wire import SESSION_HEADER, parse_server  # noqa: F401 - parse_server re-exported
+from lmrl.rollout.engines.vllm.wire import SESSION_HEADER, parse_server  # noqa: F401 - parse_server re-exported
 
 CONNECT_TIMEOUT_S = 5.0  # /health: a live server answers at once
 SPAWN_TIMEOUT_S = 300.0  # vllm_server=auto: `import vllm` and the server start
@@ -65,7 +65,7 @@ class RemoteVLLM:
         to rank 0."""
         self.url, self.timeout, self.process, self.session, self.pushes = url, timeout, process, session, pushes
         self.device = "cpu"  # where the server's vLLM runs (its /init says)
-        self.group = None  # vllm_weight_transport=gloo|nccl: a `vllm_group.WeightGroup` with this server
+        self.group = None  # vllm_weight_transport=gloo|nccl: a `group.WeightGroup` with this server
         if process is not None:
             weakref.finalize(self, stop_process, process)
 
@@ -118,8 +118,8 @@ class RemoteVLLM:
 
     def use_transport(self, transport: str, trainer_device: str) -> None:
         """Pushes go over HTTP, or (vllm_weight_transport=gloo|nccl|auto) through a process group with the server
-        (`lmrl.rollout.vllm_group`), formed now by the pushing process."""
-        from lmrl.rollout.vllm_group import form_group
+        (`lmrl.rollout.engines.vllm.group`), formed now by the pushing process."""
+        from lmrl.rollout.engines.vllm.group import form_group
 
         self.group = form_group([self], transport, trainer_device, self.timeout, self.pushes)
 
@@ -131,15 +131,11 @@ class RemoteVLLM:
 
     def encode_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list:
         """The weights as the parts of one push, a snapshot (the model may change afterwards): async_steps."""
-        return self.group.snapshot(parts_of(weights)) if self.group else encode_push(weights)
+        return snapshot(weights, self.group)
 
     def push_encoded(self, parts: list, tied: bool) -> None:
         """`encode_weights`' parts, loaded by the server when the last arrives."""
-        if self.group:
-            return self.group.push_snapshot(parts, tied)
-        push = uuid.uuid4().hex[:12]
-        for i, body in enumerate(parts):
-            self.push_part(body, i, len(parts), tied, push)
+        push_snapshot([self], parts, tied, self.group)
 
     def push_part(self, body: bytes, part: int, parts: int, tied: bool, push: str) -> None:
         self.request("/weights", body, query=f"?part={part}&parts={parts}&tied={int(tied)}&push={push}")
@@ -185,6 +181,21 @@ def encode(part: list[tuple[str, torch.Tensor]]) -> bytes:
 def encode_push(weights: Iterable[tuple[str, torch.Tensor]]) -> list[bytes]:
     """Every part of one push, serialized now (async_steps: a snapshot while the learner trains on)."""
     return [encode(part) for part in split_bytes(weights, PUSH_PART_BYTES)]
+
+
+def snapshot(weights: Iterable[tuple[str, torch.Tensor]], group=None) -> list:
+    """The parts of one push of `weights`, serialized now (async_steps: the learner trains on meanwhile): safetensors
+    bodies, or with a `group` (vllm_weight_transport=gloo|nccl) its packed buffers."""
+    return group.snapshot(parts_of(weights)) if group else encode_push(weights)
+
+
+def push_snapshot(remotes: list[RemoteVLLM], parts: list, tied: bool, group=None) -> None:
+    """`snapshot`'s parts to every server of `remotes` (each loads the push when its last part arrives)."""
+    if group:
+        return group.push_snapshot(parts, tied)
+    push = uuid.uuid4().hex[:12]
+    for i, body in enumerate(parts):
+        each(remotes, lambda remote: remote.push_part(body, i, len(parts), tied, push))  # noqa: B023
 
 
 def push_to_all(
@@ -328,7 +339,7 @@ def server_driver(server: str, timeout: float, model, options) -> RemoteVLLM:
     """The driver of `VLLMEngine` in server mode: connected (or spawned for 'auto') and started on `model`. Several
     processes share one server and one session: rank 0 connects, starts it and pushes; the others get its address
     and token."""
-    from lmrl.rollout.vllm_engine import model_spec
+    from lmrl.rollout.engines.vllm.engine import model_spec
 
     if runtime.world() == 1:
         remote = spawn(timeout) if server == "auto" else connect(server, timeout)

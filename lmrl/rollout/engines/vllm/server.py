@@ -1,6 +1,6 @@
 """`lmrl vllm-serve`: vLLM in a process of its own (server mode), sampling for a trainer elsewhere, with the
 trainer's weights pushed to it after every optimizer step. The trainer talks to it with `RemoteVLLM`
-(`lmrl.rollout.vllm_client`, which needs no vLLM), through `engine=vllm vllm_server=host:port`.
+(`lmrl.rollout.engines.vllm.client`, which needs no vLLM), through `engine=vllm vllm_server=host:port`.
 
     lmrl vllm-serve port=8000                       # in the environment that has vLLM (on GPUs: its own GPUs)
     lmrl rl engine=vllm vllm_server=127.0.0.1:8000  # the trainer, possibly in another environment
@@ -18,7 +18,7 @@ replaces it. Shape follows TRL's `vllm-serve` (HTTP for generation, a separate w
     POST /sample   JSON {prompt_ids, n, temperature, max_tokens, stop_token_ids, seeds} -> {tokens, logps, stopped}
     POST /release  the owner is done: the server is free for another trainer
     POST /group    vllm_weight_transport=gloo|nccl: join the owner's weight group {host, port, rank, world_size,
-                   backend, prefix, join_s} (`lmrl.rollout.vllm_group`)
+                   backend, prefix, join_s} (`lmrl.rollout.engines.vllm.group`)
     POST /group_weights  JSON {push, part, parts, tied, entries, nbytes}: a part's names, dtypes, shapes and offsets;
                    its bytes come through the group's broadcast; loaded as a /weights part is (`Server.add_part`)
 
@@ -45,7 +45,7 @@ from types import SimpleNamespace
 from urllib.parse import parse_qs, urlparse
 
 from lmrl.config_base import ConfigError, Section, check_at_least, field
-from lmrl.rollout.vllm_wire import SESSION_HEADER
+from lmrl.rollout.engines.vllm.wire import SESSION_HEADER
 
 
 @dataclasses.dataclass
@@ -145,8 +145,8 @@ class Server:
         """vLLM on the request's model (no weights); True when the running engine is that model's already."""
         import torch
 
-        from lmrl.rollout.engines import check_architecture, cpu_head_sizes, supported_architectures
-        from lmrl.rollout.vllm_driver import VLLMDriver, VLLMOptions
+        from lmrl.rollout.engines.factory import check_architecture, cpu_head_sizes, supported_architectures
+        from lmrl.rollout.engines.vllm.driver import VLLMDriver, VLLMOptions
 
         spec = (request["config"], request["architecture"], request["options"])
         if spec == self.spec:
@@ -175,9 +175,9 @@ class Server:
         return self.add_part(load(body), part, parts, tied)
 
     def join_group(self, request: dict, session: str | None = None) -> dict:
-        """vllm_weight_transport=gloo|nccl: join the owner's weight group (`lmrl.rollout.vllm_group`); later pushes
+        """vllm_weight_transport=gloo|nccl: join the owner's weight group (`lmrl.rollout.engines.vllm.group`); later pushes
         come as `group_weights` announcements plus a broadcast."""
-        from lmrl.rollout.vllm_group import join
+        from lmrl.rollout.engines.vllm.group import join
 
         self.check(session)
         self._require_driver()
@@ -187,7 +187,7 @@ class Server:
 
     def group_weights(self, request: dict, session: str | None = None) -> dict:
         """One part announced over HTTP, its bytes received through the group's broadcast; then as `weights`."""
-        from lmrl.rollout.vllm_group import receive
+        from lmrl.rollout.engines.vllm.group import receive
 
         part, parts = int(request["part"]), int(request["parts"])
         self.turn(part, parts, request["push"], session)
@@ -338,7 +338,7 @@ def watch_parent(pid: int, httpd: ThreadingHTTPServer) -> None:
 
 def run(config: VLLMServeConfig) -> None:
     """Serve until interrupted (or until `parent_pid` ends)."""
-    from lmrl.rollout.engines import require_vllm
+    from lmrl.rollout.engines.factory import require_vllm
 
     require_vllm()
     server = Server()

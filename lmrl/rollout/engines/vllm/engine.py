@@ -6,17 +6,18 @@ in this process (`VLLMDriver`, colocated) or in a `lmrl vllm-serve` process (`Re
     engine.sync(model, version)             # before each rollout: a new version is pushed at the next generate
     batch = engine.generate(prompt_ids, SamplingParams(max_new_tokens=32, temperature=0.7), n=8, generator=g)
 
-- Start: vLLM starts on the model's config with dummy weights and no tokenizer (`vllm_driver`; lmrl tokenizes and
+- Start: vLLM starts on the model's config with dummy weights and no tokenizer (`driver`; lmrl tokenizes and
   decodes, exactly as for the HF engine); the first `generate` pushes the real weights.
 - Sync: the trainer calls `sync(model, version)` before it samples (`lmrl.rollout.protocol`); a new version (or a
   replaced model: rejection rounds) marks the engine stale, and the next `generate` pushes every weight in place
-  (`vllm_weights`: merged LoRA, the tied-head re-pack on CPU) and resets the prefix cache (no KV from old weights is
+  (`weights`: merged LoRA, the tied-head re-pack on CPU) and resets the prefix cache (no KV from old weights is
   reused). With `VLLMOptions.lora_rank` (vllm_lora_sync=adapter) the frozen base goes once per model and each sync
   writes only the LoRA adapter, which vLLM serves (`push_adapter`).
 - The same `RolloutBatch` as `HFEngine`: prompt-major rows (one request per prompt, `n` children sharing the
   prompt's KV through prefix caching), `sampler_logp` = log_softmax(logits / T) of each sampled token (vLLM's
   `processed_logprobs`; exact for top_k=0, top_p=1, which is why other settings are refused), stop token ids kept,
-  stop strings applied with HFEngine's own `StopStringMatcher` (rows do not end early inside vLLM).
+  stop strings replayed afterwards with HFEngine's check (`lmrl.rollout.engines.stop_strings`; rows do not end early
+  inside vLLM), the batch laid out by the same `lmrl.rollout.engines.assemble`.
 - Sampling is reproducible: each prompt's request gets a seed drawn from `generator` (children: seed + index).
 
 The design follows TRL's colocate mode (`trl/generation/vllm_generation.py`: LLM in the trainer process, weights
@@ -33,10 +34,11 @@ import time
 
 import torch
 
-from lmrl.rollout.hf import StopStringMatcher, _left_pad, pad_token_id, stop_token_ids
+from lmrl.rollout.engines.assemble import assemble_batch, check_request, pad_token_id, stop_token_ids
+from lmrl.rollout.engines.stop_strings import StopStringMatcher, apply_stop_strings
+from lmrl.rollout.engines.vllm.driver import VLLMOptions
+from lmrl.rollout.engines.vllm.weights import architecture, hf_weights, is_peft_model, merged_adapters
 from lmrl.rollout.types import RolloutBatch, SamplingParams
-from lmrl.rollout.vllm_driver import VLLMOptions
-from lmrl.rollout.vllm_weights import architecture, hf_weights, is_peft_model, merged_adapters
 
 SEED_RANGE = 2**31 - 1
 
@@ -57,12 +59,12 @@ class VLLMEngine:
 
     def __init__(self, model, tokenizer, options: VLLMOptions, driver=None):
         """driver: where vLLM runs; None starts a `VLLMDriver` in this process (colocated), a `RemoteVLLM`
-        (`lmrl.rollout.vllm_client`) is a `lmrl vllm-serve` process (server mode). Both sample identically."""
+        (`lmrl.rollout.engines.vllm.client`) is a `lmrl vllm-serve` process (server mode). Both sample identically."""
         self.model, self.tokenizer, self.options = model, tokenizer, options
         self.device = next(model.parameters()).device
         self.tied = bool(getattr(base_model(model).config, "tie_word_embeddings", False))
         if driver is None:
-            from lmrl.rollout.vllm_driver import VLLMDriver
+            from lmrl.rollout.engines.vllm.driver import VLLMDriver
 
             driver = VLLMDriver(*model_spec(model), options, self.device.type)
         self.driver = driver
@@ -139,18 +141,6 @@ class VLLMEngine:
     def pad_token_id(self) -> int:
         return pad_token_id(self.tokenizer)
 
-    def stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        return stop_token_ids(self.tokenizer, params, self.model)
-
-    def generate_text(
-        self, prompts: list[str], params: SamplingParams, n: int = 1, generator: torch.Generator | None = None
-    ) -> RolloutBatch:
-        """`generate` on already-rendered prompt strings (tokenized with add_special_tokens=False)."""
-        if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
-            raise ValueError("VLLMEngine.generate_text takes a list of prompt strings; wrap a single prompt in a list.")
-        ids = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-        return self._generate(ids, params, n, generator, list(prompts))
-
     def generate(
         self,
         prompt_ids: list[list[int]],
@@ -164,9 +154,6 @@ class VLLMEngine:
         Deterministic given `generator` (one seed per prompt is drawn from it). record_linear_outputs is accepted for
         `HFEngine` compatibility and ignored: vLLM's forwards are not the learner's, so there is nothing to reuse."""
         prompt_ids = [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompt_ids]
-        return self._generate(prompt_ids, params, n, generator, None)
-
-    def _generate(self, prompt_ids, params, n, generator, prompt_texts) -> RolloutBatch:
         self._check_inputs(prompt_ids, params, n)
         if self.stale:
             self.sync_weights()
@@ -185,52 +172,29 @@ class VLLMEngine:
             n,
             0.0 if params.greedy else params.temperature,
             params.max_new_tokens,
-            list(self.stop_token_ids(params)),
+            list(stop_token_ids(self.tokenizer, params, self.model)),
             seeds,
         )
         if self.options.sleep:  # give the memory back to training until the next rollout (weights then re-pushed)
             self.driver.sleep()
             self.sleeping, self.stale = True, True
-        return self._assemble(prompt_ids, prompt_texts, tokens, logps, stopped, params, n)
+        return self._assemble(prompt_ids, tokens, logps, stopped, params, n)
 
-    def _assemble(self, prompt_ids, prompt_texts, tokens, logps, stopped, params, n) -> RolloutBatch:
-        """Tensors and texts laid out exactly as `HFEngine._assemble` does."""
-        pad, width = self.pad_token_id, max(len(t) for t in tokens)
-        out_ids = torch.full((len(tokens), width), pad, dtype=torch.long)  # (N, T)
+    def _assemble(self, prompt_ids, tokens, logps, stopped, params, n) -> RolloutBatch:
+        """vLLM's token lists as the `RolloutBatch` `HFEngine` returns (stop strings replayed on the finished rows)."""
+        width = max(len(row) for row in tokens)
+        out_ids = torch.full((len(tokens), width), self.pad_token_id, dtype=torch.long)  # (N, T)
         out_logp = torch.zeros(len(tokens), width, dtype=torch.float32)  # (N, T)
         for i, (ids, lps) in enumerate(zip(tokens, logps)):
             out_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             out_logp[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
-        lengths = torch.tensor([len(t) for t in tokens])  # (N,)
-        stopped_t = torch.tensor(stopped, dtype=torch.bool)  # (N,)
+        lengths = torch.tensor([len(row) for row in tokens])  # (N,)
+        stopped = torch.tensor(stopped, dtype=torch.bool)  # (N,)
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
         if matcher is not None:
-            lengths, stopped_t = apply_stop_strings(matcher, out_ids, lengths, stopped_t)
-        completion_mask = (torch.arange(width)[None, :] < lengths[:, None]).float()  # (N, T)
-        out_ids = out_ids.masked_fill(completion_mask == 0, pad)
-        out_logp = out_logp * completion_mask
-        width = int(lengths.max())
-        out_ids, out_logp, completion_mask = out_ids[:, :width], out_logp[:, :width], completion_mask[:, :width]
-        texts = self.tokenizer.batch_decode(
-            [row[:k] for row, k in zip(out_ids.tolist(), lengths.tolist())], skip_special_tokens=True
-        )
-        if matcher is not None:
-            texts = [matcher.cut(t)[0] for t in texts]
-        if prompt_texts is None:
-            prompt_texts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=False)
-        ids, mask = _left_pad(prompt_ids, pad, torch.device("cpu"))  # (B, P)
-        truncated = ~stopped_t
-        return RolloutBatch(
-            prompt_ids=ids.repeat_interleave(n, dim=0).to(self.device),
-            prompt_mask=mask.repeat_interleave(n, dim=0).to(self.device),
-            completion_ids=out_ids.to(self.device),
-            completion_mask=completion_mask.to(self.device),
-            sampler_logp=out_logp.to(self.device),
-            truncated=truncated.to(self.device),
-            finish_reason=["length" if t else "stop" for t in truncated.tolist()],
-            prompts=[text for text in prompt_texts for _ in range(n)],
-            completions=texts,
-            group_size=n,
+            lengths, stopped = apply_stop_strings(matcher, out_ids, lengths, stopped)
+        return assemble_batch(
+            self.tokenizer, prompt_ids, None, out_ids, out_logp, lengths, ~stopped, n, matcher, self.device
         )
 
     def _matcher(self, stop_strings: tuple[str, ...]) -> StopStringMatcher:
@@ -240,16 +204,8 @@ class VLLMEngine:
         return self._matchers[stop_strings]
 
     def _check_inputs(self, prompt_ids, params: SamplingParams, n: int) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"VLLMEngine.generate takes a SamplingParams, got {type(params).__name__}.")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"VLLMEngine.generate: n (completions per prompt) must be an int >= 1, got {n!r}.")
+        check_request("VLLMEngine", prompt_ids, params, n, base_model(self.model).get_input_embeddings().num_embeddings)
         check_exact_logprobs(params)
-        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("VLLMEngine.generate: prompt_ids must be a non-empty list of non-empty token-id lists.")
-        vocab = base_model(self.model).get_input_embeddings().num_embeddings
-        if any(not 0 <= t < vocab for p in prompt_ids for t in p):
-            raise ValueError(f"VLLMEngine.generate: prompt token ids must be in [0, {vocab}) (the model's vocabulary).")
         longest = max(len(p) for p in prompt_ids)
         if longest + params.max_new_tokens > self.options.max_model_len:
             raise ValueError(
@@ -273,21 +229,3 @@ def check_exact_logprobs(params: SamplingParams) -> None:
             f"engine=vllm: greedy decoding stores temperature-1 log-probs; got temperature="
             f"{params.temperature}. Use temperature=0 (or 1) with greedy, or engine=hf."
         )
-
-
-def apply_stop_strings(
-    matcher: StopStringMatcher, out_ids: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replay `HFEngine`'s per-step stop-string check on finished rows: (N, T) ids, lengths (N,), stopped (N,) ->
-    new lengths and stopped. A row ends at the first step whose decoded tail contains a stop string."""
-    lengths, stopped = lengths.clone(), stopped.clone()
-    done = torch.zeros_like(stopped)  # (N,)
-    for step in range(out_ids.shape[1]):
-        running = (step < lengths) & ~done  # (N,)
-        if not running.any():
-            break
-        lo = max(0, step + 1 - matcher.window)
-        hit = matcher(out_ids[:, lo : step + 1], out_ids[:, step], running)  # (N,)
-        lengths[hit], stopped[hit] = step + 1, True
-        done |= hit | (step + 1 >= lengths)
-    return lengths, stopped
