@@ -48,7 +48,7 @@ def make_engine(
     dtype: the run's autocast dtype (None: fp32); vLLM runs in it. sampling: the run's (longest) sampling parameters
     and longest_prompt its longest prompt in tokens, both checked at start-up. The trainer keeps the engine's weights
     current with `engine.sync(model, version)` before each rollout."""
-    return ENGINES[getattr(config, "engine", "hf")](config, model, tokenizer, dtype, sampling, longest_prompt)
+    return ENGINES[config.engine](config, model, tokenizer, dtype, sampling, longest_prompt)
 
 
 def hf_engine(config, model, tokenizer, dtype, sampling: SamplingParams, longest_prompt: int) -> Engine:
@@ -123,7 +123,7 @@ def vllm_options(config, model, dtype, sampling: SamplingParams, longest_prompt:
             "vllm_sleep=true needs a GPU (vLLM refuses sleep mode on CPU, where nothing is freed for "
             "training); drop vllm_sleep."
         )
-    lora_rank = adapter_rank(model) if getattr(config, "vllm_lora_sync", "merged") == "adapter" else 0
+    lora_rank = adapter_rank(model) if config.vllm_lora_sync == "adapter" else 0
     return VLLMOptions(
         max_model_len=max_len,
         dtype=dtype or torch.float32,

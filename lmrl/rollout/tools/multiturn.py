@@ -33,6 +33,7 @@ from lmrl.data.tool_chat import (
     render,
     span_token_mask,
 )
+from lmrl.rollout.engines.assemble import left_pad
 from lmrl.rollout.tools.env import Environment
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 
@@ -178,17 +179,13 @@ def _step(traj: _Trajectory, tokenizer, text: str, options: MultiTurnOptions, la
 def _assemble(trajs: list[_Trajectory], tokenizer, engine, group_size: int) -> RolloutBatch:
     pad = tokenizer.pad_token_id
     n = len(trajs)
-    p = max(len(t.prompt) for t in trajs)
     w = max(1, max(len(t.ids) for t in trajs))
-    prompt = torch.full((n, p), pad, dtype=torch.long)
-    prompt_mask = torch.zeros(n, p, dtype=torch.long)
+    prompt, prompt_mask = left_pad([t.prompt for t in trajs], pad, torch.device("cpu"))  # (N, P) each
     ids = torch.full((n, w), pad, dtype=torch.long)
     attn = torch.zeros(n, w)
     train = torch.zeros(n, w)
     logp = torch.zeros(n, w)
     for i, t in enumerate(trajs):
-        prompt[i, p - len(t.prompt) :] = torch.tensor(t.prompt)
-        prompt_mask[i, p - len(t.prompt) :] = 1
         if t.ids:
             ids[i, : len(t.ids)] = torch.tensor(t.ids)
             attn[i, : len(t.ids)] = 1
