@@ -7,6 +7,9 @@ TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
 """`model_args` of the tiny test model (`model=builtin:tiny`): 2 layers of width 32, head size 16."""
 TINY = [f"model_args.{key}={value}" for key, value in TINY_ARGS.items()]
 """TINY_ARGS as config overrides."""
+ONE_LAYER_ARGS = {**TINY_ARGS, "num_hidden_layers": 1}
+"""The tiny test model with one layer: the fastest that still trains."""
+ONE_LAYER = [f"model_args.{key}={value}" for key, value in ONE_LAYER_ARGS.items()]
 VLLM_TINY_ARGS = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 2}
 """The tiny model with head size 32: vLLM's CPU attention runs head sizes 32, 64, 80, ... (not TINY's 16)."""
 VLLM_TINY = [f"model_args.{key}={value}" for key, value in VLLM_TINY_ARGS.items()]

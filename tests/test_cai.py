@@ -12,8 +12,7 @@ from lmrl.config import ConfigError, load_config
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.rewards.judge import PairwiseJudge
-
-TINY = "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}"
+from tests.helpers import TINY
 
 
 def test_critique_and_revise_rounds():
@@ -85,7 +84,7 @@ def test_cai_end_to_end_on_the_builtin_preference_task(tmp_path, mode, capsys):
                 "revisions=1",
                 "max_new_tokens=6",
                 "precision=fp32",
-                TINY,
+                *TINY,
                 f"output_file={out}",
             ]
         )

@@ -9,16 +9,9 @@ import pytest
 import torch
 
 from lmrl.algorithms.reward_model import REWARD_MODEL_LOSSES, reward_model_loss
-
-TOL = dict(rtol=0, atol=1e-9)
-
-
-def t(*values):
-    return torch.tensor(values, dtype=torch.float64)
-
-
-def scalar(value):
-    return torch.tensor(value, dtype=torch.float64)
+from tests.helpers import HAND_TOL as TOL
+from tests.helpers import float64 as t
+from tests.helpers import float64_scalar as scalar
 
 
 def test_bt_hand_value():

@@ -9,6 +9,7 @@ import pytest
 
 from lmrl import cli
 from lmrl.config import ConfigError, Section, from_dict
+from tests.helpers import ONE_LAYER
 
 COUNT_KEYS = [
     (verb, f.name)
@@ -51,10 +52,7 @@ def test_bad_task_args_are_a_clear_error_not_a_traceback(tmp_path, capsys):
                 "task_args.digits=abc",
                 f"output_dir={tmp_path / 'run'}",
                 "max_steps=1",
-                "model_args.hidden_size=32",
-                "model_args.num_hidden_layers=1",
-                "model_args.num_attention_heads=2",
-                "model_args.intermediate_size=64",
+                *ONE_LAYER,
             ]
         )
         == 2

@@ -14,6 +14,7 @@ from lmrl.data.prompt_format import PromptFormat
 from lmrl.data.tokenizers import load_tokenizer
 from lmrl.generate import run as generate
 from lmrl.rollout.generate_config import GenerateConfig
+from tests.helpers import RL_SMOKE
 
 CORPUS = [f"{a}+{b}={a + b}. The capital of France is Paris." for a in range(30) for b in range(30)]
 
@@ -120,12 +121,7 @@ def test_rl_trains_a_base_model_from_raw_prompts_with_its_bos_and_its_own_vocabu
         'prompt_template="Q: {prompt}"',
         "max_steps=1",
         "precision=fp32",
-        "task_args.digits=1",
-        "train_rows=16",
-        "eval_rows=4",
-        "prompts_per_step=2",
-        "samples_per_prompt=2",
-        "max_new_tokens=4",
+        *RL_SMOKE,
         f"output_dir={tmp_path / 'grpo'}",
     ]
     config = load_config(online.RLConfig, None, overrides)

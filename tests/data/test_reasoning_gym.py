@@ -10,6 +10,7 @@ pytest.importorskip("reasoning_gym")
 
 from lmrl.data.loading import load_rows  # noqa: E402
 from lmrl.data.tasks import get_task  # noqa: E402
+from tests.helpers import TINY
 
 
 def test_rows_carry_the_verifier_and_the_splits_are_disjoint():
@@ -65,7 +66,7 @@ def test_rl_runs_on_a_reasoning_gym_task_with_its_verifier(tmp_path):
                 "dataset=rg:chain_sum",
                 "task_args={min_terms: 2, max_terms: 2}",
                 "precision=fp32",
-                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+                *TINY,
                 "train_rows=32",
                 "eval_rows=8",
                 "prompts_per_step=2",

@@ -12,6 +12,25 @@ from lmrl.data.loading import load_rows
 from lmrl.data.tasks import get_task
 from lmrl.eval import runner
 from lmrl.eval.difficulty import FilterConfig, spread
+from tests.helpers import TINY
+
+
+def filter_scripted(tmp_path, monkeypatch, rows, script, *bounds) -> int:
+    """`lmrl filter` of ``rows`` into tmp_path/kept.jsonl, the tiny model's 4 samples a prompt scripted (``script``:
+    prompt -> completions); its exit code."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ScriptedEngine.script = script
+    monkeypatch.setattr(runner, "HFEngine", ScriptedEngine)
+    args = [
+        "filter",
+        f"dataset={data}",
+        "samples=4",
+        *bounds,
+        "precision=fp32",
+        f"output_file={tmp_path / 'kept.jsonl'}",
+    ]
+    return main([*args, *TINY])
 
 
 def test_spread_counts_each_bin():
@@ -30,32 +49,14 @@ def test_filter_keeps_the_rows_in_range_with_their_columns(tmp_path, monkeypatch
         {"prompt": f"{a}+{b}=", "answer": str(a + b), "task": "arithmetic", "meta": {"a": a, "b": b}}
         for a, b in ((1, 1), (2, 5), (3, 3), (4, 4))
     ]
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ScriptedEngine.script = {
+    script = {
         "1+1=": ["2", "2", "2", "2"],  # 4/4: always solved, dropped
         "2+5=": ["7", "6", "6", "6"],  # 1/4 = 0.25: kept
         "3+3=": ["6", "6", "6", "5"],  # 3/4: kept
         "4+4=": ["1", "2", "3", "4"],
     }  # 0/4: never solved, dropped
-    monkeypatch.setattr(runner, "HFEngine", ScriptedEngine)
-    out = tmp_path / "kept.jsonl"
-    assert (
-        main(
-            [
-                "filter",
-                f"dataset={data}",
-                "samples=4",
-                "min_pass=0.2",
-                "max_pass=0.8",
-                "precision=fp32",
-                f"output_file={out}",
-                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
-            ]
-        )
-        == 0
-    )
-    kept = load_rows(str(out))
+    assert filter_scripted(tmp_path, monkeypatch, rows, script, "min_pass=0.2", "max_pass=0.8") == 0
+    kept = load_rows(str(tmp_path / "kept.jsonl"))
     assert [(r["prompt"], r["pass_rate"]) for r in kept] == [("2+5=", 0.25), ("3+3=", 0.75)]
     assert kept[0]["meta"] == {"a": 2, "b": 5}  # every column survives, so the task's verifier still scores it
     assert get_task(kept[0]["task"]).score("7", kept[0]["answer"], kept[0]["meta"]) == 1.0
@@ -70,26 +71,9 @@ def test_bad_ranges_are_refused():
 
 def test_an_empty_result_names_the_bound_that_emptied_it_and_keeps_the_rates(tmp_path, monkeypatch, capsys):
     rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "task": "arithmetic", "meta": {}} for a in (1, 2)]
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ScriptedEngine.script = {"1+1=": ["2", "2", "2", "2"], "2+2=": ["4", "4", "4", "1"]}  # pass rates 1 and 0.75
-    monkeypatch.setattr(runner, "HFEngine", ScriptedEngine)
+    script = {"1+1=": ["2", "2", "2", "2"], "2+2=": ["4", "4", "4", "1"]}  # pass rates 1 and 0.75
+    assert filter_scripted(tmp_path, monkeypatch, rows, script, "min_pass=0.1", "max_pass=0.5") == 2
     out = tmp_path / "kept.jsonl"
-    assert (
-        main(
-            [
-                "filter",
-                f"dataset={data}",
-                "samples=4",
-                "min_pass=0.1",
-                "max_pass=0.5",
-                "precision=fp32",
-                f"output_file={out}",
-                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
-            ]
-        )
-        == 2
-    )
     message = " ".join(capsys.readouterr().out.split())
     assert "max_pass=0.5 emptied it (all 2 rows are above)" in message, message
     assert not out.exists()

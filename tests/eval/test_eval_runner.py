@@ -18,8 +18,7 @@ from lmrl.models import load_model
 from lmrl.models.precision import autocast_dtype
 from lmrl.models.reward import RewardModel, load_reward_model
 from lmrl.rewards.reward_model import score_texts
-
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
+from tests.helpers import TINY, TINY_ARGS
 
 
 @dataclass
@@ -88,7 +87,7 @@ def test_eval_of_a_checkpoint_agrees_with_the_trainers_held_out_accuracy(tmp_pat
         "warmup_steps=1",
         "eval_max_new_tokens=6",
         "precision=fp32",
-        "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+        *TINY,
     ]
     assert main(args) == 0
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -133,11 +132,11 @@ def test_default_output_goes_to_the_runs_evals_folder(tmp_path, monkeypatch):
 
 def test_reward_metric_is_the_reward_models_mean_score(tmp_path):
     tok = build_char_tokenizer()
-    rm = RewardModel(load_model("builtin:tiny", tok, seed=1, model_args=TINY), "bt", seed=1)
+    rm = RewardModel(load_model("builtin:tiny", tok, seed=1, model_args=TINY_ARGS), "bt", seed=1)
     rm.save_pretrained(tmp_path / "rm")
     tok.save_pretrained(tmp_path / "rm")
     rows = load_rows("task:arithmetic", split="test", limit=6)
-    policy = load_model("builtin:tiny", tok, seed=0, model_args=TINY)
+    policy = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS)
     ev = Evaluator(["reward"], rows, EvalOptions(reward_model=str(tmp_path / "rm"), max_new_tokens=5), "rows")
     metrics, samples = ev(policy, tok)
     assert [s["completion"] for s in samples] == [s["completion"] for s in ev(policy, tok)[1]]  # greedy: repeatable
@@ -154,7 +153,7 @@ def test_reward_metric_is_the_reward_models_mean_score(tmp_path):
 def test_judge_win_rate_counts_every_pair(tmp_path):
     rows = load_rows("task:arithmetic", split="test", limit=3)
     tok = build_char_tokenizer()
-    policy = load_model("builtin:tiny", tok, seed=0, model_args=TINY)
+    policy = load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS)
     ev = Evaluator(
         ["win_rate"],
         rows,
@@ -197,7 +196,7 @@ def test_eval_metrics_in_a_trainer_land_in_metrics_jsonl(tmp_path):
                 "batch_size=8",
                 "precision=fp32",
                 "eval_max_new_tokens=4",
-                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+                *TINY,
                 "eval_metrics=[accuracy,pass@2,maj@2]",
                 "eval_metrics_rows=5",
                 "eval_metrics_args={max_new_tokens: 4}",
@@ -251,7 +250,7 @@ def test_training_warns_about_planted_contamination(tmp_path, capsys):
                 "batch_size=4",
                 "precision=fp32",
                 "eval_rows=20",
-                "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+                *TINY,
                 "eval_max_new_tokens=2",
             ]
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmrl.eval.tools import pass_at_k, pass_hat_k
+from tests.helpers import TINY, TOOL_RUN
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "rollout"))
 from scripted_policy import CalculatorPolicy  # noqa: E402
@@ -36,14 +37,8 @@ def test_bad_counts_fail():
 # `lmrl eval` with tools: the training-time tool loop, and the same numbers as training's held-out tool eval.
 
 TOOL_KEYS = [
-    "dataset=task:tool_arithmetic",
-    "task_args={digits: 2}",
-    "tools=[calculator]",
-    "tool_parser=pythonic",
-    "max_turns=2",
-    "max_total_tokens=60",
-    "max_new_tokens=24",
-    "model_args={hidden_size: 32, num_hidden_layers: 2, intermediate_size: 64, num_attention_heads: 2}",
+    *TOOL_RUN,
+    *TINY,
     "precision=fp32",
 ]
 

@@ -14,6 +14,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.eval.harness import flat_metrics, run_harness, write_task
 from lmrl.eval.loglik import choice_logprobs
 from lmrl.models import load_model, save_model
+from tests.helpers import TINY_ARGS
 
 lm_eval = (
     pytest.importorskip("lm_eval", reason="the eval extra (pip install -e '.[eval]')")
@@ -21,7 +22,6 @@ lm_eval = (
     else __import__("lm_eval")
 )
 
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
 ROWS = [
     {"prompt": "2+3=", "choices": ["5", "6", "7"], "answer": 0},
     {"prompt": "4+4=", "choices": ["7", "8", "19"], "answer": 1},
@@ -33,7 +33,7 @@ ROWS = [
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "final"
     tok = build_char_tokenizer()
-    save_model(load_model("builtin:tiny", tok, seed=3, model_args=TINY), tok, path)
+    save_model(load_model("builtin:tiny", tok, seed=3, model_args=TINY_ARGS), tok, path)
     return path
 
 

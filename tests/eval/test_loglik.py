@@ -9,8 +9,8 @@ from lmrl.data.chat import encode_prompt
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.eval.loglik import batch_logprobs, choice_logprobs, evaluate_choices
 from lmrl.models import load_model
+from tests.helpers import TINY_ARGS
 
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2}
 ROWS = [
     {"prompt": "2+3=", "choices": ["5", "6", "17"], "answer": "5"},
     {"prompt": "14+41=", "choices": ["55", "56"], "answer": 0},
@@ -20,7 +20,7 @@ ROWS = [
 
 def test_batched_rows_equal_single_rows_and_a_manual_sum():
     tok = build_char_tokenizer()
-    model = load_model("builtin:tiny", tok, seed=5, model_args=TINY).eval()
+    model = load_model("builtin:tiny", tok, seed=5, model_args=TINY_ARGS).eval()
     contexts = [encode_prompt(tok, r["prompt"], chat=True) for r in ROWS]
     sums, counts = batch_logprobs(model, tok, [(c, r["choices"]) for c, r in zip(contexts, ROWS)])
     for context, row, s, n in zip(contexts, ROWS, sums, counts):

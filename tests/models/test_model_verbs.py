@@ -17,11 +17,11 @@ from arch_zoo import ARCHITECTURES, save_model_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmrl.config import load_config
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.dpo import trainer as preference
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.sft import trainer as sft
+from tests.helpers import digit_fraction, register_once
 
 COMMON = ["precision=fp32", "device=cpu", "eval_every=0", "save_every=0", "log_every=1"]
 RL = [
@@ -38,12 +38,7 @@ RL = [
 ]
 
 
-def digit_share(prompts, completions, **kwargs):
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-if "test_digit_share" not in REWARDS:
-    register_reward("test_digit_share")(lambda **_: digit_share)
+register_once("test_digit_share", digit_fraction)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import ONE_LAYER, RL_SMOKE
+
 REWARDS = [0.1, 0.25, 0.4, 0.55, 0.61]
 KLS = [0.0, 0.02, 0.05, 0.11, 0.2]
 EVAL_ACC = {0: 0.12, 4: 0.345}
@@ -106,16 +108,8 @@ def runs_dir(tmp_path: Path) -> Path:
 
 REAL_RL_ARGS = [
     "precision=fp32",
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=1",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-    "task_args.digits=1",
-    "train_rows=16",
-    "eval_rows=4",
-    "prompts_per_step=2",
-    "samples_per_prompt=2",
-    "max_new_tokens=4",
+    *ONE_LAYER,
+    *RL_SMOKE,
     "eval_every=2",
     "max_steps=3",
     "log_every=1",

@@ -21,8 +21,7 @@ from lmrl.rewards.judge_text import (
     parse_verdict,
     question_text,
 )
-
-TINY_ARGS = {"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2}
+from tests.helpers import ONE_LAYER_ARGS
 
 
 @pytest.mark.parametrize(
@@ -169,7 +168,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def random_model(tok):
-    return load_model("builtin:tiny", tok, seed=0, model_args=TINY_ARGS).eval()
+    return load_model("builtin:tiny", tok, seed=0, model_args=ONE_LAYER_ARGS).eval()
 
 
 def scripted(judge, rule):

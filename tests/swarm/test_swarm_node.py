@@ -10,37 +10,18 @@ import torch
 from lmrl.config import load_config
 from lmrl.data.tasks import get_task, split_of
 from lmrl.data.tokenizers import load_tokenizer
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.swarm import MemoryHub, MemoryTransport, Payload, QuestionGroup, decode, encode
 from lmrl.swarm.batch import concat_batches, groups_to_batch, tokenize_group, with_sampler_logp
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.node import SwarmNode
 from lmrl.swarm.rounds import NodeSpec, group_advantages, node_seed, sample_questions
 from lmrl.swarm.sampling import PEER_SAMPLERS, Candidate, informative, select_peer_groups
+from tests.helpers import TINY, digit_fraction, register_once
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
+register_once("test_swarm_digits", digit_fraction)
 
 
-def digit_share(prompts, completions, **kwargs):
-    """Dense test reward: the share of digits among a completion's characters (varies on random text)."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-if "test_swarm_digits" not in REWARDS:
-    register_reward("test_swarm_digits")(lambda **_: digit_share)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: two threads on a shared 2-core machine are many times slower
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def swarm_config(tmp_path, *overrides):

@@ -11,36 +11,17 @@ import torch
 
 from lmrl.config import RECIPES_DIR, ConfigError, load_config
 from lmrl.models import load_model
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.swarm import FileHub, MemoryTransport, Payload, QuestionGroup, encode
 from lmrl.swarm.cli import ROUND_EPOCH, run, swarm_round
 from lmrl.swarm.config import SwarmConfig
 from lmrl.swarm.sim import node_specs, plot_sim, swarm_metrics, warm_start_model
 from lmrl.tracking import read_jsonl
+from tests.helpers import TINY, digit_fraction, register_once
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
+register_once("test_swarm_digits", digit_fraction)
 
 
-def digit_share(prompts, completions, **kwargs):
-    """Dense test reward: the share of digits among a completion's characters."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-if "test_swarm_digits" not in REWARDS:
-    register_reward("test_swarm_digits")(lambda **_: digit_share)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture

@@ -13,16 +13,11 @@ from lmrl.tracking import read_jsonl
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.rl import update as rl_update
 from lmrl.trainers.sft import trainer as sft
+from tests.helpers import TINY, TOOL_RUN
 
 sys.path.insert(0, str(Path(__file__).parent))  # env=agentic_envs:digits
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-    "precision=fp32",
-]
+MODEL = [*TINY, "precision=fp32"]
 
 
 def rl_config(tmp_path, *overrides):
@@ -31,7 +26,7 @@ def rl_config(tmp_path, *overrides):
         None,
         [
             f"output_dir={tmp_path / 'rl'}",
-            *TINY,
+            *MODEL,
             "train_rows=64",
             "eval_rows=4",
             "prompts_per_step=4",
@@ -127,7 +122,7 @@ def test_sft_on_tool_traces_and_tool_episode_eval(tmp_path):
         None,
         [
             f"output_dir={tmp_path / 'sft'}",
-            *TINY,
+            *MODEL,
             "dataset=task:tool_arithmetic",
             "task_args={digits: 2}",
             "tools=[calculator]",
@@ -196,13 +191,7 @@ def test_eval_metrics_of_a_tool_run_are_tool_episodes_like_its_own_eval(tmp_path
     monkeypatch.setattr(runner, "HFEngine", CalculatorPolicy)  # calls the calculator, answers right on even a
     config = rl_config(
         tmp_path,
-        "dataset=task:tool_arithmetic",
-        "task_args={digits: 2}",
-        "tools=[calculator]",
-        "tool_parser=pythonic",
-        "max_turns=2",
-        "max_total_tokens=60",
-        "max_new_tokens=24",
+        *TOOL_RUN,
         "eval_rows=8",
         "eval_metrics=[accuracy]",
         "eval_metrics_rows=8",

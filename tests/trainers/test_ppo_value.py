@@ -12,6 +12,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.value import ValueModel
 from lmrl.trainers.rl.ppo_value import completion_values, value_term
+from tests.helpers import ONE_LAYER_ARGS
 
 
 @dataclasses.dataclass
@@ -37,7 +38,7 @@ def test_the_value_loss_of_a_split_minibatch_sums_to_the_whole_minibatch_loss():
         "builtin:tiny",
         build_char_tokenizer(),
         seed=0,
-        model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2},
+        model_args=ONE_LAYER_ARGS,
     )
     value_model = ValueModel.from_causal_lm(model)
     torch.nn.init.normal_(value_model.head.weight, std=0.5)

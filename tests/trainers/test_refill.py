@@ -9,12 +9,12 @@ import torch
 
 from lmrl import tracking
 from lmrl.config import ConfigError
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common
 from lmrl.trainers.rl import refill
 from lmrl.trainers.rl import trainer as online
+from tests.helpers import has_digit, register_once
 from tests.trainers.test_online import rl_config
 
 G, B = 4, 4
@@ -35,8 +35,7 @@ def stub(prompts, completions, meta, **kwargs):
     return [0.0 if zero_group(e) else float(i % G) for i, e in enumerate(expressions)]
 
 
-if "test_refill_stub" not in REWARDS:
-    register_reward("test_refill_stub")(lambda **_: stub)
+register_once("test_refill_stub", stub)
 
 
 @pytest.fixture(autouse=True)
@@ -234,12 +233,7 @@ def test_refill_with_what_it_cannot_serve_is_refused(tmp_path, overrides, messag
         rl_config(tmp_path, "grpo", "dynamic_sampling=refill", *overrides)
 
 
-def has_digit(prompts, completions, **kwargs):
-    return [float(any(c.isdigit() for c in text)) for text in completions]
-
-
-if "test_has_digit" not in REWARDS:
-    register_reward("test_has_digit")(lambda **_: has_digit)
+register_once("test_has_digit", has_digit)
 
 
 @pytest.mark.slow

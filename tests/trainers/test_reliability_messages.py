@@ -13,6 +13,7 @@ from lmrl import cli
 from lmrl.config import ConfigError, load_config
 from lmrl.tracking import truncate_jsonl
 from lmrl.trainers import ckpt_world, common
+from tests.helpers import ONE_LAYER_ARGS
 
 
 def test_a_metrics_line_with_a_null_step_is_dropped_on_resume(tmp_path, capsys):
@@ -92,7 +93,7 @@ def test_a_cut_weights_file_is_named_damaged(tmp_path):
         "builtin:tiny",
         None,
         0,
-        model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2},
+        model_args=ONE_LAYER_ARGS,
     )
     save_model(model, tokenizer, tmp_path / "m")
     weights = tmp_path / "m" / "model.safetensors"

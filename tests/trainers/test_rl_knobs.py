@@ -7,10 +7,10 @@ from safetensors.torch import load_file
 
 from lmrl.config import ConfigError
 from lmrl.numerics import agreement, rounding_bound
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.rl import update as rl_update
+from tests.helpers import register_once
 from tests.rounding import assert_trained_alike
 from tests.trainers.test_online import rl_config
 
@@ -19,8 +19,7 @@ def constant(prompts, completions, **kwargs):
     return [0.5 for _ in completions]
 
 
-if "test_constant" not in REWARDS:
-    register_reward("test_constant")(lambda **_: constant)
+register_once("test_constant", constant)
 
 
 def test_update_options_carry_the_knobs_to_the_loss(tmp_path):
@@ -278,8 +277,7 @@ def stop_spy(prompts, completions, **kwargs):
     return [0.5] * len(completions)
 
 
-if "test_stop_spy" not in REWARDS:
-    register_reward("test_stop_spy")(lambda **_: stop_spy)
+register_once("test_stop_spy", stop_spy)
 
 
 def test_a_run_with_a_stop_string_scores_the_text_before_it(tmp_path):

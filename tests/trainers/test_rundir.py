@@ -6,19 +6,13 @@ import json
 import pytest
 import torch
 import yaml
-from tiny_sft import TINY
+from tiny_sft import sft_main, start_failing_at_the_first_step
 
-from lmrl import cli
 from lmrl.models import precision
 from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common, rundir
 from lmrl.trainers.sft import trainer as sft
-
-
-def sft_main(run_dir, *overrides, config=None):
-    args = ["sft", *(["--config", str(config)] if config else []), f"output_dir={run_dir}", *TINY, *overrides]
-    return cli.main(args)
 
 
 def test_a_recipe_in_output_dir_is_never_overwritten(tmp_path, capsys):
@@ -66,13 +60,7 @@ def test_resume_with_another_architecture_is_a_clear_error(tmp_path, capsys):
 
 def test_a_start_that_failed_before_its_first_step_leaves_no_run(tmp_path, monkeypatch):
     run = tmp_path / "run"
-
-    def broken(self, step):
-        raise ValueError("the first step failed")
-
-    with monkeypatch.context() as m:
-        m.setattr(sft.SFT, "step", broken)
-        assert sft_main(run, "max_steps=2") == 2
+    assert start_failing_at_the_first_step(run, monkeypatch) == 2
     assert not rundir.has_run(run)
     assert sft_main(run, "max_steps=2") == 0  # the corrected command needs no overwrite=true
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]

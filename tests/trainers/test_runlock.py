@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny_sft import TINY
+from tiny_sft import TINY, sft_main, start_failing_at_the_first_step
 
 from lmrl import cli
 from lmrl.config import from_dict
@@ -22,10 +22,6 @@ HOLDER = (
     "import sys, time\nfrom lmrl.trainers import runlock\nrunlock.acquire(sys.argv[1])\n"
     "print('locked', flush=True)\ntime.sleep(120)\n"
 )
-
-
-def sft_main(run_dir, *overrides):
-    return cli.main(["sft", f"output_dir={run_dir}", *TINY, *overrides])
 
 
 def out_text(capsys) -> str:
@@ -91,13 +87,7 @@ def test_a_live_pid_in_the_lock_file_is_refused_even_when_the_file_is_not_locked
 
 def test_the_lock_is_released_when_a_run_fails(tmp_path, monkeypatch):
     run = tmp_path / "run"
-
-    def broken(self, step):
-        raise ValueError("the first step failed")
-
-    with monkeypatch.context() as m:
-        m.setattr(sft.SFT, "step", broken)
-        assert sft_main(run, "max_steps=2") == 2
+    assert start_failing_at_the_first_step(run, monkeypatch) == 2
     assert not (run / runlock.LOCK_FILE).exists() and not runlock.HELD
     assert sft_main(run, "max_steps=1") == 0
 

@@ -12,7 +12,7 @@ from lmrl.models import load_model
 from lmrl.rewards.self_reward import SelfReward, parse_score, quality_prompt
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.selfplay import trainer as selfplay
-from tests.helpers import TINY
+from tests.helpers import ONE_LAYER_ARGS, TINY
 
 CHAIN_SUM = "State the final answer to the following arithmetic problem: "  # reasoning-gym chain_sum's prompt
 VERIFIABLE = ["verifier=arithmetic", "rewards=[task]", "challenger_prompt=short", "task=arithmetic", "template={}+{}="]
@@ -267,7 +267,7 @@ def test_a_reward_model_trained_with_lmrl_reward_is_R(tmp_path):
             "builtin:tiny",
             tok,
             seed=7,
-            model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2},
+            model_args=ONE_LAYER_ARGS,
         ),
         "bt",
         seed=7,
@@ -431,7 +431,7 @@ def test_self_reward_falls_back_counts_failures_and_shows_the_judge_the_interact
 
     model, tokenizer = load_model_and_tokenizer(
         "builtin:tiny",
-        model_args={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2},
+        model_args=ONE_LAYER_ARGS,
     )
     judge = SelfReward(
         model, tokenizer, template="I: {instruction} R: {response}", fallback=-1.0, max_new_tokens=2, batch_size=2
