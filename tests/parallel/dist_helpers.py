@@ -13,23 +13,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
+from tests.helpers import digit_fraction, has_digit  # noqa: F401  (rewards=[dist_helpers:digit_fraction])
+
+GRPO_RUN = [
+    "algorithm=grpo",
+    "task_args.digits=1",
+    "train_rows=64",
+    "eval_rows=4",
+    "prompts_per_step=4",
+    "samples_per_prompt=4",
+    "rewards=[dist_helpers:digit_fraction]",
 ]
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    """A dense reward (``rewards=[dist_helpers:digit_fraction]``): the share of completion characters that are
-    digits."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-def has_digit(prompts, completions, **kwargs):
-    """A 0/1 reward (``rewards=[dist_helpers:has_digit]``) whose groups are often all equal (DAPO drops them)."""
-    return [float(any(c.isdigit() for c in text)) for text in completions]
+"""GRPO on 1-digit arithmetic with the dense digit reward: 4 prompts x 4 samples a step, shared by the ranks."""
 
 
 def free_port() -> int:

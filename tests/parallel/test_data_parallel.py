@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import TINY, final_weights, max_weight_diff, run_ranks
+from dist_helpers import GRPO_RUN, final_weights, max_weight_diff, run_ranks
 from safetensors.torch import load_file
 
 from lmrl.config import ConfigError, load_config
@@ -26,6 +26,7 @@ from lmrl.trainers.reward import trainer as reward
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.selfplay import trainer as selfplay
 from lmrl.trainers.sft import trainer as sft
+from tests.helpers import TINY
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainers"))  # env=agentic_envs:digits
 TOL = 1e-5
@@ -42,6 +43,17 @@ COMMON = [
     "warmup_steps=0",
     *TINY,
 ]
+SELFPLAY = [
+    "challenger_prompt=short",
+    "rewards=[dist_helpers:digit_fraction]",
+    "queries_per_step=8",
+    "answers_per_query=2",
+    "challenger_max_new_tokens=4",
+    "solver_max_new_tokens=4",
+    "sampling_shards=2",
+    "lr=1e-3",
+]
+"""Self-play with each rank sampling its shard of the queries; a variant adds its own keys."""
 RUNS = {
     "sft": (
         sft.SFTConfig,
@@ -111,48 +123,21 @@ RUNS = {
     "selfplay": (
         selfplay.SelfPlayConfig,
         selfplay.train,
-        [
-            "variant=lsp_zero",
-            "challenger_prompt=short",
-            "rewards=[dist_helpers:digit_fraction]",
-            "queries_per_step=8",
-            "answers_per_query=2",
-            "challenger_max_new_tokens=4",
-            "solver_max_new_tokens=4",
-            "sampling_shards=2",
-            "lr=1e-3",
-        ],
+        ["variant=lsp_zero", *SELFPLAY],
     ),
     # LSP: the reference model's self-reward judge generates on each rank with the reference unsharded (a random
     # tiny judge writes no parseable score: R_Q is the fallback; the test is that the judge runs, no hang, same weights)
     "selfplay_lsp": (
         selfplay.SelfPlayConfig,
         selfplay.train,
-        [
-            "variant=lsp",
-            "judge_max_new_tokens=8",
-            "challenger_prompt=short",
-            "rewards=[dist_helpers:digit_fraction]",
-            "queries_per_step=8",
-            "answers_per_query=2",
-            "challenger_max_new_tokens=4",
-            "solver_max_new_tokens=4",
-            "sampling_shards=2",
-            "lr=1e-3",
-        ],
+        ["variant=lsp", "judge_max_new_tokens=8", *SELFPLAY],
     ),
     "grpo": (
         online.RLConfig,
         online.train,
         [
-            "algorithm=grpo",
-            "task_args.digits=1",
-            "train_rows=64",
-            "eval_rows=4",
-            "prompts_per_step=4",
-            "samples_per_prompt=4",
+            *GRPO_RUN,
             "max_new_tokens=6",
-            "rewards=[dist_helpers:digit_fraction]",
             "sampling_shards=2",
             "lr=1e-3",
             "kl_coef=0.05",

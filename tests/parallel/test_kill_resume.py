@@ -12,23 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import TINY, max_weight_diff, run_ranks
+from dist_helpers import GRPO_RUN, max_weight_diff, run_ranks
 
 from lmrl.config import load_config
 from lmrl.trainers.rl import trainer as online
+from tests.helpers import TINY
 
 TESTS = Path(__file__).resolve().parent
 ARGS = [
-    "algorithm=grpo",
+    *GRPO_RUN,
     "precision=fp32",
     *TINY,
-    "task_args.digits=1",
-    "train_rows=64",
-    "eval_rows=4",
-    "prompts_per_step=4",
-    "samples_per_prompt=4",
     "max_new_tokens=8",
-    "rewards=[dist_helpers:digit_fraction]",
     "lr=1e-3",
     "max_steps=8",
     "eval_every=0",

@@ -8,27 +8,22 @@ import sys
 
 import pytest
 import torch
-from dist_helpers import TINY
+from dist_helpers import GRPO_RUN
 
 from lmrl.config import ConfigError, load_config
 from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
 from lmrl.trainers import common, loop
 from lmrl.trainers.rl import trainer as online
+from tests.helpers import TINY
 
 SLOW = pytest.mark.slow  # Ray and two actors that import torch: ~50-60 s a test on 2 shared cores
 
 ARGS = [
-    "algorithm=grpo",
+    *GRPO_RUN,
     "precision=fp32",
     *TINY,
-    "task_args.digits=1",
-    "train_rows=64",
-    "eval_rows=4",
-    "prompts_per_step=4",
-    "samples_per_prompt=4",
     "max_new_tokens=6",
-    "rewards=[dist_helpers:digit_fraction]",
     "lr=1e-2",
     "eval_every=0",
     "save_every=0",

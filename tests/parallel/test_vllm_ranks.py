@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dist_helpers import TINY
+
+from tests.helpers import VLLM_TINY
 
 if __import__("os").environ.get("LMRL_REQUIRE_VLLM"):
     import vllm  # noqa: F401
@@ -27,21 +28,21 @@ else:
     pytest.importorskip("vllm")
 
 pytestmark = pytest.mark.vllm  # ~35-50 s each here (two engines start)
-MODEL = [k for k in TINY if "hidden_size" not in k and "intermediate" not in k] + [
-    "model_args.hidden_size=64",
-    "model_args.intermediate_size=128",
-]  # head size 32: vLLM's CPU attention runs it
 
 
 def train(out: Path, parallel: str, *overrides) -> subprocess.CompletedProcess:
     """`lmrl rl nproc=2 ...` in a subprocess (the reward's module on its path)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     args = [
         f"output_dir={out}",
         f"parallel={parallel}",
         "engine=vllm",
         "precision=fp32",
-        *MODEL,
+        *VLLM_TINY,
         "task_args.digits=1",
         "train_rows=32",
         "eval_rows=4",
