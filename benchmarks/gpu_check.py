@@ -21,7 +21,7 @@ Cases, each through the Python API of the trainer that `lmrl <verb>` runs (`sft.
                 fused chunked LM head's backward ran in many chunks (the sft case's in none), and the step-1 loss
                 equals the sft case's
     unfused     the sft case with fused_layers=false: no fused RMSNorm/SwiGLU forward ran (the sft case's ran, counted
-                by `lmrl.models.fused.total_calls`), the step-1 loss equals the sft case's; its peak memory and
+                by `lmrl.models.usage`), the step-1 loss equals the sft case's; its peak memory and
                 tokens/s beside the sft case's are what the fused layers save on a GPU
     grpo_unfused  the grpo case with fused_layers=false: no fused forward ran (the grpo case's did), and its
                 training step's time and peak beside grpo's
@@ -202,7 +202,7 @@ def instruments():
     training, not evaluation; `fused_calls(seen)` is the fused RMSNorm/SwiGLU forwards run since the case began."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    from lmrl.models import fused, head
+    from lmrl.models import head, usage
     from lmrl.models.setup import ModelSetup
 
     seen = {
@@ -210,7 +210,7 @@ def instruments():
         "layer_calls": 0,
         "head_chunks": 0,
         "in_backward": False,
-        "fused_start": fused.total_calls(),
+        "usage": usage.Usage(),
     }
     real_policy, real_logits, real_backward = ModelSetup.policy, head._logits, head.FusedHeadLogprobs.backward
 
@@ -240,6 +240,7 @@ def instruments():
             seen["in_backward"] = False
 
     with (
+        usage.counting(seen["usage"]),
         patched(ModelSetup, "policy", policy),
         patched(head, "_logits", logits),
         patched(head.FusedHeadLogprobs, "backward", staticmethod(backward)),
@@ -248,9 +249,7 @@ def instruments():
 
 
 def fused_calls(seen: dict) -> int:
-    from lmrl.models import fused
-
-    return fused.total_calls() - seen["fused_start"]
+    return seen["usage"].total_of("fused_")
 
 
 def register_noise_reward() -> None:

@@ -311,10 +311,10 @@ class MemoryModel:
     def __init__(self, model_dtype: str):
         import torch
 
+        from lmrl.models.forward_plan import ForwardPlan
         from lmrl.rollout.engines import kv_cache
         from lmrl.rollout.samplers.groups import LocalGroups
         from lmrl.trainers import common
-        from lmrl.trainers.rl import update as rl_update
 
         self.bf16 = model_dtype == "bf16"
         self.peaks: dict[str, float] = {}
@@ -326,7 +326,7 @@ class MemoryModel:
         self.resets = reset_peak()
         rollout, logprobs, step, repeat = (
             LocalGroups.sample,
-            rl_update.completion_logprobs,
+            ForwardPlan.logprobs,
             common.optimizer_step,
             kv_cache.repeat_cache,
         )
@@ -341,13 +341,13 @@ class MemoryModel:
             self.record("recorded layer outputs (after sampling)", record_mib(batch.linear_outputs))
             return batch
 
-        def measured_logprobs(model, input_ids, attention_mask, completion_start, *a, **kw):
+        def measured_logprobs(plan, model, input_ids, attention_mask, completion_start, *a, **kw):
             if not torch.is_grad_enabled():
-                return logprobs(model, input_ids, attention_mask, completion_start, *a, **kw)
-            self.see(model, kw["chunk_mb"], input_ids.shape[0] * (input_ids.shape[1] - completion_start))
+                return logprobs(plan, model, input_ids, attention_mask, completion_start, *a, **kw)
+            self.see(model, plan.chunk_mb, input_ids.shape[0] * (input_ids.shape[1] - completion_start))
             self.mark("forward")
             with saved_tensor_sizes(model) as saved:  # lmrl's own hooks (`saving_less`) report what they keep
-                out = logprobs(model, input_ids, attention_mask, completion_start, *a, **kw)
+                out = logprobs(plan, model, input_ids, attention_mask, completion_start, *a, **kw)
             for kind, mib in saved.items():
                 self.record(f"saved for backward: {kind}", mib)
             held, free = record_mib(kw.get("linear_outputs")), malloc_free_mib()
@@ -389,7 +389,7 @@ class MemoryModel:
             )
             return cache
 
-        LocalGroups.sample, rl_update.completion_logprobs, common.optimizer_step = (
+        LocalGroups.sample, ForwardPlan.logprobs, common.optimizer_step = (
             timed_rollout,
             measured_logprobs,
             measured_step,
@@ -465,7 +465,7 @@ def saved_tensor_sizes(model):
     the tensors they rebuild instead of keeping are not counted."""
     import torch
 
-    from lmrl.models import logprobs as logprobs_module
+    from lmrl.models import forward_plan as logprobs_module
     from lmrl.models import rebuild
 
     params = list(model.parameters())

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmrl.data.packing import packed_forward_agreement  # noqa: E402
-from lmrl.models import fused, packed  # noqa: E402
+from lmrl.models import fused, packed, usage  # noqa: E402
 from lmrl.models.head import decoder_and_head, head_agreement  # noqa: E402
 from lmrl.models.support import check_causal_lm  # noqa: E402
 
@@ -80,10 +80,10 @@ def fused_agreements(model) -> dict:
         if candidate is None:
             continue
         kind, forward, width = candidate
-        outcome = fused._reproduces(module, forward, width)
+        with usage.quiet():
+            outcome = fused._reproduces(module, forward, width)
         if kind not in worst or outcome.difference * worst[kind].bound > worst[kind].difference * outcome.bound:
             worst[kind] = outcome
-    fused.CALLS.clear()
     return worst
 
 

@@ -150,13 +150,20 @@ def _dr_grpo(rewards: Tensor, group_size: int) -> Tensor:
 def advantages(name: str, rewards: Tensor, group_size: int, **opts) -> Tensor:
     """Outcome advantages (N,) from rewards (N,) with the estimator `name` in `ADVANTAGES`.
 
-    Names: reinforce, reinforce_pp (opt `eps`), rloo, grpo (opts `eps`, `scale`), dr_grpo. Unknown options raise.
+    Names: reinforce, reinforce_pp (opt `eps`), rloo, grpo (opts `eps`, `scale`), dr_grpo. Unknown options raise;
+    so does an estimator with the ``value_model`` trait (``gae``: per token, on a value model's values).
     """
     fn = ADVANTAGES.get(name)
+    if ADVANTAGES.trait(name, "value_model", False):
+        raise ValueError(
+            f"advantage estimator '{name}' works per token on a value model's values, not on outcome rewards: "
+            f"call {fn.__name__}(rewards, values, mask) (lmrl.trainers.rl.targets does, for algorithm=ppo)."
+        )
     check_options(f"advantage estimator '{name}'", opts, keyword_options(fn))
     return fn(_check_rewards(rewards, group_size), group_size, **opts)
 
 
+@ADVANTAGES.register("gae", value_model=True)
 @torch.no_grad()
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation per token (Schulman et al. 2015; RLHF book §6.3).

@@ -17,7 +17,7 @@ import torch
 
 from lmrl.data.chat import encode_prompt
 from lmrl.eval.metrics import choose
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.forward_plan import ForwardPlan
 
 
 def check_choice_rows(rows: Sequence[dict[str, Any]], source: str) -> None:
@@ -82,7 +82,7 @@ def batch_logprobs(
         input_ids[row, p : p + len(ids)] = torch.tensor(ids)
         mask[row, p - len(ctx) : p + len(ids)] = 1
     device = next(model.parameters()).device
-    logp = completion_logprobs(model, input_ids.to(device), mask.to(device), p, autocast_dtype=dtype)  # (N, T)
+    logp = ForwardPlan(dtype=dtype).logprobs(model, input_ids.to(device), mask.to(device), p)  # (N, T)
     flat_sums, flat_counts = logp.sum(-1).tolist(), [len(ids) for _, ids in seqs]
     sums, counts, i = [], [], 0
     for _, choices in items:

@@ -20,13 +20,12 @@ the tensors these functions keep anyway.
 
 `fuse_layers(model)` swaps a module's forward only after the fused one reproduced the module's own output on a
 random input in the module's dtype (Gemma's ``1 + w`` norm, OLMo's order of operations and any other variant
-fail that check and keep their own forward), and returns what it fused; `CALLS` counts the fused forwards that ran
-(the metric that says they ran is this count, never the setting).
+fail that check and keep their own forward), and returns what it fused; each fused forward that runs is counted (`lmrl.models.usage`: ``fused_<kind>``; the
+metric that says they ran is this count, never the setting).
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import types
@@ -34,20 +33,17 @@ import types
 import torch
 import torch.nn.functional as F
 
+from lmrl.models import usage
 from lmrl.models.rebuild import rebuildable
 from lmrl.notices import model_name, switched_off
 from lmrl.numerics import Agreement, agreement, rounding_bound
 
-CALLS: collections.Counter = collections.Counter()  # fused forwards run, by kind ("rms_norm", "swiglu", "gelu_tanh")
-
 __all__ = [
-    "CALLS",
     "RMSNormFunction",
     "SwiGLUFunction",
     "fuse_layers",
     "fused_count",
     "fusion_candidate",
-    "total_calls",
 ]
 
 
@@ -109,7 +105,7 @@ class SwiGLUFunction(torch.autograd.Function):
 
 
 def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    CALLS["rms_norm"] += 1
+    usage.count("fused_rms_norm")
     y = RMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon)
     return rebuildable(
         y, functools.partial(rms_norm, eps=self.variance_epsilon), hidden_states, self.weight, name="rms_norm"
@@ -117,13 +113,13 @@ def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
-    CALLS["swiglu"] += 1
+    usage.count("fused_swiglu")
     gate, up = self.gate_proj(x), self.up_proj(x)
     return self.down_proj(rebuildable(SwiGLUFunction.apply(gate, up), swiglu, gate, up, name="swiglu"))
 
 
 def _gelu_tanh_forward(self, x: torch.Tensor) -> torch.Tensor:
-    CALLS["gelu_tanh"] += 1
+    usage.count("fused_gelu_tanh")
     return F.gelu(x, approximate="tanh")
 
 
@@ -195,8 +191,8 @@ def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
         if candidate is None:
             continue
         kind, forward, width = candidate
-        before = CALLS[kind]
-        outcome = _reproduces(module, forward, width)
+        with usage.quiet():  # the check's own call is not a use
+            outcome = _reproduces(module, forward, width)
         if outcome:
             module.forward = types.MethodType(forward, module)
             module.lmrl_fused = kind
@@ -204,7 +200,6 @@ def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
         else:
             count, worst = failed.get(kind, (0, outcome))
             failed[kind] = (count + 1, max(worst, outcome, key=lambda a: a.difference))
-        CALLS[kind] = before  # the check's own call is not a use
     for kind, (count, worst) in failed.items():
         switched_off(
             f"the fused {kind}",
@@ -214,11 +209,6 @@ def fuse_layers(model: torch.nn.Module) -> dict[str, int]:
             "update/fused_calls counts the fused forwards that ran)",
         )
     return fused
-
-
-def total_calls() -> int:
-    """Fused forwards run so far in this process, of every kind (a caller's count is the difference)."""
-    return sum(CALLS.values())
 
 
 def fused_count(model: torch.nn.Module) -> int:

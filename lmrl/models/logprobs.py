@@ -1,4 +1,5 @@
-"""Per-token log-probs and entropies of completions: the one computation every trainer shares.
+"""Per-token log-probs and entropies, and the forwards of completions they come from (the pieces
+`lmrl.models.forward_plan.completion_logprobs` puts together under a run's plan).
 
 Layout (same as `RolloutBatch.input_ids`): a left-padded prompt of width P followed by a right-padded
 completion of width T. Completion token j sits at position P+j and is predicted by the logits at P+j-1,
@@ -11,7 +12,6 @@ import contextlib
 
 import torch
 
-from lmrl.models import fused
 from lmrl.models.head import DEFAULT_CHUNK_MB, chunked_head
 from lmrl.models.hf_compat import (
     accepts_kwarg,
@@ -19,13 +19,9 @@ from lmrl.models.hf_compat import (
     new_dynamic_cache,
     output_cache,
 )
-from lmrl.models.memory import is_checkpointing
-from lmrl.models.rebuild import saving_less
-from lmrl.models.replay import replaying
 
 __all__ = [
     "accepts_kwarg",
-    "completion_logprobs",
     "entropy_from_logits",
     "labelled_logprobs",
     "prompt_groups",
@@ -131,143 +127,6 @@ def labelled_logprobs(
     return torch.where(labelled, logp, torch.zeros_like(logp)), labelled
 
 
-def completion_logprobs(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    completion_start: int,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    return_entropy: bool = False,
-    autocast_dtype: torch.dtype | None = None,
-    share_prompts: bool = False,
-    linear_outputs=None,
-    chunk_mb: float = DEFAULT_CHUNK_MB,
-    usage: dict[str, int] | None = None,
-    entropy_grad: bool = False,
-    packed: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs (N, T) of the completion tokens under softmax(logits / temperature), from one forward pass.
-
-    input_ids, attention_mask: (N, P+T), prompt left-padded, completion right-padded; completion_start = P.
-    position_ids = cumsum(attention_mask) - 1, so left padding does not shift positions (same as generation).
-    Log-probs are computed in fp32 from the logits (chunked over rows: `chunk_size` rows of (V,) at a time);
-    positions whose attention_mask is 0 get 0. With return_entropy, also returns the entropy (N, T) of the
-    same distributions. Gradients flow unless the caller disables them. autocast_dtype: run the forward
-    under torch.autocast with that dtype (None: the model's dtype).
-
-    share_prompts: rows with the same prompt (a group of G samples) run their prompt through the model once;
-    the completions then attend to that prompt's KV cache, repeated per row (`shared_prompt_outputs`). Same
-    values and gradients, (G-1)/G fewer prompt FLOPs; ignored when every prompt is distinct or the model takes
-    no KV cache. The entropy is computed without gradient (it is a metric) unless ``entropy_grad`` (an entropy
-    bonus in the loss): then it keeps its gradient and the full logits are built (no chunked LM head).
-
-    linear_outputs: the `LinearOutputs` the sampler recorded for these rows (`RolloutBatch.linear_outputs`); with
-    share_prompts, layers return them instead of recomputing (`lmrl.models.replay`: same values and gradients up
-    to rounding, without the forward matmuls) while the weights are still the sampler's.
-
-    chunk_mb: when the (N, T, V) fp32 logits would exceed it, the decoder's hidden states go through the LM head
-    in chunks of at most that size, forward and backward (`lmrl.models.head`); otherwise one ordinary forward.
-    Gradient checkpointing turns share_prompts off (a checkpointed layer cannot take the prompt's cache), and so
-    does a model whose forward takes no KV cache (`lmrl.models.hf_compat.cache_kwarg`).
-
-    usage: a dict that counts what this forward really did (`count_usage`): the metrics that say a speed-up ran
-    are these counts, never the settings that asked for it.
-
-    packed: the rows' real tokens run as one packed sequence (`packed_rows`: no padding computed, positions restart
-    per row, HF keeps attention within a row); the outputs are gathered back into the (N, T) layout. Exclusive
-    with share_prompts and linear_outputs (both need the padded layout), which it turns off.
-    """
-    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
-        raise ValueError(
-            f"completion_logprobs: input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
-            "must both be (N, P+T)."
-        )
-    seq_len = input_ids.shape[1]
-    if not 1 <= completion_start < seq_len:
-        raise ValueError(
-            f"completion_logprobs: completion_start={completion_start} must be in [1, {seq_len}) for sequences of "
-            f"length {seq_len}: at least one prompt token (the first completion token is predicted from it) and one "
-            "completion token."
-        )
-    if not temperature > 0:
-        raise ValueError(f"completion_logprobs: temperature must be > 0, got {temperature}.")
-    width = seq_len - completion_start  # T
-    position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (N, P+T)
-    device_type = input_ids.device.type
-    ctx = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-    cache_name = cache_kwarg(model)
-    share_prompts = share_prompts and cache_name is not None and not is_checkpointing(model) and not packed
-    linear_outputs = None if packed else linear_outputs
-    groups = prompt_groups(input_ids, attention_mask, completion_start) if share_prompts else None
-    targets = input_ids[:, completion_start:]  # (N, T)
-    valid = attention_mask[:, completion_start:] != 0  # (N, T)
-    parts = (
-        chunked_head(model, targets.numel(), chunk_mb, sharded=True) if not (return_entropy and entropy_grad) else None
-    )
-    replay = (
-        replaying(model, linear_outputs, prompt_rows=groups[0]) if groups is not None else contextlib.nullcontext({})
-    )
-    fused_before = fused.total_calls()
-    with ctx, replay as replayed, saving_less() as rebuilt:
-        if parts is not None:
-
-            def split():
-                if packed:
-                    hidden = packed_outputs(
-                        parts.decoder, input_ids, attention_mask, completion_start, "last_hidden_state"
-                    )
-                else:
-                    hidden = completion_hidden(
-                        parts.decoder, input_ids, attention_mask, position_ids, completion_start, groups
-                    )
-                return valid_head_logprobs(
-                    parts,
-                    hidden,
-                    targets,
-                    valid,
-                    temperature=temperature,
-                    chunk_mb=chunk_mb,
-                    return_entropy=return_entropy,
-                )
-
-            with adapters_off(model):
-                out = parts.run(split)
-        elif packed:
-            logits = packed_outputs(model, input_ids, attention_mask, completion_start, "logits")
-        elif groups is not None:
-            logits = shared_prompt_outputs(model, input_ids, attention_mask, position_ids, completion_start, *groups)
-        else:
-            extra = {"logits_to_keep": width + 1} if accepts_kwarg(model, "logits_to_keep") else {}
-            if accepts_kwarg(model, "use_cache"):  # else GPT-2 & co. build a KV cache nobody reads
-                extra["use_cache"] = False
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra
-            ).logits
-            logits = logits[:, -(width + 1) : -1]  # (N, T, V): logits at P-1 .. P+T-2
-    if usage is not None:
-        count_usage(
-            usage,
-            shared=groups is not None,
-            chunked=parts is not None,
-            replayed=replayed,
-            packed=packed,
-            fused_calls=fused.total_calls() - fused_before,
-            rebuilt=rebuilt,
-        )
-    if parts is not None:
-        if not return_entropy:
-            return torch.where(valid, out, torch.zeros_like(out))
-        return tuple(torch.where(valid, x, torch.zeros_like(x)) for x in out)
-    logp = selective_log_softmax(logits, targets, temperature=temperature, chunk_size=chunk_size)
-    logp = torch.where(valid, logp, torch.zeros_like(logp))
-    if not return_entropy:
-        return logp
-    with torch.no_grad() if not entropy_grad else contextlib.nullcontext():
-        entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
-    return logp, torch.where(valid, entropy, torch.zeros_like(entropy))
-
-
 def valid_head_logprobs(parts, hidden: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, **kwargs):
     """`HeadParts.logprobs` at the positions that hold a completion token only, zeros elsewhere: hidden (N, T, H),
     targets and valid (N, T) -> (N, T) (a tuple with the entropy too). The padding after a row's stop costs no
@@ -280,24 +139,6 @@ def valid_head_logprobs(parts, hidden: torch.Tensor, targets: torch.Tensor, vali
         return x.new_zeros(valid.shape).index_put((valid,), x)
 
     return tuple(place(x) for x in out) if isinstance(out, tuple) else place(out)
-
-
-def count_usage(
-    usage: dict[str, int],
-    shared: bool,
-    chunked: bool,
-    replayed: dict[str, int],
-    packed: bool = False,
-    fused_calls: int = 0,
-    rebuilt: dict[str, int] | None = None,
-) -> None:
-    """Add one forward to ``usage``: whether it shared prompts, ran the chunked head and ran packed rows; the linear
-    calls that replayed the sampler's outputs or computed them; the fused forwards (`lmrl.models.fused`); the saves
-    rebuilt instead of kept and the bytes that spared (`lmrl.models.rebuild`)."""
-    counts = {"forwards": 1, "packed": int(packed), "shared_prompts": int(shared), "chunked_head": int(chunked)}
-    counts.update(fused=fused_calls, **{k: 0 for k in ("replayed", "computed", "rebuilt", "rebuilt_bytes")})
-    for key, value in {**counts, **replayed, **(rebuilt or {})}.items():
-        usage[key] = usage.get(key, 0) + value
 
 
 def adapters_off(model) -> contextlib.AbstractContextManager:

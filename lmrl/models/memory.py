@@ -20,6 +20,8 @@ import os
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from lmrl.models import usage
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, glibc <malloc.h>
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 NEVER_TRIM = 2**31 - 1  # mallopt takes an int
@@ -93,9 +95,6 @@ def step_metrics() -> dict[str, float]:
     return metrics
 
 
-RELEASES = [0]  # malloc_trim calls run in this process (a caller's count is the difference)
-
-
 @functools.cache
 def _malloc_trim():
     name = ctypes.util.find_library("c")
@@ -135,7 +134,7 @@ def release_free_memory(min_growth: int | None = None) -> bool:
     min_growth = MIN_GROWTH if min_growth is None else min_growth
     if trim is None or (min_growth and resident_bytes() - _SINCE_RELEASE[0] < min_growth):
         return False
-    RELEASES[0] += 1
+    usage.count("memory_releases")
     released = bool(trim(0))
     _SINCE_RELEASE[0] = resident_bytes()
     return released

@@ -9,8 +9,8 @@ against the matmul's rounding bound; a shape that fails keeps ``F.linear``).
 
 Measured on the Intel Xeon (AMX), one thread, (32, 576) x (576, 1536)^T: 404 us per call through ``F.linear`` with
 a bf16 weight, 298 us packed; SmolLM2-135M's LM head (49,152 x 576): 15.1 vs 13.1 ms. Sampling only: no autograd
-(the packed op has no backward), so `packed_linears` does nothing while gradients are on. ``CALLS`` counts the packed
-forwards that ran (the metric that says they ran is this count, never a setting).
+(the packed op has no backward), so `packed_linears` does nothing while gradients are on. each packed forward that
+runs is counted (`lmrl.models.usage`: ``packed_linear_calls``) (the metric that says they ran is this count, never a setting).
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from lmrl.models import usage
 from lmrl.notices import model_name, switched_off
 from lmrl.numerics import matmul_bound
 
-__all__ = ["CALLS", "available", "packed_linears"]
+__all__ = ["available", "packed_linears"]
 
-CALLS = [0]
-"""Packed linear forwards run so far in this process (a caller's count is the difference)."""
 
 
 @functools.cache
@@ -129,5 +128,5 @@ def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int)
 
 
 def _counted(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    CALLS[0] += 1
+    usage.count("packed_linear_calls")
     return _packed_linear(x, packed, bias)

@@ -31,7 +31,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from lmrl.models import rebuild
+from lmrl.models import rebuild, usage
 
 __all__ = ["LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
 
@@ -201,10 +201,6 @@ class LinearRecorder:
         self._handles = []
 
 
-BACKWARD_ROWS = [0, 0]
-"""[rows multiplied, rows skipped] by every `_ReplayedLinear` backward so far: the trainer reads the difference
-around its backward passes (`update/backward_rows_skipped`), so the skipping is counted, never assumed."""
-
 DENSE_SHARE = 0.9
 """A backward multiplies every row when at least this share of its rows carries a gradient: the gather of g and x
 and the scatter of dL/dx cost ~3 ms against ~80 ms for the two matmuls at SmolLM2's (2016, 1536) x (1536, 576),
@@ -250,8 +246,8 @@ class _ReplayedLinear(torch.autograd.Function):
         rows = rows_with_gradient(flat_grad)
         if rows is not None:  # (K,) rows of M: the others add nothing
             flat_grad, flat_x = flat_grad.index_select(0, rows), flat_x.index_select(0, rows)
-        BACKWARD_ROWS[0] += len(flat_x)
-        BACKWARD_ROWS[1] += total - len(flat_x)
+        usage.count("backward_rows", len(flat_x))  # the skipping is counted, never assumed
+        usage.count("backward_rows_skipped", total - len(flat_x))
         grad_x = None
         if ctx.needs_input_grad[0]:
             part = (flat_grad @ weight.to(grad.dtype)).to(ctx.x_dtype)  # (K, in)

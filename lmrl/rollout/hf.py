@@ -17,10 +17,11 @@ import dataclasses
 
 import torch
 
-from lmrl.models import attention, packed
+from lmrl.models import attention, packed, usage
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.modes import evaluating
 from lmrl.models.replay import LinearRecorder, has_dropout
+from lmrl.models.usage import counting
 from lmrl.rollout.engines import kv_cache
 from lmrl.rollout.engines.assemble import assemble_batch, check_request, left_pad, pad_token_id, stop_token_ids
 from lmrl.rollout.engines.sampling import sample_next_token
@@ -128,16 +129,21 @@ class HFEngine:
         if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
             recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
         packs = self.pack_weights and self.autocast_dtype == torch.bfloat16 and device.type == "cpu"
-        packed_before = packed.CALLS[0]
+        used = usage.Usage()
         try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)
-            with evaluating(self.model), self._grad_mode(recording=recorder is not None), self._autocast():
+            with (
+                evaluating(self.model),
+                self._grad_mode(recording=recorder is not None),
+                self._autocast(),
+                counting(used),
+            ):
                 with packed.packed_linears(self.model, torch.bfloat16 if packs else None, rows=len(prompt_ids) * n):
                     out_ids, out_logp, finish_step, steps = self._decode(
                         ids, mask, params, n, generator, stop_ids, matcher, recorder
                     )
         finally:
             if packs:
-                self._packed_calls = (self._packed_calls or 0) + packed.CALLS[0] - packed_before
+                self._packed_calls = (self._packed_calls or 0) + used["packed_linear_calls"]
             if recorder is not None:
                 recorder.close()
         # Clone out of inference mode so that learners can use the tensors in autograd graphs.

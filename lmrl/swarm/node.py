@@ -34,6 +34,7 @@ import torch
 from lmrl.data.tasks import get_task
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import count_parameters
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.models.setup import ModelSetup
 from lmrl.rewards import RewardError, RewardSet
 from lmrl.rollout.engines.factory import make_engine
@@ -55,7 +56,8 @@ from lmrl.swarm.sampling import Candidate, fair_share, informative, select_peer_
 from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid
 from lmrl.trainers import common
 from lmrl.trainers.rl import trainer as online
-from lmrl.trainers.rl.update import Targets, UpdateOptions, update
+from lmrl.trainers.rl.stages import score
+from lmrl.trainers.rl.update import Targets, UpdateOptions, forward_options, update
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +106,9 @@ class SwarmNode:
             self.reward_set,
             self.optimizer,
             self.scheduler,
-            options=UpdateOptions.from_config(self.rl),
+            options=UpdateOptions.from_config(
+                self.rl, ForwardPlan.resolve(model, forward_options(self.rl, self.dtype), setup.device)
+            ),
         )
         self.limits = PayloadLimits(max_bytes=config.max_payload_bytes)
         self.counter = SkipCounter()
@@ -143,7 +147,7 @@ class SwarmNode:
         }
         rewards = None
         try:
-            rewards, _, reward_metrics = online.score(self.reward_set, batch, rows, G)
+            rewards, _, reward_metrics = score(self.reward_set, batch, rows, G)
             metrics.update(reward_metrics)
         except RewardError as exc:
             if not exc.skippable:
@@ -283,7 +287,7 @@ class SwarmNode:
         if not chosen:
             return None, [], metrics
         batch = groups_to_batch([tokenized[index[c]] for c in chosen], self.engine.pad_token_id)
-        batch = with_sampler_logp(batch, online.logprobs_no_grad(self.model, batch, self.rl, self.dtype))
+        batch = with_sampler_logp(batch, self.parts.options.plan.scores(self.model, batch))
         return batch, [candidates[c].rewards for c in chosen], metrics
 
     def train(self, own: OwnRound, step: int, rounds: list[int]) -> dict[str, float]:
@@ -330,7 +334,7 @@ class SwarmNode:
         adv = group_advantages(self.rl.advantage, reward_vec, sizes, self.rl.adv_scale)  # (N,)
         old_logp = None  # one on-policy update: pi_old is the current policy (as in `lmrl rl`)
         if self.rl.updates_per_step > 1:
-            old_logp = online.logprobs_no_grad(self.model, batch, self.rl, self.dtype)
+            old_logp = self.parts.options.plan.scores(self.model, batch)
         update_gen = torch.Generator().manual_seed(self.spec.seed * 7_919 + step)
         stats = update(self.parts, batch, Targets(adv, old_logp), self.parts.options, self.dtype, step, update_gen)
         metrics.update(stats)

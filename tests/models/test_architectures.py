@@ -14,11 +14,12 @@ from arch_zoo import ARCHITECTURES, build_model
 from support_table import record
 
 from lmrl.data.tokenizers import load_tokenizer
+from lmrl.models.forward_plan import ForwardOptions, ForwardPlan
 from lmrl.models.fused import fuse_layers, fused_count
-from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.lora import apply_lora
 from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.replay import has_dropout
+from lmrl.models.usage import counting
 from lmrl.rollout.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
 
@@ -63,16 +64,15 @@ def sample(model, tokenizer, record: bool):
     )
 
 
-def learner_logprobs(model, batch, option: str, usage: dict | None = None):
-    return completion_logprobs(
-        model,
-        batch.input_ids,
-        batch.attention_mask,
-        batch.prompt_ids.shape[1],
+def learner_logprobs(model, batch, option: str):
+    """The training forward under the plan `ForwardPlan.resolve` makes for ``option`` on this model."""
+    asked = ForwardOptions(
         share_prompts=option in ("share_prompts", "reuse_sampling_forward", "gradient_checkpointing", "lora"),
-        linear_outputs=batch.linear_outputs,
         chunk_mb=1e-4 if option == "chunked_head" else 128,
-        usage=usage,
+    )
+    plan = ForwardPlan.resolve(model, asked)
+    return plan.logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], linear_outputs=batch.linear_outputs
     )
 
 
@@ -97,9 +97,9 @@ def test_sampler_and_learner_log_probs_agree_with_every_option(arch, option, tok
     batch = sample(model, tokenizer, record=option == "reuse_sampling_forward")
     assert [m.training for m in model.modules()] == modes  # sampling puts every module's own mode back
     assert not any(modes[1:]) or option == "lora"  # RL policies run in eval mode: no dropout in sampler or learner
-    usage = {}
     counts, handles = layer_calls(model)
-    logp = learner_logprobs(model, batch, option, usage)
+    with counting() as usage:
+        logp = learner_logprobs(model, batch, option)
     mask = batch.completion_mask.bool()
     gap = (logp - batch.sampler_logp)[mask].abs().max().item()
     logp.sum().backward()
@@ -118,7 +118,7 @@ def test_sampler_and_learner_log_probs_agree_with_every_option(arch, option, tok
         replayed_all = usage["replayed"] > 0 and computed_ok
         assert replayed_all if expect_replay else usage["replayed"] == 0, usage
     # fused RMSNorm/SwiGLU ran in the forward exactly where `fuse_layers` swapped them in (none in other options)
-    assert usage["fused"] == (fused_count(model) if option == "fused_layers" else 0), usage
+    assert usage["forward_fused"] == (fused_count(model) if option == "fused_layers" else 0), usage
     if option == "gradient_checkpointing":  # the backward recomputed each layer (it may stop once it has what it needs)
         assert counts and all(1 <= n <= 2 for n in counts.values()) and max(counts.values()) == 2, counts
 

@@ -152,7 +152,7 @@ def _release_in_child(queue):
     import ctypes
     import ctypes.util
 
-    from lmrl.models import memory
+    from lmrl.models import memory, usage
 
     keep_freed_memory()  # freed blocks stay in malloc's heap (never trimmed by malloc itself)
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -168,11 +168,13 @@ def _release_in_child(queue):
         ctypes.memset(block, 1, 2**20)  # resident
     for block in blocks[:-1]:
         libc.free(block)  # 255 MiB free but resident (the live block above them keeps the heap from shrinking)
-    before, runs = rss_mib(), memory.RELEASES[0]
-    released = memory.release_free_memory(min_growth=0)
-    dropped, counted = before - rss_mib(), memory.RELEASES[0] - runs
-    refused = memory.release_free_memory(min_growth=2**40)  # grew by less than 1 TiB since: no trim
-    queue.put((released, dropped, counted, refused, memory.RELEASES[0] - runs))
+    before = rss_mib()
+    with usage.counting() as used:
+        released = memory.release_free_memory(min_growth=0)
+    dropped, counted = before - rss_mib(), used["memory_releases"]
+    with usage.counting(used):
+        refused = memory.release_free_memory(min_growth=2**40)  # grew by less than 1 TiB since: no trim
+    queue.put((released, dropped, counted, refused, used["memory_releases"]))
 
 
 def test_released_memory_goes_back_to_the_system_and_layers_release_in_both_passes(monkeypatch):

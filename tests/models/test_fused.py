@@ -3,7 +3,6 @@ gradients on real decoders, what is refused, and a GRPO run that counts the fuse
 
 from __future__ import annotations
 
-import collections
 import copy
 import math
 import warnings
@@ -13,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from lmrl.models import fused
 from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fused_count
+from lmrl.models.usage import counting
 from lmrl.notices import SpeedupOff
 from lmrl.tracking import read_jsonl
 from tests.rounding import assert_trained_alike
@@ -119,10 +118,10 @@ def test_a_norm_the_fused_version_does_not_reproduce_keeps_its_own_forward():
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
     model = torch.nn.Sequential(OffsetRMSNorm(), MLP())
-    before = dict(fused.CALLS)
-    with pytest.warns(SpeedupOff, match=r"the fused rms_norm is off for Sequential: 1 of 1 modules .*differs by"):
-        assert fuse_layers(model) == {"rms_norm": 0, "swiglu": 0} and fused_count(model) == 0
-    assert +fused.CALLS == +collections.Counter(before)  # the check's own calls are not counted as uses
+    with counting() as used:
+        with pytest.warns(SpeedupOff, match=r"the fused rms_norm is off for Sequential: 1 of 1 modules .*differs by"):
+            assert fuse_layers(model) == {"rms_norm": 0, "swiglu": 0} and fused_count(model) == 0
+    assert used.total_of("fused_") == 0  # the check's own calls are not counted as uses
 
 
 def test_a_norm_that_rounds_in_another_order_is_fused():
@@ -155,11 +154,11 @@ def test_grpo_counts_the_fused_calls_it_reports_and_trains_as_without_them(tmp_p
     finals = []
     for on in ("true", "false"):
         out = tmp_path / on
-        before = sum(fused.CALLS.values())
-        online.train(
-            rl_config(tmp_path, "grpo", "max_steps=2", f"output_dir={out}", f"fused_layers={on}", "adam_eps=1.0")
-        )
-        ran = sum(fused.CALLS.values()) - before
+        with counting() as used:
+            online.train(
+                rl_config(tmp_path, "grpo", "max_steps=2", f"output_dir={out}", f"fused_layers={on}", "adam_eps=1.0")
+            )
+        ran = used.total_of("fused_")
         rows = [r for r in read_jsonl(out / "metrics.jsonl") if "update/fused_calls" in r]
         assert len(rows) == 2
         if on == "true":  # builtin:tiny, 2 layers: (2 x (2 norms + 1 MLP) + the final norm) x 2 decoder passes
@@ -201,12 +200,14 @@ def test_gpt2s_tanh_gelu_runs_as_one_kernel_with_the_same_values_and_fewer_saves
     for m in (own, model):
         m.zero_grad(set_to_none=True)
         saved = []
-        before = fused.CALLS["gelu_tanh"]
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        with (
+            counting() as used,
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t),
+        ):
             logits = m(input_ids=ids).logits
         logits.log_softmax(-1)[..., 5].sum().backward()
         results.append((logits.detach(), {k: p.grad for k, p in m.named_parameters()}, len(saved)))
-        assert fused.CALLS["gelu_tanh"] - before == (2 if m is model else 0)
+        assert used["fused_gelu_tanh"] == (2 if m is model else 0)
     (a, grads_a, saves_a), (b, grads_b, saves_b) = results
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     for name, grad in grads_a.items():

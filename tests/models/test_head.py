@@ -10,8 +10,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from lmrl.data.sft import collate_sft
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
 from lmrl.models.head import chunk_tokens, decoder_and_head, fusable, head_logprobs
-from lmrl.models.logprobs import completion_logprobs, entropy_from_logits, selective_log_softmax
+from lmrl.models.logprobs import entropy_from_logits, selective_log_softmax
 from lmrl.notices import SpeedupOff
 from lmrl.trainers.sft.trainer import token_cross_entropy
 from tests.rounding import add_rounding_noise
@@ -142,7 +143,12 @@ def test_completion_logprobs_chunked_equal_unchunked(share_prompts, tied):
     for chunk_mb in (1000.0, 0.05):  # one chunk / 4 positions of 3000 fp32 logits per chunk
         model.zero_grad()
         logp, ent = completion_logprobs(
-            model, ids, mask, 8, return_entropy=True, share_prompts=share_prompts, chunk_mb=chunk_mb, temperature=0.9
+            model,
+            ids,
+            mask,
+            8,
+            ForwardPlan(share_prompts=share_prompts, chunk_mb=chunk_mb, temperature=0.9),
+            entropy=True,
         )
         (logp * torch.arange(1, 7)[:, None]).sum().backward()
         runs[chunk_mb] = (logp.detach(), ent, grads(model))
@@ -312,7 +318,7 @@ def _big_vocab_step(chunk_mb):
         )
     )
     ids = torch.randint(0, 151_936, (16, 136))  # 16 rows x 128 completion tokens: full fp32 logits = 1.2 GB
-    logp = completion_logprobs(model, ids, torch.ones_like(ids), 8, chunk_mb=chunk_mb)
+    logp = completion_logprobs(model, ids, torch.ones_like(ids), 8, ForwardPlan(chunk_mb=chunk_mb))
     logp.mean().backward()
 
 

@@ -1,55 +1,32 @@
 """selective_log_softmax, entropy_from_logits and completion_logprobs against direct computations."""
 
+import functools
 import math
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from lmrl.models.logprobs import (
-    accepts_kwarg,
-    completion_logprobs,
-    entropy_from_logits,
-    prompt_groups,
-    selective_log_softmax,
-)
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
+from lmrl.models.logprobs import accepts_kwarg, entropy_from_logits, prompt_groups, selective_log_softmax
+from tests.helpers import tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
 
 PAD = 0
 
 
-def tiny_llama(vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        pad_token_id=PAD,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
-def tiny_gpt2(vocab: int = 97, seed: int = 0) -> GPT2LMHeadModel:
-    """Absolute position embeddings: wrong position_ids change every logit (with RoPE a per-row offset cancels)."""
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(
-        GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, pad_token_id=PAD)
-    ).eval()
+build_llama = functools.partial(tiny_llama, pad_token_id=PAD)
+build_gpt2 = functools.partial(tiny_gpt2, pad_token_id=PAD)  # absolute positions: wrong position_ids show
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama()
+    return build_llama()
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    return tiny_gpt2()
+    return build_gpt2()
 
 
 def test_selective_log_softmax_hand_values():
@@ -122,9 +99,7 @@ def test_completion_logprobs_equal_unpadded_per_row_forward(arch, model, gpt2, t
     seqs = [torch.randint(1, 97, (p + c,), generator=gen).tolist() for p, c in zip(prompt_lens, completion_lens)]
     ids, mask = left_padded(seqs, completion_lens, pad_prompt_to=6, pad_completion_to=5)
     with torch.no_grad():
-        logp, entropy = completion_logprobs(
-            model, ids, mask, completion_start=6, temperature=temperature, return_entropy=True
-        )
+        logp, entropy = completion_logprobs(model, ids, mask, 6, ForwardPlan(temperature=temperature), entropy=True)
         assert logp.shape == (3, 5) and entropy.shape == (3, 5)
         for r, (seq, c) in enumerate(zip(seqs, completion_lens)):
             # Reference: the row alone, no padding; token at position k is predicted by the logits at k-1.
@@ -157,8 +132,8 @@ def test_models_without_logits_to_keep_give_the_same_result(model):
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     with torch.no_grad():
-        a = completion_logprobs(model, ids, mask, completion_start=5)
-        b = completion_logprobs(wrapped, ids, mask, completion_start=5, chunk_size=3)
+        a = completion_logprobs(model, ids, mask, 5)
+        b = completion_logprobs(wrapped, ids, mask, 5)
     assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -166,21 +141,21 @@ def test_bf16_autocast_is_close_and_fp32(model):
     ids = torch.randint(1, 97, (2, 10), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        full = completion_logprobs(model, ids, mask, completion_start=4)
-        low = completion_logprobs(model, ids, mask, completion_start=4, autocast_dtype=torch.bfloat16)
+        full = completion_logprobs(model, ids, mask, 4)
+        low = completion_logprobs(model, ids, mask, 4, ForwardPlan(dtype=torch.bfloat16))
     assert low.dtype == torch.float32 and (low - full).abs().max() < 0.1 and not torch.equal(low, full)
 
 
 def test_completion_logprobs_errors(model):
     ids = torch.ones(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match="completion_start"):
-        completion_logprobs(model, ids, torch.ones_like(ids), completion_start=5)
+        completion_logprobs(model, ids, torch.ones_like(ids), 5)
     with pytest.raises(ValueError, match="completion_start"):
-        completion_logprobs(model, ids, torch.ones_like(ids), completion_start=0)
+        completion_logprobs(model, ids, torch.ones_like(ids), 0)
     with pytest.raises(ValueError, match="attention_mask"):
-        completion_logprobs(model, ids, torch.ones(2, 4, dtype=torch.long), completion_start=2)
+        completion_logprobs(model, ids, torch.ones(2, 4, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="temperature"):
-        completion_logprobs(model, ids, torch.ones_like(ids), completion_start=2, temperature=0.0)
+        completion_logprobs(model, ids, torch.ones_like(ids), 2, ForwardPlan(temperature=0.0))
 
 
 def grouped_batch(gen, n_prompts=3, group=4, width=5, shuffle=True):
@@ -211,7 +186,7 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(arch, model, gpt2, 
     for share in (False, True):
         model.zero_grad()
         logp, entropy = completion_logprobs(
-            model, ids, mask, start, temperature=0.8, return_entropy=True, share_prompts=share
+            model, ids, mask, start, ForwardPlan(temperature=0.8, share_prompts=share), entropy=True
         )
         (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
@@ -251,7 +226,7 @@ def padded_rows(seed: int, left_padding: bool, n: int = 6, p: int = 5, t: int = 
 
 
 @pytest.mark.parametrize("chunk_mb", [128.0, 1e-6])  # one ordinary forward; the chunked LM head
-@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+@pytest.mark.parametrize("build", [build_llama, build_gpt2])
 def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, chunk_mb):
     model = build()
     ids, mask, p = padded_rows(seed=0, left_padding=True)
@@ -259,7 +234,7 @@ def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, ch
     for packed in (False, True):
         model.zero_grad(set_to_none=True)
         logp, entropy = completion_logprobs(
-            model, ids, mask, p, temperature=0.7, return_entropy=True, chunk_mb=chunk_mb, packed=packed
+            model, ids, mask, p, ForwardPlan(temperature=0.7, chunk_mb=chunk_mb, packed=packed), entropy=True
         )
         logp.sum().backward()
         outs[packed] = (logp.detach(), entropy, {k: v.grad.clone() for k, v in model.named_parameters()})
@@ -269,7 +244,7 @@ def test_packed_rows_give_the_padded_log_probs_entropies_and_gradients(build, ch
         torch.testing.assert_close(grad, outs[False][2][name], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+@pytest.mark.parametrize("build", [build_llama, build_gpt2])
 def test_the_chunked_head_runs_on_completion_tokens_only_with_the_same_values_and_gradients(build, monkeypatch):
     model = build()
     ids, mask, p = padded_rows(seed=1, left_padding=False)  # completions of 7, 6, 5, 4, 7, 6 of 7 tokens
@@ -281,7 +256,7 @@ def test_the_chunked_head_runs_on_completion_tokens_only_with_the_same_values_an
         head_rows.clear()
         model.zero_grad(set_to_none=True)
         logp, entropy = completion_logprobs(
-            model, ids, mask, p, temperature=0.7, return_entropy=True, chunk_mb=chunk_mb
+            model, ids, mask, p, ForwardPlan(temperature=0.7, chunk_mb=chunk_mb), entropy=True
         )
         logp.sum().backward()
         outs[chunk_mb] = (logp.detach(), entropy, {k: v.grad.clone() for k, v in model.named_parameters()})
@@ -301,6 +276,6 @@ def test_the_chunked_head_runs_on_completion_tokens_only_with_the_same_values_an
         return original(hidden, *args, **kwargs)
 
     monkeypatch.setattr(head, "head_logprobs", counting)
-    completion_logprobs(model, ids, mask, p, chunk_mb=1e-6)
+    completion_logprobs(model, ids, mask, p, ForwardPlan(chunk_mb=1e-6))
     completion_tokens = int(mask[:, p:].sum())
     assert seen == [completion_tokens] and completion_tokens < n * t  # 35 of 42 positions reach the head

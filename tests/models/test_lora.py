@@ -225,9 +225,8 @@ def test_lora_resume_is_exact(tmp_path):
 def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_fewer_activations(monkeypatch):
     import functools
 
-    from lmrl.models import logprobs as logprobs_module
-    from lmrl.models import rebuild
-    from lmrl.models.logprobs import completion_logprobs
+    from lmrl.models import forward_plan, rebuild
+    from lmrl.models.forward_plan import ForwardOptions, ForwardPlan
 
     setup = ModelSetup("builtin:tiny", precision="fp32")
     grads, saved = [], []
@@ -245,9 +244,10 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_fewer_activat
             return tensor
 
         # the training forward's own hooks (`lmrl.models.rebuild`) are innermost: they report what they keep
-        monkeypatch.setattr(logprobs_module, "saving_less", functools.partial(rebuild.saving_less, observe=pack))
+        monkeypatch.setattr(forward_plan, "saving_less", functools.partial(rebuild.saving_less, observe=pack))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            logp = completion_logprobs(model, ids, torch.ones_like(ids), 6, share_prompts=True)
+            plan = ForwardPlan.resolve(model, ForwardOptions(share_prompts=True))  # checkpointing: not shared
+            logp = plan.logprobs(model, ids, torch.ones_like(ids), 6)
         logp.sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
         saved.append(kept[0])

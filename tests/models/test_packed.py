@@ -5,6 +5,7 @@ import torch
 from test_replay import Tok, tiny_llama
 
 from lmrl.models import packed
+from lmrl.models.usage import counting
 from lmrl.notices import SpeedupOff
 from lmrl.rollout import HFEngine, SamplingParams
 
@@ -88,11 +89,11 @@ def test_nothing_is_packed_with_gradients_on_without_bf16_or_for_other_layers(mo
             return 2 * super().forward(x)
 
     layers = torch.nn.Sequential(torch.nn.Linear(8, 8), Scaled(8, 8))
-    before = packed.CALLS[0]
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16), packed.packed_linears(layers, torch.bfloat16, 4) as n:
-        assert n == 1
-        layers(torch.randn(3, 8))
-    assert packed.CALLS[0] - before == 1
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16), counting() as used:
+        with packed.packed_linears(layers, torch.bfloat16, 4) as n:
+            assert n == 1
+            layers(torch.randn(3, 8))
+    assert used["packed_linear_calls"] == 1
     assert "forward" not in vars(layers[0])
 
 

@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.models import gguf as lmrl_gguf
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
 from lmrl.models.loading import load_model_and_tokenizer
-from lmrl.models.logprobs import completion_logprobs
 from lmrl.models.saving import save_model
 from lmrl.numerics import agreement, model_ulps, rounding_bound, unit_roundoff
 from lmrl.rollout import HFEngine, SamplingParams
@@ -81,7 +81,7 @@ def test_greedy_tokens_and_log_probs_equal_plain_transformers(smollm2, chat, tex
     ids = torch.tensor([prompt + ours] * 2)  # two rows of one prompt: the shared-prompt forward runs
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        learner = completion_logprobs(model, ids, mask, len(prompt), share_prompts=True, chunk_mb=0.5)
+        learner = completion_logprobs(model, ids, mask, len(prompt), ForwardPlan(share_prompts=True, chunk_mb=0.5))
     for row in learner.float():
         assert agreement(row, plain, bound), f"learner log-probs: {agreement(row, plain, bound)}"
 

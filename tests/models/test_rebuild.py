@@ -5,21 +5,21 @@ import contextlib
 import pytest
 import torch
 
-from lmrl.models import logprobs as logprobs_module
+from lmrl.models import forward_plan
 from lmrl.models.attention import use_fp32_cpu_attention
 from lmrl.models.fused import fuse_layers
 from lmrl.models.rebuild import rebuildable, saving_less
+from lmrl.models.usage import counting
 from tests.models.test_replay import PROMPTS, bf16_logprobs, sample_bf16, tiny_llama
 
 
 def bf16_replay_step(model, batch, monkeypatch, less: bool):
     """One replayed bf16 training forward and backward; the log-probs, the gradients and the usage counts."""
     model.zero_grad(set_to_none=True)
-    usage = {}
-    with monkeypatch.context() as patch:
+    with monkeypatch.context() as patch, counting() as usage:
         if not less:
-            patch.setattr(logprobs_module, "saving_less", lambda: contextlib.nullcontext({}))
-        logp = bf16_logprobs(model, batch, batch.linear_outputs, usage)
+            patch.setattr(forward_plan, "saving_less", lambda: contextlib.nullcontext({}))
+        logp = bf16_logprobs(model, batch, batch.linear_outputs)
     (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
     return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, usage
 

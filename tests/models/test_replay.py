@@ -7,13 +7,14 @@ from unittest import mock
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from lmrl.models import logprobs as logprobs_module
-from lmrl.models import rebuild, replay
-from lmrl.models.logprobs import completion_logprobs, prompt_groups, shared_prompt_outputs
+from lmrl.models import forward_plan, rebuild, replay
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
+from lmrl.models.logprobs import prompt_groups, shared_prompt_outputs
 from lmrl.models.replay import LinearRecorder, has_dropout, is_linear, replaying
+from lmrl.models.usage import counting
 from lmrl.rollout import HFEngine, SamplingParams
+from tests.helpers import tiny_gpt2, tiny_llama
 from tests.rounding import assert_grads_alike
 
 pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
@@ -30,38 +31,14 @@ class Tok:
         return [" ".join(map(str, row)) for row in rows]
 
 
-def tiny_llama(**extra) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=128,
-            pad_token_id=0,
-            **extra,
-        )
-    )
+def llama(**extra):
+    """A tiny Llama in train mode (as built); ``extra``: LlamaConfig keys (dropout)."""
+    return tiny_llama(VOCAB, pad_token_id=0, **extra).train()
 
 
-def tiny_gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            n_positions=128,
-            pad_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
+def gpt2():
+    """A tiny GPT-2 in train mode (as built) with its dropout off."""
+    return tiny_gpt2(VOCAB, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0).train()
 
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19]]  # unequal: left padding
@@ -82,19 +59,10 @@ def sample_bf16(model):
     return engine.generate(PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
 
 
-def bf16_logprobs(model, batch, record, usage=None):
+def bf16_logprobs(model, batch, record):
     """The training forward under bf16 autocast, prompts shared, replaying ``record``."""
-    start = batch.prompt_ids.shape[1]
-    return completion_logprobs(
-        model,
-        batch.input_ids,
-        batch.attention_mask,
-        start,
-        autocast_dtype=torch.bfloat16,
-        share_prompts=True,
-        linear_outputs=record,
-        usage=usage,
-    )
+    plan = ForwardPlan(dtype=torch.bfloat16, share_prompts=True)
+    return plan.logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], linear_outputs=record)
 
 
 def logprobs_and_grads(model, batch, replay: bool):
@@ -104,7 +72,7 @@ def logprobs_and_grads(model, batch, replay: bool):
         batch.input_ids,
         batch.attention_mask,
         batch.prompt_ids.shape[1],
-        share_prompts=True,
+        ForwardPlan(share_prompts=True),
         linear_outputs=batch.linear_outputs if replay else None,
     )
     weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
@@ -131,7 +99,7 @@ def replay_counts(model, batch):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_replayed_forward_gives_the_recomputed_logprobs_and_gradients(arch):
-    model = tiny_llama() if arch == "llama" else tiny_gpt2()
+    model = llama() if arch == "llama" else gpt2()
     batch = sample(model)
     lengths = batch.completion_lengths.tolist()
     assert len(set(lengths)) >= 3 and max(lengths) == batch.completion_ids.shape[1]  # rows end at different steps
@@ -145,7 +113,7 @@ def test_replayed_forward_gives_the_recomputed_logprobs_and_gradients(arch):
 
 
 def test_sub_batches_replay_their_own_rows():
-    model = tiny_llama()
+    model = llama()
     batch = sample(model)
     model.train()
     for rows in (torch.tensor([4, 5, 6, 7, 12, 13, 14, 15]), torch.tensor([3, 0, 9, 1, 6, 2, 11])):
@@ -155,7 +123,7 @@ def test_sub_batches_replay_their_own_rows():
 
 
 def test_changed_weights_or_shapes_are_computed_not_replayed():
-    model = tiny_llama()
+    model = llama()
     batch = sample(model)
     model.train()
     with torch.no_grad():
@@ -170,11 +138,11 @@ def test_changed_weights_or_shapes_are_computed_not_replayed():
 
 
 def test_models_with_dropout_or_a_layer_used_twice_are_not_recorded():
-    assert sample(tiny_llama(attention_dropout=0.1).train()).linear_outputs is None
-    assert has_dropout(tiny_llama(attention_dropout=0.1).train()) and not has_dropout(tiny_llama().train())
-    assert not has_dropout(tiny_llama(attention_dropout=0.1).eval())  # eval mode (an RL policy): nothing dropped
-    assert sample(tiny_llama(attention_dropout=0.1).eval()).linear_outputs is not None
-    model = tiny_llama()
+    assert sample(llama(attention_dropout=0.1).train()).linear_outputs is None
+    assert has_dropout(llama(attention_dropout=0.1).train()) and not has_dropout(llama().train())
+    assert not has_dropout(llama(attention_dropout=0.1).eval())  # eval mode (an RL policy): nothing dropped
+    assert sample(llama(attention_dropout=0.1).eval()).linear_outputs is not None
+    model = llama()
     recorder = LinearRecorder(model, rows=1, steps=2)
     with recorder.prefill():
         model(input_ids=torch.tensor([[5, 6]]))
@@ -184,13 +152,13 @@ def test_models_with_dropout_or_a_layer_used_twice_are_not_recorded():
 
 
 def test_not_recorded_unless_asked():
-    model = tiny_llama()
+    model = llama()
     batch = HFEngine(model, Tok()).generate(PROMPTS, SamplingParams(max_new_tokens=4), n=2)
     assert batch.linear_outputs is None and not model.lm_head._forward_hooks
 
 
 def test_the_last_forward_frees_each_layers_record_as_it_replays_it():
-    model = tiny_llama()
+    model = llama()
     batch = sample(model)
     model.train()
     record = batch.linear_outputs
@@ -209,7 +177,7 @@ def test_layers_reading_one_input_share_one_cast_of_it():
     """q, k and v (and gate and up) read the same input: replayed under autocast, they take one bf16 cast of it,
     which the backward keeps once instead of once per layer; the gradients are those of the forward that computes
     every layer under autocast (one cast per layer, each layer's input gradient added in fp32)."""
-    model = tiny_llama()
+    model = llama()
     batch = sample_bf16(model)
     inputs = []
     apply = replay._ReplayedLinear.apply
@@ -242,7 +210,7 @@ def test_replayed_layers_keep_the_fp32_weight_not_a_bf16_copy_of_it():
     """Under autocast a computed layer keeps a bf16 copy of its weight for the backward; a replayed one keeps the
     parameter itself (held by the model anyway) and casts it when the backward reads it: no storage of a weight's
     shape is saved beside the parameters, and the gradients match the forward that computes every layer."""
-    model = tiny_llama()
+    model = llama()
     batch = sample_bf16(model)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
@@ -257,7 +225,7 @@ def test_replayed_layers_keep_the_fp32_weight_not_a_bf16_copy_of_it():
 
         model.zero_grad(set_to_none=True)
         observed = functools.partial(rebuild.saving_less, observe=pack)  # the training forward's hooks are innermost
-        with mock.patch.object(logprobs_module, "saving_less", observed), torch.autocast("cpu", dtype=torch.bfloat16):
+        with mock.patch.object(forward_plan, "saving_less", observed), torch.autocast("cpu", dtype=torch.bfloat16):
             logp = bf16_logprobs(model, batch, record)
         (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
@@ -283,17 +251,15 @@ def test_the_replayed_backward_skips_the_padding_rows_and_gives_the_same_gradien
     """Rows that stop early leave padding whose output gradient is exactly 0 at every layer: the replayed backward
     multiplies only the other rows (counted), and the gradients equal those of the backward that multiplies every
     row, and of the forward that computes every layer."""
-    model = tiny_llama() if arch == "llama" else tiny_gpt2()
+    model = llama() if arch == "llama" else gpt2()
     batch = sample(model, max_new=12)
     assert (batch.completion_mask == 0).float().mean() > 0.3  # rows of very different lengths
-    before = list(replay.BACKWARD_ROWS)
-    _, skipping = logprobs_and_grads(model, batch, True)
-    multiplied, skipped = (now - then for now, then in zip(replay.BACKWARD_ROWS, before))
-    assert skipped > 0.3 * (multiplied + skipped)
-    with mock.patch.object(replay, "DENSE_SHARE", 0.0):  # every row multiplied
-        before = list(replay.BACKWARD_ROWS)
+    with counting() as used:
+        _, skipping = logprobs_and_grads(model, batch, True)
+    assert used["backward_rows_skipped"] > 0.3 * (used["backward_rows"] + used["backward_rows_skipped"])
+    with mock.patch.object(replay, "DENSE_SHARE", 0.0), counting() as used:  # every row multiplied
         _, dense = logprobs_and_grads(model, batch, True)
-        assert replay.BACKWARD_ROWS[1] == before[1]
+        assert used["backward_rows_skipped"] == 0 and used["backward_rows"] > 0
     _, computed = logprobs_and_grads(model, batch, False)
     assert skipping.keys() == dense.keys() == computed.keys()
     for name in dense:

@@ -7,7 +7,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
 from lmrl.rollout import HFEngine, SamplingParams, StopStringMatcher
 
 pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
@@ -128,7 +128,13 @@ def test_sampler_logp_matches_one_forward_recompute(arch, model, gpt2, tok, prom
     batch = engine.generate(prompts, params, n=3, generator=torch.Generator().manual_seed(0))
     assert batch.completion_mask.sum() > 0
     with torch.no_grad():
-        logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], temperature)
+        logp = completion_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.prompt_ids.shape[1],
+            ForwardPlan(temperature=temperature),
+        )
     mask = batch.completion_mask.bool()
     assert torch.allclose(batch.sampler_logp[mask], logp[mask], atol=1e-4)
     assert (batch.sampler_logp[~mask] == 0).all()
@@ -139,7 +145,9 @@ def test_greedy_sampler_logp_and_top_k1_top_p_equal_greedy(model, tok, prompts):
     engine = HFEngine(model, tok)
     greedy = engine.generate(prompts, SamplingParams(max_new_tokens=16, greedy=True, temperature=0.7))
     with torch.no_grad():
-        logp = completion_logprobs(model, greedy.input_ids, greedy.attention_mask, greedy.prompt_ids.shape[1], 0.7)
+        logp = completion_logprobs(
+            model, greedy.input_ids, greedy.attention_mask, greedy.prompt_ids.shape[1], ForwardPlan(temperature=0.7)
+        )
     mask = greedy.completion_mask.bool()
     assert torch.allclose(greedy.sampler_logp[mask], logp[mask], atol=1e-4)
     for params in (

@@ -14,7 +14,7 @@ from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E
 
 require_vllm()
 
-from lmrl.models.logprobs import completion_logprobs  # noqa: E402
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
 
@@ -69,7 +69,7 @@ def test_sampled_log_probs_equal_the_learner_and_seeds_reproduce(pair, prompts):
     batch = engine.generate(prompts, params, n=4, generator=torch.Generator().manual_seed(3))
     assert len(batch) == 16 and batch.group_size == 4 and batch.prompts[:4] == [TEXTS[0]] * 4
     learner = completion_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], temperature=0.7
+        model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], ForwardPlan(temperature=0.7)
     )  # (N, T)
     gap = ((learner - batch.sampler_logp) * batch.completion_mask).abs().max().item()
     assert gap < TOL, gap

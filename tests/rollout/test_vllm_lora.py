@@ -14,7 +14,7 @@ from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E
 require_vllm()
 pytest.importorskip("peft")
 
-from lmrl.models.logprobs import completion_logprobs  # noqa: E402
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs  # noqa: E402
 from lmrl.models.lora import apply_lora  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
@@ -55,7 +55,7 @@ def assert_engine_samples(engine, model, prompts, tok):
         prompts, SamplingParams(max_new_tokens=12, temperature=0.8), n=3, generator=torch.Generator().manual_seed(5)
     )
     learner = completion_logprobs(
-        reference, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], temperature=0.8
+        reference, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], ForwardPlan(temperature=0.8)
     )  # (N, T)
     assert ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item() < TOL
 

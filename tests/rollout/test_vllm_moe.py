@@ -15,7 +15,7 @@ from vllm_helpers import TOL, require_vllm, tiny_moe  # noqa: E402
 
 require_vllm()
 
-from lmrl.models.logprobs import completion_logprobs  # noqa: E402
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
 from lmrl.rollout.engines.vllm.weights import hf_weights  # noqa: E402
@@ -47,7 +47,7 @@ def assert_samples_the_model(model, engine, prompts, tok):
         prompts, SamplingParams(max_new_tokens=12, temperature=0.8), n=3, generator=torch.Generator().manual_seed(5)
     )
     learner = completion_logprobs(
-        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], temperature=0.8
+        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], ForwardPlan(temperature=0.8)
     )  # (N, T)
     gap = ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item()
     assert gap < TOL, gap

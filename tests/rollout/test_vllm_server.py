@@ -16,7 +16,7 @@ require_vllm()
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from lmrl.config_base import ConfigError  # noqa: E402
-from lmrl.models.logprobs import completion_logprobs  # noqa: E402
+from lmrl.models.forward_plan import ForwardPlan, completion_logprobs  # noqa: E402
 from lmrl.rollout import (  # noqa: E402
     HFEngine,
     SamplingParams,
@@ -51,7 +51,7 @@ def assert_matches_hf(model, engine, prompts, tok):
         prompts, SamplingParams(max_new_tokens=12, temperature=0.7), n=4, generator=torch.Generator().manual_seed(2)
     )
     learner = completion_logprobs(
-        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], temperature=0.7
+        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], ForwardPlan(temperature=0.7)
     )  # (N, T)
     assert ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item() < TOL
     return sampled

@@ -181,7 +181,7 @@ def test_shared_prompts_and_skipped_zero_advantage_rows_change_nothing(tmp_path,
 def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypatch, lora):
     import contextlib
 
-    import lmrl.models.logprobs as logprobs
+    import lmrl.models.forward_plan as logprobs
     from lmrl.models import load_model
 
     counts, real = [], logprobs.replaying

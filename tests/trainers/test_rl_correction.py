@@ -4,6 +4,7 @@ carried to the policy loss as they are, and logged by a run."""
 import pytest
 
 from lmrl.config import ConfigError
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.rl import update as rl_update
@@ -29,7 +30,7 @@ def test_bad_correction_keys_are_refused_with_the_fix(tmp_path, overrides, messa
 
 
 def test_the_keys_reach_the_loss_and_tis_cap_alone_is_the_token_truncated_default(tmp_path):
-    options = rl_update.UpdateOptions.from_config(rl_config(tmp_path, "grpo"))
+    options = rl_update.UpdateOptions.from_config(rl_config(tmp_path, "grpo"), ForwardPlan())
     assert {k: options.loss.options[k] for k in rl_update.CORRECTION_KEYS} == {
         "tis_cap": 2.0,
         "is_level": "token",
@@ -48,7 +49,7 @@ def test_the_keys_reach_the_loss_and_tis_cap_alone_is_the_token_truncated_defaul
         "offpolicy_mask_threshold=0.5",
         "offpolicy_mask_rows=negative",
     )
-    options = rl_update.UpdateOptions.from_config(config)
+    options = rl_update.UpdateOptions.from_config(config, ForwardPlan())
     assert {k: options.loss.options[k] for k in rl_update.CORRECTION_KEYS} == {
         "tis_cap": 1.01,
         "is_level": "geometric",

@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from lmrl.config import ConfigError
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.numerics import agreement, rounding_bound
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.rl import trainer as online
@@ -26,7 +27,7 @@ def test_update_options_carry_the_knobs_to_the_loss(tmp_path):
     config = rl_config(
         tmp_path, "grpo", "clip_ratio_c=3.0", "clip_delta=4.0", "entropy_coef=0.01", "top_entropy_quantile=0.2"
     )
-    options = rl_update.UpdateOptions.from_config(config)
+    options = rl_update.UpdateOptions.from_config(config, ForwardPlan())
     assert {k: options.loss.options[k] for k in ("clip_ratio_c", "clip_delta", "entropy_coef")} == {
         "clip_ratio_c": 3.0,
         "clip_delta": 4.0,
@@ -35,7 +36,7 @@ def test_update_options_carry_the_knobs_to_the_loss(tmp_path):
     assert options.top_entropy_quantile == 0.2 and options.entropy_in_loss
     # the entropy bonus has a gradient on every row: no row may be skipped for its zero advantage
     assert rl_update.zero_gradient_rows(torch.zeros(4), options, has_value_model=False) is None
-    plain = rl_update.UpdateOptions.from_config(rl_config(tmp_path, "grpo"))
+    plain = rl_update.UpdateOptions.from_config(rl_config(tmp_path, "grpo"), ForwardPlan())
     assert not {"clip_ratio_c", "clip_delta", "entropy_coef"} & set(plain.loss.options)
     assert plain.top_entropy_quantile == 1.0 and not plain.entropy_in_loss
 

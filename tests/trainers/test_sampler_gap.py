@@ -8,23 +8,16 @@ import dataclasses
 import pytest
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.rollout.hf import HFEngine
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.common import TrainingStopped
 from lmrl.trainers.rl import trainer as online
-from lmrl.trainers.rl.sampler_gap import check_sampler_gap
+from lmrl.trainers.rl.sampler_gap import SamplerGapAlarm
+from tests.helpers import TINY, register_once
 
-if "test_gap_varied" not in REWARDS:  # a reward that differs within a group: every step trains
-    register_reward("test_gap_varied")(
-        lambda **_: lambda prompts, completions, **kw: [(sum(map(ord, c)) % 7) / 7 for c in completions]
-    )
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
-]
+register_once(  # a reward that differs within a group: every step trains
+    "test_gap_varied", lambda prompts, completions, **kw: [(sum(map(ord, c)) % 7) / 7 for c in completions]
+)
 
 
 def config(tmp_path, *overrides):
@@ -101,7 +94,9 @@ def test_no_alarm_where_a_gap_is_expected_or_the_check_is_off(case):
         max_sampler_logp_gap=None if case == "off" else 0.1,
         async_steps=1 if case == "async" else 0,
         stop_on_sampler_logp_gap=True,
+        engine="hf",
     )
     metrics, tracker = {"policy/sampler_logp_gap": 0.05 if case == "below" else 1.0}, Printed()
-    check_sampler_gap(metrics, type("C", (), settings)(), "bf16" if case == "bf16" else None, 3, tracker)
+    alarm = SamplerGapAlarm.from_config(type("C", (), settings)(), "bf16" if case == "bf16" else None)
+    alarm.check(metrics, 3, tracker)
     assert "policy/sampler_logp_gap_alarm" not in metrics and not tracker.lines

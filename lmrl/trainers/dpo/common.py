@@ -18,8 +18,9 @@ from lmrl.algorithms import RunningDelta, kto_reference_kl, preference_loss, pre
 from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.data.prompt_format import PromptFormat
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.models.head import DEFAULT_CHUNK_MB
-from lmrl.models.logprobs import completion_logprobs, labelled_logprobs
+from lmrl.models.logprobs import labelled_logprobs
 from lmrl.models.placement import model_device, to_device
 from lmrl.parallel import runtime
 from lmrl.rollout.hf import HFEngine, SamplingParams
@@ -96,13 +97,8 @@ def sequence_logps(
         sums = logp.new_zeros(len(seqs)).index_add(0, rows, logp[0])
         return sums, logp.new_zeros(len(seqs)).index_add(0, rows, labelled[0].to(logp.dtype))
     batch = to_device(prefs.collate_completions(seqs, pad_id), model_device(model))
-    logp = completion_logprobs(
-        model,
-        batch["input_ids"],
-        batch["attention_mask"],
-        int(batch["completion_start"]),
-        autocast_dtype=dtype,
-        chunk_mb=chunk_mb,
+    logp = ForwardPlan(dtype=dtype, chunk_mb=chunk_mb).logprobs(
+        model, batch["input_ids"], batch["attention_mask"], int(batch["completion_start"])
     )  # (N, T)
     mask = batch["completion_mask"]  # (N, T)
     return (logp * mask).sum(dim=1), mask.sum(dim=1)
@@ -296,7 +292,7 @@ def gold_eval(model, tokenizer, rows: list[dict], config: DPOConfig, dtype) -> t
     """
     unique = list({r["prompt"]: r for r in rows}.values())
     engine = HFEngine(model, tokenizer, autocast_dtype=dtype)
-    ids = [PromptFormat.from_config(config).ids(tokenizer, r["prompt"]) for r in unique]
+    ids = [PromptFormat(config.chat).ids(tokenizer, r["prompt"]) for r in unique]
 
     def gold(batch, n):
         return [

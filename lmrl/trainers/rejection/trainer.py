@@ -41,7 +41,7 @@ from lmrl.data.loading import is_generated, load_rows
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.eval.generation import task_accuracy
 from lmrl.eval.training import build_evaluator, evals_metrics
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardSet
@@ -247,15 +247,7 @@ def evaluate(
         metrics["eval/gold_score"] = sum(gold) / len(gold)
     if reference is not None:
         batch = pool.batch
-        ref_logp = completion_logprobs(
-            reference,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.prompt_ids.shape[1],
-            temperature=config.temperature,
-            autocast_dtype=dtype,
-            chunk_mb=config.logprob_chunk_mb,
-        )  # (N, T)
+        ref_logp = ForwardPlan(config.temperature, dtype, config.logprob_chunk_mb).scores(reference, batch)  # (N, T)
         metrics["eval/kl"] = ((batch.sampler_logp - ref_logp) * batch.completion_mask).sum(1).mean().item()
     if "task" in rows[0] and "answer" in rows[0]:
         acc, _ = task_accuracy(

@@ -24,18 +24,16 @@ def completion_values(value_model: ValueModel, batch: RolloutBatch, dtype) -> to
     return values[:, p - 1 : p + t - 1].float() * batch.train_mask
 
 
-def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, config, dtype, kl_coef: float | None = None):
+def ppo_targets(value_model, batch, rewards, ref_logp, old_logp, gamma: float, lam: float, kl_coef: float, dtype):
     """GAE advantages (whitened over every rank's completion tokens) and returns, on KL-shaped per-token rewards
-    (``kl_coef``: the step's coefficient under adaptive KL; None: ``config.kl_coef``)."""
+    (``kl_coef``: the step's coefficient, adaptive or the config's)."""
     mask = batch.train_mask
     with torch.no_grad():
         old_values = completion_values(value_model, batch, dtype)
     runtime.reshard(value_model)  # FSDP: its root unit must not stay gathered into the training backward
     kl_tok = (old_logp - ref_logp) if ref_logp is not None else torch.zeros_like(old_logp)  # k1 in the reward
-    token_rewards = kl_penalized_rewards(
-        rewards.to(mask.device), kl_tok, mask, config.kl_coef if kl_coef is None else kl_coef
-    )  # rewards: CPU
-    adv, returns = gae(token_rewards, old_values, mask, config.gamma, config.lam)
+    token_rewards = kl_penalized_rewards(rewards.to(mask.device), kl_tok, mask, kl_coef)  # rewards: CPU
+    adv, returns = gae(token_rewards, old_values, mask, gamma, lam)
     return whiten(adv, mask, all_sum=runtime.all_sum), returns, old_values
 
 

@@ -32,100 +32,33 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import ADVANTAGES, advantages, overlong_filter, zero_variance_groups
+from lmrl.algorithms import ADVANTAGES, overlong_filter, zero_variance_groups
 from lmrl.data import packing
 from lmrl.models import describe_parameters
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
 from lmrl.parallel import runtime
-from lmrl.rewards import RewardFailure, RewardSet
+from lmrl.rewards import RewardSet
 from lmrl.rollout.protocol import Engine, GroupSampler
 from lmrl.rollout.samplers.factory import make_sampler
 from lmrl.rollout.tools.section import build_env_factory
-from lmrl.rollout.types import RolloutBatch
-from lmrl.trainers import agentic, common, loop
+from lmrl.trainers import common, loop
 from lmrl.trainers.rl.config import ALGORITHMS, Preset, RLConfig  # noqa: F401 - re-exported
 from lmrl.trainers.rl.curriculum import Curriculum
-from lmrl.trainers.rl.ppo_value import ppo_targets
-from lmrl.trainers.rl.prompts import evaluate, load_prompts, longest_prompt, repeat_columns  # noqa: F401 - re-exported
+from lmrl.trainers.rl.dynamic import Scored
+from lmrl.trainers.rl.prompts import evaluate, load_prompts, longest_prompt
 from lmrl.trainers.rl.ptx import PretrainingMix
-from lmrl.trainers.rl.refill import refill, round_key
-from lmrl.trainers.rl.sampler_gap import check_sampler_gap
-from lmrl.trainers.rl.update import Coefficients, Targets, UpdateOptions, update
-
-# ----------------------------------------------------------------------------- rollout and scoring
-
-
-def score(reward_set: RewardSet, batch: RolloutBatch, rows, group_size: int):
-    columns = {**repeat_columns(rows, group_size), **agentic.episode_columns(batch)}
-    return reward_set.compute(
-        batch.prompts,
-        batch.completions,
-        truncated=batch.truncated.tolist(),
-        completion_lengths=batch.completion_lengths.tolist(),
-        **columns,
-    )
-
-
-# ----------------------------------------------------------------------------- learning
-
-
-@torch.no_grad()
-def logprobs_no_grad(model, batch: RolloutBatch, config: RLConfig, dtype) -> torch.Tensor:
-    logp = completion_logprobs(
-        model,
-        batch.input_ids,
-        batch.attention_mask,
-        batch.prompt_ids.shape[1],
-        temperature=config.temperature,
-        autocast_dtype=dtype,
-        share_prompts=getattr(config, "share_prompts", False),
-        chunk_mb=config.logprob_chunk_mb,
-    )
-    runtime.reshard(model)  # FSDP: a trained policy's root unit must not stay gathered into its training backward
-    return logp
-
-
-def group_advantages(rewards: torch.Tensor, config: RLConfig, trained: torch.Tensor | None = None) -> torch.Tensor:
-    """(N,) advantages of this rank's rows, from every rank's rewards (REINFORCE's baseline and adv_scale=batch are
-    statistics of the whole batch); with ``trained`` (N,) bool, from the trained rows only (refill's pads get 0)."""
-    kwargs = ADVANTAGES.own_options(config.advantage, {"scale": config.adv_scale})
-    every, G = runtime.all_gather(rewards), config.samples_per_prompt
-    if trained is None:
-        adv = advantages(config.advantage, every, G, **kwargs)
-    else:
-        keep = runtime.all_gather(trained.long()).bool()
-        adv = torch.zeros_like(every)
-        adv[keep] = advantages(config.advantage, every[keep], G, **kwargs)
-    return adv.view(runtime.world(), -1)[runtime.rank()]
-
-
-def refill_round(parts: Parts, rows: list[dict], config: RLConfig, step: int, k: int, tracker):
-    """Refill round ``k`` of ``step``: this rank's ``rows`` sampled and scored, or None (on every rank) when a
-    reward failed on some rank."""
-    with runtime.full_params(parts.model):
-        batch = parts.sampler.sample(rows, round_key(step, k))
-    with RewardFailure() as failure:
-        rewards = score(parts.reward_set, batch, rows, config.samples_per_prompt)[0]
-    if runtime.any_rank(failure.error is not None):
-        tracker.print(
-            f"[yellow]step {step}: refill round {k} unused, refilling stopped: "
-            f"{failure.error or 'a reward function failed on another process'}"
-        )
-        return None
-    return batch, rewards
-
-
-def drop_groups(batch: RolloutBatch, rewards, adv, dropped: torch.Tensor):
-    """DAPO's dynamic sampling: the batch without the ``dropped`` (B,) groups. Several processes: the groups stay
-    with their loss mask zeroed, so every rank runs the same forwards; the loss weights count trained rows only."""
-    keep = (~dropped).repeat_interleave(batch.group_size)  # (N,) bool
-    if runtime.world() > 1:
-        return dataclasses.replace(batch, loss_mask=batch.train_mask * keep[:, None].to(batch.train_mask)), rewards, adv
-    rows = keep.nonzero().squeeze(1)
-    return batch.select(rows), rewards[rows], adv[rows] if adv is not None else None
-
+from lmrl.trainers.rl.stages import (
+    RLStepOptions,
+    log_samples,
+    refill_draw,
+    rollout_metrics,
+    sample,
+    score_step,
+    step_generator,
+)
+from lmrl.trainers.rl.update import Coefficients, UpdateOptions, forward_options, update
 
 # ----------------------------------------------------------------------------- the loop
 
@@ -155,114 +88,61 @@ class Parts:
     """the loss coefficients that adapt during the run (adaptive KL and entropy); None: the options' own"""
     group_rewards: torch.Tensor | None = None
     """(B,) mean reward of each prompt's group in the last step (None: its rewards failed); the curriculum reads it"""
+    ref_plan: ForwardPlan | None = None
+    """the reference model's log-prob forwards (`lmrl.models.forward_plan`); the policy's is ``options.plan``"""
 
 
 def rl_step(
     parts: Parts,
     rows: list[dict],
-    config: RLConfig,
+    options: RLStepOptions,
     dtype,
     step: int,
     tracker,
     more_rows: Callable[[int], list[dict]] | None = None,
 ) -> dict[str, float]:
-    """Sample, score, compute advantages, update. Returns the step's metrics. ``more_rows(k)``: this rank's rows of
-    refill round k (dynamic_sampling=refill)."""
-    G = config.samples_per_prompt
-    t0 = time.perf_counter()
-    parts.sampler.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
-    with runtime.full_params(parts.model):  # FSDP: each rank samples with the whole policy, no lockstep
-        batch = parts.sampler.sample(rows, step)
-    t_rollout = time.perf_counter() - t0
-    parts.group_rewards = None
-    with RewardFailure() as failure:
-        rewards, components, metrics = score(parts.reward_set, batch, rows, G)
-        parts.group_rewards = rewards.view(-1, G).mean(dim=1)
-    if failure.skips(tracker, step):
-        return failure.skipped(parts.reward_set.errors)
-    metrics.update(
-        {
-            "completion_len/mean": batch.completion_lengths.float().mean().item(),
-            "rollout/truncated_frac": batch.truncated.float().mean().item(),
-            "time/rollout_s": t_rollout,
-            "tokens_per_s": batch.completion_mask.sum().item() / t_rollout,
-            **agentic.episode_metrics(batch),
-        }
-    )
-    metrics.update(parts.sampler.metrics())  # engine=vllm: the weight push; placement=ray: staleness, waiting
-    if step % config.sample_every == 0 or step == 1:
-        tracker.log_samples(
-            step,
-            [
-                {
-                    **agentic.sample_fields(batch, i),
-                    **{k: v[i].item() for k, v in components.items()},
-                    "reward": rewards[i].item(),
-                }
-                for i in range(0, min(len(batch), config.num_samples * G), G)
-            ],
-        )
-    zero_var = zero_variance_groups(rewards, G)  # (B,)
+    """Sample, score, fill or drop groups, advantages, update (`lmrl.trainers.rl.stages`, in cleanrl's order).
+    Returns the step's metrics. ``more_rows(k)``: this rank's rows of refill round k (dynamic_sampling=refill)."""
+    G, start = options.group_size, time.perf_counter()
+    batch = sample(parts, rows, step)
+    seconds = time.perf_counter() - start
+    scored, metrics = score_step(parts, batch, rows, G, step, tracker)
+    if scored is None:  # a reward function failed: the step is skipped (on_reward_error=skip)
+        return metrics
+    metrics.update({**rollout_metrics(batch, seconds), **parts.sampler.metrics()})  # vLLM: the push; Ray: staleness
+    log_samples(tracker, step, scored, options)
+    zero_var = zero_variance_groups(scored.rewards, G)  # (B,)
     metrics["rollout/zero_variance_frac"] = zero_var.float().mean().item()
-    mode, trained = config.dynamic_sampling or config.preset.dynamic_sampling, None
-    if mode == "refill":  # zero-variance groups replaced by fresh prompts' groups (lmrl.trainers.rl.refill)
-        t_refill = time.perf_counter()
-        filled = refill(
-            batch,
-            rewards,
-            lambda k: refill_round(parts, more_rows(k), config, step, k, tracker),
-            config.prompts_per_step,
-            config.max_refill_batches,
-            parts.tokenizer.pad_token_id,
-        )
-        metrics.update({**filled.metrics(), "time/refill_s": time.perf_counter() - t_refill})
-        if filled.batch is None:  # no group of any round on any rank had reward variance
-            return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
-        batch, rewards, trained = filled.batch, filled.rewards, filled.trained
-    # group advantages need whole groups: compute before any drop
-    adv = group_advantages(rewards, config, trained) if parts.value_model is None else None
-    if trained is not None and not trained.all():  # several processes: a rank's pads train nothing
-        batch = dataclasses.replace(batch, loss_mask=batch.train_mask * trained[:, None].to(batch.train_mask))
-    if mode == "drop" and runtime.any_rank(zero_var.any()):
-        if not runtime.any_rank((~zero_var).any()):  # every group of every rank dropped
-            return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
-        batch, rewards, adv = drop_groups(batch, rewards, adv, zero_var)
-    t1 = time.perf_counter()
-    ref_logp = logprobs_no_grad(parts.ref_model, batch, config, dtype) if parts.ref_model is not None else None
+    scored = options.dynamic.fill(scored, refill_draw(parts, more_rows, G, step, tracker), metrics)
+    if scored is not None:
+        scored.advantages = options.targets.outcome(scored)  # group advantages need whole groups: before any drop
+        scored = options.dynamic.drop(scored, zero_var)
+    if scored is None:  # no group with reward variance left to train
+        return {**metrics, "lr": parts.scheduler.get_last_lr()[0]}
+    start = time.perf_counter()
+    metrics.update(learn(parts, scored, options, dtype, step, tracker))
+    metrics["time/train_s"] = time.perf_counter() - start
+    return metrics
+
+
+def learn(parts: Parts, scored: Scored, options: RLStepOptions, dtype, step: int, tracker) -> dict[str, float]:
+    """Reference and old log-probs, the targets (`lmrl.trainers.rl.targets`), the update; then the sampler-gap alarm
+    and the adaptive coefficients."""
+    batch, coefs = scored.batch, parts.coefs
+    ref_logp = parts.ref_plan.scores(parts.ref_model, batch) if parts.ref_model is not None else None
     # on-policy single update: pi_old = pi_theta, so old log-probs come free from the training forward (None)
-    need_old = config.updates_per_step > 1 or (parts.value_model is not None and ref_logp is not None)
-    old_logp = logprobs_no_grad(parts.model, batch, config, dtype) if need_old else None
-    returns = old_values = None
-    coefs, options = parts.coefs, parts.options
-    if coefs is not None:
-        options = options.with_coefficients(coefs)
-    if parts.value_model is not None:
-        adv, returns, old_values = ppo_targets(
-            parts.value_model,
-            batch,
-            rewards,
-            ref_logp,
-            old_logp if old_logp is not None else batch.sampler_logp,
-            config,
-            dtype,
-            kl_coef=coefs.kl_coef if coefs is not None else None,
-        )
-    if config.mask_truncated:  # after the value targets: GAE needs every row's tokens
+    old = options.update.plan.scores(parts.model, batch) if options.targets.needs_old(ref_logp is not None) else None
+    targets = options.targets.per_token(parts, scored, ref_logp, old, coefs.kl_coef if coefs else None, dtype)
+    if options.mask_truncated:  # after the value targets: GAE needs every row's tokens
         batch = dataclasses.replace(batch, loss_mask=overlong_filter(batch.train_mask, batch.truncated))
-    generator = torch.Generator().manual_seed(config.seed * 7_919 + step)
-    stats = update(parts, batch, Targets(adv, old_logp, ref_logp, returns, old_values), options, dtype, step, generator)
-    metrics.update(stats)
-    check_sampler_gap(metrics, config, dtype, step, tracker)  # fp32: a gap far above rounding is a broken sync
+    update_options = options.update.with_coefficients(coefs) if coefs is not None else options.update
+    stats = update(parts, batch, targets, update_options, dtype, step, step_generator(options.seed, step))
+    metrics = dict(stats)
+    options.gap.check(metrics, step, tracker)  # fp32: a gap far above rounding is a broken sync
     if coefs is not None:
         metrics.update(coefs.advance(stats, len(batch) * runtime.world()))
-    metrics.update(
-        {
-            "time/train_s": time.perf_counter() - t1,
-            "lr": parts.scheduler.get_last_lr()[0],
-            "loss": stats.get("loss/policy", 0.0) + config.vf_coef * stats.get("loss/value", 0.0),
-        }
-    )
-    return metrics
+    loss = stats.get("loss/policy", 0.0) + options.vf_coef * stats.get("loss/value", 0.0)
+    return {**metrics, "lr": parts.scheduler.get_last_lr()[0], "loss": loss}
 
 
 class OnlineRL(loop.MethodDefaults):
@@ -279,8 +159,11 @@ class OnlineRL(loop.MethodDefaults):
         if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
             packing.check_packable(self.model, len(self.tokenizer))
         ref_model = setup.frozen(config.model, self.tokenizer) if config.kl_coef > 0 else None
-        value_model = setup.value(self.model, config.value_init, self.tokenizer) if config.advantage == "gae" else None
+        needs_value = ADVANTAGES.trait(config.advantage, "value_model", False)  # gae: PPO's value model
+        value_model = setup.value(self.model, config.value_init, self.tokenizer) if needs_value else None
         self.model = setup.distribute(self.model)  # after the value model copied its backbone
+        forward = forward_options(config, setup.dtype)
+        self.plan = ForwardPlan.resolve(self.model, forward, setup.device)
         # several processes: the value model's shards and optimizer state are in the DCP checkpoint beside the policy's
         self.checkpoint_module = (
             torch.nn.ModuleDict({"policy": self.model, "value": value_model}) if value_model is not None else self.model
@@ -318,9 +201,11 @@ class OnlineRL(loop.MethodDefaults):
             self.scheduler,
             env_factory,
             ptx,
-            UpdateOptions.from_config(config),
+            UpdateOptions.from_config(config, self.plan),  # the update's options, built once
             Coefficients.from_config(config),
+            ref_plan=ForwardPlan.resolve(ref_model, forward, setup.device) if ref_model is not None else None,
         )
+        self.options = RLStepOptions.from_config(config, self.parts.options, setup.dtype, self.tokenizer.pad_token_id)
         self.refilled = 0  # dynamic_sampling=refill: batches of prompts drawn beyond one a step
 
     def indices_of(self, step: int) -> list[int]:
@@ -340,7 +225,7 @@ class OnlineRL(loop.MethodDefaults):
         metrics = rl_step(
             self.parts,
             rows,
-            config,
+            self.options,
             self.setup.dtype,
             step,
             self.tracker,
@@ -361,7 +246,7 @@ class OnlineRL(loop.MethodDefaults):
         return (
             f"{config.algorithm}: {describe_parameters(self.model)}, {len(self.rows)} prompts, "
             f"{config.prompts_per_step}x{config.samples_per_prompt} completions/step, "
-            f"precision={self.setup.precision_name}, run dir {run.dir}"
+            f"precision={self.setup.precision_name}, run dir {run.dir}\n{self.plan.describe()}"
         )
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

@@ -1,6 +1,7 @@
 """One RL update: ``ppo_epochs`` x ``minibatches`` optimizer steps on a rollout batch, with options built once.
 
-    options = UpdateOptions.from_config(config)          # at the method's constructor (the swarm node builds its own)
+    plan = ForwardPlan.resolve(model, forward_options(config, dtype), device)   # the training forward's speed tricks
+    options = UpdateOptions.from_config(config, plan)    # at the method's constructor (the swarm node builds its own)
     stats = update(parts, batch, Targets(adv, old_logp, ref_logp), options, dtype, step, generator)
 
 Each optimizer step trains one minibatch (whole groups where they split evenly) in ``grad_accum`` micro-batches: the
@@ -28,8 +29,9 @@ from lmrl.algorithms import (
     policy_loss,
 )
 from lmrl.data import packing
-from lmrl.models import memory, replay
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models import memory, usage
+from lmrl.models.forward_plan import ForwardOptions, ForwardPlan
+from lmrl.models.usage import Usage
 from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import common
@@ -57,20 +59,18 @@ class UpdateOptions:
     """What an update reads, from the config once (`from_config`)."""
 
     loss: LossSpec
+    plan: ForwardPlan = ForwardPlan()
+    """the training forward (`lmrl.models.forward_plan`)"""
     ppo_epochs: int = 1
     minibatches: int = 1
     grad_accum: int = 1
     group_size: int = 1
-    temperature: float = 1.0
-    chunk_mb: float = 128.0
-    share_prompts: bool = True
     max_grad_norm: float | None = 1.0
     vf_coef: float = 0.1
     value_clip: float | None = 0.2
     skip_zero_advantage: bool = True
     top_entropy_quantile: float = 1.0
     max_tokens: int | None = None  # max_tokens_per_microbatch: micro-batches of packed rows (lmrl.data.packing)
-    release_memory: bool = True  # CPU: malloc's free heap handed back around each forward (`lmrl.models.memory`)
 
     @property
     def updates(self) -> int:
@@ -92,8 +92,8 @@ class UpdateOptions:
         return dataclasses.replace(self, loss=LossSpec(self.loss.name, loss_options))
 
     @classmethod
-    def from_config(cls, config) -> UpdateOptions:
-        """From an `RLConfig` (or any object with its keys): the algorithm's loss with its options."""
+    def from_config(cls, config, plan: ForwardPlan) -> UpdateOptions:
+        """From an `RLConfig`: the algorithm's loss with its options, training forwards under ``plan``."""
         preset, (low, high) = config.preset, config.preset.clip
         max_len = config.max_total_tokens if config.multi_turn else config.max_new_tokens  # seq_sum_norm's constant
         options: dict[str, Any] = {
@@ -118,21 +118,34 @@ class UpdateOptions:
             options["entropy_coef"] = config.entropy_coef
         return cls(
             LossSpec(preset.loss, options),
+            plan,
             config.ppo_epochs,
             config.minibatches,
             config.grad_accum,
             config.samples_per_prompt,
-            config.temperature,
-            config.logprob_chunk_mb,
-            config.share_prompts,
             config.max_grad_norm,
             config.vf_coef,
             config.value_clip,
             config.skip_zero_advantage,
             config.top_entropy_quantile,
-            getattr(config, "max_tokens_per_microbatch", None),
-            getattr(config, "release_memory", True),
+            config.max_tokens_per_microbatch,
         )
+
+
+def forward_options(config, dtype: torch.dtype | None) -> ForwardOptions:
+    """What an `RLConfig` asks of its training forwards (`ForwardPlan.resolve` decides what it gets)."""
+    return ForwardOptions(
+        config.temperature,
+        dtype,
+        config.logprob_chunk_mb,
+        config.share_prompts,
+        config.max_tokens_per_microbatch,
+        config.reuse_sampling_forward,
+        config.updates_per_step,
+        config.engine,
+        config.release_memory,
+        entropy_grad=config.entropy_coef > 0 or config.entropy_target is not None,
+    )
 
 
 @dataclasses.dataclass
@@ -212,38 +225,40 @@ def update(
     skip = zero_gradient_rows(targets.advantages, options, parts.value_model is not None)  # (N,) CPU or None
     targets = targets.to(batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
     totals: dict[str, float] = {}  # sums of share-weighted stats: this rank's part of each minibatch's
-    usage: dict[str, int] = {}  # what the training forwards really did (`completion_logprobs`)
-    releases, (multiplied, skipped) = memory.RELEASES[0], replay.BACKWARD_ROWS
-    release = options.release_memory and batch.input_ids.device.type == "cpu"
-    for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
-        counts = minibatch_counts(batch, mb)
-        for micro, last, weight in micro_batches(batch, mb, skip, options, totals):
-            if release:  # what sampling and the last backward left free, before the forward peaks
-                memory.release_free_memory()
-            sub = batch.select(micro).trimmed()  # a part of shorter rows: none of the batch's padding after them
-            stats = train_micro(
-                parts,
-                sub,
-                targets.rows(micro, sub.completion_ids.shape[1]),
-                options,
-                dtype,
-                step,
-                counts,
-                usage,
-                last_use=last and index == options.updates,
-                weight=weight,
-            )
-            add(totals, stats, 1 / options.updates)
-        if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
-            ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.chunk_mb)
-            add(totals, {"loss/ptx": ce}, 1 / options.updates)
-        add(totals, {"optim/grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
-    if release:  # the backward's free heap, before the next rollout
-        memory.release_free_memory()
-    usage["memory_releases"] = memory.RELEASES[0] - releases
-    usage["backward_rows"] = replay.BACKWARD_ROWS[0] - multiplied
-    usage["backward_rows_skipped"] = replay.BACKWARD_ROWS[1] - skipped
-    return {**mean_over_ranks(totals), **usage_metrics(usage)}
+    with usage.counting() as used:  # what the training forwards and backwards really did
+        for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
+            train_minibatch(parts, batch, mb, index, skip, targets, options, dtype, step, totals)
+            add(totals, {"optim/grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
+        if options.plan.release_memory:  # the backward's free heap, before the next rollout
+            memory.release_free_memory()
+    return {**mean_over_ranks(totals), **usage_metrics(used)}
+
+
+def train_minibatch(
+    parts, batch: RolloutBatch, mb, index: int, skip, targets: Targets, options: UpdateOptions, dtype, step: int, totals
+) -> None:
+    """Forward and backward of minibatch ``mb`` (the ``index``-th optimizer step), micro-batch by micro-batch, and
+    PPO-ptx's term; adds the stats to ``totals``."""
+    counts = minibatch_counts(batch, mb)
+    for micro, last, weight in micro_batches(batch, mb, skip, options, totals):
+        if options.plan.release_memory:  # what sampling and the last backward left free, before the forward peaks
+            memory.release_free_memory()
+        sub = batch.select(micro).trimmed()  # a part of shorter rows: none of the batch's padding after them
+        stats = train_micro(
+            parts,
+            sub,
+            targets.rows(micro, sub.completion_ids.shape[1]),
+            options,
+            dtype,
+            step,
+            counts,
+            last_use=last and index == options.updates,
+            weight=weight,
+        )
+        add(totals, stats, 1 / options.updates)
+    if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
+        ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.plan.chunk_mb)
+        add(totals, {"loss/ptx": ce}, 1 / options.updates)
 
 
 def train_micro(
@@ -254,7 +269,6 @@ def train_micro(
     dtype,
     step: int,
     counts,
-    usage: dict,
     last_use: bool,
     weight: float = 1.0,
 ) -> dict[str, float]:
@@ -265,20 +279,8 @@ def train_micro(
     if record is not None and last_use:
         record = record.for_last_use()  # freed as the forward replays it: not held through the backward
     mask = sub.train_mask  # multi-turn: tool outputs are attended to, never trained
-    logp, entropy = completion_logprobs(
-        parts.model,
-        sub.input_ids,
-        sub.attention_mask,
-        sub.prompt_ids.shape[1],
-        temperature=options.temperature,
-        return_entropy=True,
-        autocast_dtype=dtype,
-        share_prompts=options.share_prompts,
-        chunk_mb=options.chunk_mb,
-        linear_outputs=record,
-        usage=usage,
-        entropy_grad=options.entropy_in_loss,
-        packed=options.max_tokens is not None,
+    logp, entropy = options.plan.logprobs(
+        parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1], entropy=True, linear_outputs=record
     )
     old_logp = logp.detach() if targets.old_logp is None else targets.old_logp
     keep = (
@@ -418,7 +420,7 @@ def mean_over_ranks(totals: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
+def usage_metrics(usage: Usage) -> dict[str, float]:
     """The speed-ups the training forwards used, measured: the share of forwards that ran each distinct prompt once,
     through the chunked LM head and as packed rows, and the share of linear-layer calls that returned the sampler's
     outputs; the fused RMSNorm/SwiGLU calls per training forward (`lmrl.models.fused`); the saves per training forward
@@ -433,7 +435,7 @@ def usage_metrics(usage: dict[str, int]) -> dict[str, float]:
         "update/chunked_head": usage.get("chunked_head", 0) / forwards,
         "update/packed": usage.get("packed", 0) / forwards,
         "update/reused_sampling_forward": usage.get("replayed", 0) / calls if calls else 0.0,
-        "update/fused_calls": usage.get("fused", 0) / forwards,
+        "update/fused_calls": usage.get("forward_fused", 0) / forwards,
         "update/rebuilt_saves": usage.get("rebuilt", 0) / forwards,
         "update/rebuilt_mib": usage.get("rebuilt_bytes", 0) / forwards / 2**20,
         "update/backward_rows_skipped": usage.get("backward_rows_skipped", 0) / rows if rows else 0.0,

@@ -24,7 +24,7 @@ Choices where the paper is silent or loose (each an option; docs/selfplay.md):
 
 Why not ``online.update``: it takes one optimizer step per batch and aggregates over that batch,
 while LSP sums two separately normalised losses into one step. This module reuses its
-``logprobs_no_grad``, ``policy_loss`` and the common optimizer step instead.
+``ForwardPlan.scores``, ``policy_loss`` and the common optimizer step instead.
 
 Layout: this module is the method (one step, set-up); its keys are in ``config.py``, the environment (challenger
 prompt, query checks) in ``env.py``, the held-out evaluation in ``heldout.py``, the warm start and the reference
@@ -50,7 +50,7 @@ from lmrl.algorithms.selfplay import selfplay_advantages
 from lmrl.data.loading import load_rows
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.models import describe_parameters
-from lmrl.models.logprobs import completion_logprobs
+from lmrl.models.forward_plan import ForwardPlan
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardFailure, RewardSet
@@ -60,7 +60,6 @@ from lmrl.rollout.protocol import Engine
 from lmrl.rollout.samplers.groups import seeded_shards
 from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
 from lmrl.trainers import common, loop
-from lmrl.trainers.rl.trainer import logprobs_no_grad
 from lmrl.trainers.selfplay.config import SelfPlayConfig
 from lmrl.trainers.selfplay.env import (  # noqa: F401 - re-exported
     QUERY_CHECKERS,
@@ -106,11 +105,12 @@ def update(
     """One optimizer step on sum_role coef * L_role; L_role = policy_loss("pg") with KL, over that role's rows of
     every rank (token and row counts all-reduced; a rank with fewer rows forwards masked pads, `pad_rows`)."""
     totals: dict[str, float] = {"loss": 0.0}
+    plan = ForwardPlan(config.temperature, dtype, config.logprob_chunk_mb)
     for name, batch, adv, coef in roles:
         batch, adv = pad_rows(batch, adv, roles[0][1], parts.tokenizer.pad_token_id)
         if batch is None:
             continue
-        ref_logp = logprobs_no_grad(parts.ref_model, batch, config, dtype) if config.kl_coef > 0 else None  # (n, T)
+        ref_logp = plan.scores(parts.ref_model, batch) if config.kl_coef > 0 else None  # (n, T)
         trained = batch.train_mask
         tokens, rows = runtime.all_sum(torch.stack([trained.sum(), trained.any(dim=1).sum().float()])).clamp(min=1)
         max_len = config.challenger_max_new_tokens if name == "challenger" else config.solver_max_new_tokens
@@ -118,15 +118,8 @@ def update(
             sub = batch.select(micro)
             mask = sub.train_mask
             weight = float(mask.sum() / tokens) if config.loss_agg == "token_mean" else len(micro) / float(rows)
-            logp, entropy = completion_logprobs(
-                parts.model,
-                sub.input_ids,
-                sub.attention_mask,
-                sub.prompt_ids.shape[1],
-                temperature=config.temperature,
-                return_entropy=True,
-                autocast_dtype=dtype,
-                chunk_mb=config.logprob_chunk_mb,
+            logp, entropy = plan.logprobs(
+                parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1], entropy=True
             )  # (m, T) each
             # on-policy, one update: pi_old = sg(pi_theta), so the ratio is 1 in value and grad log pi in gradient
             loss, stats = policy_loss(
