@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from lmrl.config import ConfigError, ModelSection, field
+from lmrl.config import ChatSection, ConfigError, ModelSection, field
 from lmrl.tracking import console
 
 PRINCIPLES = [
@@ -76,7 +76,7 @@ Explain briefly, then end with [[A]] if A is better, [[B]] if B is better, or [[
 
 
 @dataclasses.dataclass
-class CAIConfig(ModelSection):
+class CAIConfig(ChatSection, ModelSection):
     mode: Literal["revise", "label"] = field(
         "revise", "revise: critique-and-revise SFT data; label: AI-feedback preference pairs"
     )
@@ -96,7 +96,6 @@ class CAIConfig(ModelSection):
     swap: bool = field(True, "label: judge both answer orders, keep a preference only when they agree")
     max_new_tokens: int = field(128, "tokens per answer, critique, revision or judgement")
     batch_size: int = field(16, "prompts per generate call")
-    chat: bool = field(True, "render prompts with the chat template")
     output_file: str = field("data/cai.jsonl", "JSONL written: SFT rows (revise) or preference pairs (label)")
 
     def __post_init__(self) -> None:

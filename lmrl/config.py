@@ -25,18 +25,31 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, expand_home, field, finite, suggest  # noqa
+from lmrl.config_base import (  # noqa: F401 - the building blocks, re-exported
+    ConfigError,
+    Section,
+    check_at_least,
+    check_output_dir,
+    expand_home,
+    field,
+    finite,
+    section_view,
+    suggest,
+)
 from lmrl.config_sections import (  # noqa: F401 - the shared sections, re-exported: configs import them from here
     DEVICE_PATTERN,
     TRACKERS,
+    ChatSection,
     DataSection,
     DecodingSection,
     EvalSection,
     ModelSection,
     OptimSection,
     RewardSection,
+    RowsSection,
     RunSection,
     SamplingSection,
+    TaskSection,
     TrainConfig,
 )
 from lmrl.config_trl import (  # noqa: F401 - re-exported: TRL's names

@@ -35,9 +35,13 @@ def suggest(name: str, choices: typing.Iterable[str]) -> str:
 class Section:
     """A group of config keys declared once and shared by every config that composes it.
 
-    Configs are flat (every key is a top-level YAML key and override) and composed by inheritance:
-    ``class RLConfig(SamplingSection, RewardSection, TrainConfig)``. ``title`` names the group in
-    ``--help-config``; each section's ``__post_init__`` checks its own keys and calls the next one's.
+    Flat outside, typed inside. Configs are flat (every key is a top-level YAML key and override, and an
+    attribute) and composed by inheritance: ``class RLConfig(SamplingSection, RewardSection, TrainConfig)``. Each
+    section also gives the configs that compose it a typed view of its keys (``config.sampling`` is a
+    `SamplingSection` holding exactly the sampling keys, `section_view`), so a consumer takes the section it needs
+    and its type guarantees the keys. ``title`` names the group in ``--help-config``; each section's
+    ``__post_init__`` checks its own keys and calls the next one's; the last one checks the rules between
+    sections (`lmrl.config_rules`).
     """
 
     title = ""
@@ -49,6 +53,24 @@ class Section:
             items = value if isinstance(value, list) else [value]
             checked = [expand_home(f.name, finite(f.name, v)) for v in items]
             setattr(self, f.name, checked if isinstance(value, list) else checked[0])
+        from lmrl.config_rules import broken_rule
+
+        message = broken_rule(self)
+        if message:
+            raise ConfigError(message)
+
+
+S = typing.TypeVar("S", bound=Section)
+
+
+def section_view(config: Section, cls: type[S]) -> S:
+    """``cls``'s keys of ``config`` as a ``cls``: exactly that section's keys, with the section's properties and
+    methods. Built without checks (``config`` passed them) and afresh at each call (a config is not changed after it
+    is built)."""
+    view = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        object.__setattr__(view, f.name, getattr(config, f.name))
+    return view
 
 
 COUNT_SUFFIXES = ("batch_size", "_per_step", "_per_prompt")

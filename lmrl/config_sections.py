@@ -2,7 +2,9 @@
 
 A section declares a group of keys once, with their help and their checks (`lmrl.config_base.Section`); a verb's
 config composes the ones it uses (``class SFTConfig(ToolSection, DataSection, TrainConfig)``) and changes a default by
-declaring the key again with its own default and help. `lmrl.config` re-exports every name here.
+declaring the key again with its own default and help. Each section gives the configs that compose it a typed view of
+its keys (``config.optim`` is an `OptimSection`); where a section's name is a key (``model``, ``engine``,
+``rewards``, ``tools``), the view is named ``<name>_setup``. `lmrl.config` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dataclasses
 import re
 from typing import Literal
 
-from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, field, suggest
+from lmrl.config_base import ConfigError, Section, check_at_least, check_output_dir, field, section_view, suggest
 from lmrl.parallel.config import ParallelSection
 
 
@@ -85,9 +87,11 @@ class ModelSection(Section):
                 "'lora_target_modules' is empty. Fix: lora_target_modules=[all-linear] or name layers, "
                 "e.g. [q_proj,v_proj]."
             )
-        if self.merge_lora and not self.lora_r:
-            raise ConfigError("merge_lora=true needs LoRA (lora_r > 0).")
         super().__post_init__()
+
+    @property
+    def model_setup(self) -> ModelSection:
+        return section_view(self, ModelSection)
 
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -113,6 +117,10 @@ class OptimSection(Section):
         if len(self.adam_betas) != 2:
             raise ConfigError(f"'adam_betas' must be two numbers, got {self.adam_betas}.")
         super().__post_init__()
+
+    @property
+    def optim(self) -> OptimSection:
+        return section_view(self, OptimSection)
 
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
@@ -156,6 +164,10 @@ class RunSection(Section):
                 )
         super().__post_init__()
 
+    @property
+    def run(self) -> RunSection:
+        return section_view(self, RunSection)
+
 
 @dataclasses.dataclass
 class EvalSection(Section):
@@ -185,6 +197,15 @@ class EvalSection(Section):
             raise ConfigError(str(err)) from None
         super().__post_init__()
 
+    def held_out_dataset(self) -> str | None:
+        """The verb's held-out dataset, which eval_metrics fall back on: `DataSection`'s eval_dataset (a verb that
+        declares the key itself says so, as self-play does)."""
+        return self.eval_dataset if isinstance(self, DataSection) else None
+
+    @property
+    def evaluation(self) -> EvalSection:
+        return section_view(self, EvalSection)
+
 
 @dataclasses.dataclass
 class TrainConfig(ParallelSection, EvalSection, RunSection, OptimSection, ModelSection):
@@ -209,6 +230,10 @@ class DecodingSection(Section):
         check_at_least(self, ("top_k", "sampling_shards"), 0)
         super().__post_init__()
 
+    @property
+    def decoding(self) -> DecodingSection:
+        return section_view(self, DecodingSection)
+
 
 @dataclasses.dataclass
 class SamplingSection(DecodingSection):
@@ -225,6 +250,10 @@ class SamplingSection(DecodingSection):
     def __post_init__(self) -> None:
         check_at_least(self, ("samples_per_prompt", "max_new_tokens"), 1)
         super().__post_init__()
+
+    @property
+    def sampling(self) -> SamplingSection:
+        return section_view(self, SamplingSection)
 
 
 @dataclasses.dataclass
@@ -255,29 +284,71 @@ class RewardSection(Section):
             )
         super().__post_init__()
 
+    @property
+    def reward_setup(self) -> RewardSection:
+        return section_view(self, RewardSection)
+
 
 @dataclasses.dataclass
-class DataSection(Section):
-    """The rows a verb trains and evaluates on (sft, reward, dpo, rejection-sampling, distill). A verb whose data
-    differs changes a default by declaring the key again, e.g. `DPOConfig`'s ``dataset: str = field("builtin:prefs",
-    ...)``; its built-in source's arguments stay its own key (``task_args`` of a task, ``data_args`` of a source)."""
+class ChatSection(Section):
+    """Whether prompts go through the tokenizer's chat template: every verb that renders prompts has the key."""
+
+    title = "data"
+    chat: bool = field(
+        True,
+        "render prompts with the tokenizer's chat template (ChatML when it has none); false: the raw text with the "
+        "tokenizer's own special tokens, e.g. a base model's BOS ('zero' RL)",
+    )
+
+
+@dataclasses.dataclass
+class TaskSection(Section):
+    """The arguments of a built-in task (``dataset=task:<name>``); a verb whose built-in source is not a task names
+    its arguments otherwise (``data_args`` of the preference sources)."""
+
+    title = "data"
+    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 2)")
+
+
+@dataclasses.dataclass
+class RowsSection(ChatSection):
+    """The rows a verb reads: the dataset, how many training and held-out rows, and the chat template (`lmrl rl`'s
+    prompts). `DataSection` adds what the verbs that train on given completions need."""
 
     title = "data"
     dataset: str = field(
-        "task:arithmetic", "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id"
+        "task:arithmetic",
+        "task:<name> (built-in), a .jsonl/.json/.parquet/.csv file, or an HF dataset id (sampling verbs: rows with a "
+        "prompt column)",
     )
-    split: str = field("train", "dataset split")
     train_rows: int | None = field(
         2000, "rows generated for a built-in task or source, or the first N rows of a dataset (null: all)"
     )
+    eval_rows: int = field(200, "held-out rows to evaluate on")
+
+    @property
+    def data(self) -> RowsSection:
+        return section_view(self, RowsSection)
+
+
+@dataclasses.dataclass
+class DataSection(RowsSection):
+    """The rows a verb trains and evaluates on (sft, reward, dpo, rejection-sampling, distill). A verb whose data
+    differs changes a default by declaring the key again, e.g. `DPOConfig`'s ``dataset: str = field("builtin:prefs",
+    ...)``; a built-in task's arguments are `TaskSection`'s, a built-in source's the verb's own (``data_args``)."""
+
+    title = "data"
+    split: str = field("train", "dataset split")
     eval_dataset: str | None = field(
         None, "held-out data; default: the test split of a built-in task or source, none for files"
     )
     eval_split: str = field("test", "split of eval_dataset (or of the built-in task or source)")
-    eval_rows: int = field(200, "held-out rows to evaluate on")
-    chat: bool = field(True, "render rows with the chat template (false: raw prompt + completion text)")
     max_length: int = field(256, "tokens per example (prompt + completion)")
 
     def __post_init__(self) -> None:
         check_at_least(self, ("max_length",), 2)
         super().__post_init__()
+
+    @property
+    def data(self) -> DataSection:
+        return section_view(self, DataSection)

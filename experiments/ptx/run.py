@@ -63,8 +63,8 @@ def pretraining_ce(model_dir: Path) -> float:
 
     from lmrl.data.tokenizers import load_tokenizer
     from lmrl.models import load_model
-    from lmrl.trainers.rl.config import PtxSection
     from lmrl.trainers.rl.ptx import PretrainingMix
+    from lmrl.trainers.rl.sections import PtxSection
 
     defaults = {name: PtxSection.__dataclass_fields__[name].default for name in ("ptx_batch_size", "ptx_block_size")}
     config = SimpleNamespace(ptx_dataset="builtin:pydoc", ptx_coef=0.0, seed=0, **defaults)

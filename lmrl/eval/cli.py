@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lmrl.config import ConfigError, ModelSection, Section, field
+from lmrl.config import ChatSection, ConfigError, ModelSection, field, section_view
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
 from lmrl.rollout.engine_section import EngineSection
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # (torch and transformers: `lmrl.cli` checks these configs wi
 
 
 @dataclasses.dataclass
-class EvalDataSection(Section):
+class EvalDataSection(ChatSection):
     """The rows to evaluate and how to sample and score completions: shared by `lmrl eval` and `lmrl filter`."""
 
     title = "data and sampling"
@@ -51,7 +51,6 @@ class EvalDataSection(Section):
     top_p: float = field(1.0, "nucleus sampling of sampled completions")
     max_new_tokens: int = field(32, "tokens generated per completion")
     batch_size: int = field(64, "rows x samples per generate call")
-    chat: bool = field(True, "render prompts with the chat template (false: raw text)")
     verifier: str = field("auto", "auto (a row's task, else exact match) | exact | math | task")
     answer_column: str = field("answer", "column with the gold answers")
 
@@ -61,6 +60,10 @@ class EvalDataSection(Section):
         if not self.temperature > 0:
             raise ConfigError(f"'temperature' must be > 0 (greedy completions ignore it), got {self.temperature}.")
         super().__post_init__()
+
+    @property
+    def eval_data(self) -> EvalDataSection:
+        return section_view(self, EvalDataSection)
 
     def options(self) -> EvalOptions:
         """The `Evaluator`'s options: every key of this config that `EvalOptions` has."""

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Literal
 
-from lmrl.config_base import ConfigError, Section, check_at_least, field
+from lmrl.config_base import ConfigError, Section, check_at_least, field, section_view
 
 BATCH_KEYS = ("prompts_per_step", "batch_size")  # the global batch of a step, in the first key a config has
 
@@ -31,16 +31,22 @@ class ParallelSection(Section):
         "optimizer state sharded) or ddp (each rank a full replica)",
     )
 
+    sampled_key = None  # the key that sampling_shards divide, when it is not the batch (rejection: the prompts)
+
     def __post_init__(self) -> None:
         check_at_least(self, ("nproc",), 1)
-        check_world(self, self.nproc if self.nproc > 1 else env_world_size())
+        check_world(self, self.processes)
         check_launch(self.nproc)
-        if max(self.nproc, env_world_size()) > 1 and getattr(self, "lora_r", 0) > 0 and self.parallel == "fsdp":
-            raise ConfigError(
-                "LoRA with several processes runs with parallel=ddp (the adapters are small; the frozen "
-                "base is not sharded). Fix: add parallel=ddp."
-            )
         super().__post_init__()
+
+    @property
+    def processes(self) -> int:
+        """The run's training processes: ``nproc``, or torchrun's ``WORLD_SIZE`` in a process it started."""
+        return self.nproc if self.nproc > 1 else env_world_size()
+
+    @property
+    def distributed(self) -> ParallelSection:
+        return section_view(self, ParallelSection)
 
 
 def check_launch(nproc: int) -> None:
@@ -64,11 +70,13 @@ def check_launch(nproc: int) -> None:
         )
 
 
-def check_world(config, world: int) -> None:
-    """Every rank gets an equal share of the global batch, split evenly into its grad_accum micro-batches and into
-    its ``sampling_shards`` (`lmrl.parallel.shards`)."""
-    key = next((k for k in BATCH_KEYS if hasattr(config, k)), None)
-    batch, accum = getattr(config, key) if key else 0, getattr(config, "grad_accum", 1)
+def check_world(config: ParallelSection, world: int) -> None:
+    """Every rank gets an equal share of the global batch (the first of `BATCH_KEYS` that the config has), split
+    evenly into its grad_accum micro-batches and into its ``sampling_shards`` (`lmrl.parallel.shards`)."""
+    keys = {f.name for f in dataclasses.fields(config)}
+    key = next((k for k in BATCH_KEYS if k in keys), None)
+    batch = getattr(config, key) if key else 0
+    accum = config.grad_accum if "grad_accum" in keys else 1
     unit = "prompts (each rank samples whole groups)" if key == "prompts_per_step" else "examples"
     per_rank = batch // world
     if key and world > 1 and (batch % world or (key == "batch_size" and per_rank % accum)):
@@ -79,8 +87,8 @@ def check_world(config, world: int) -> None:
             + f": {key} is the global batch in {unit}. Fix: make {key} a multiple of {need} "
             f"(e.g. {key}={max(need, batch // need * need)}), or change nproc."
         )
-    shards = getattr(config, "sampling_shards", 0) or world
-    key = getattr(config, "sampled_key", key)  # what is sampled in shards, if not the batch (rejection: the prompts)
+    shards = (config.sampling_shards if "sampling_shards" in keys else 0) or world
+    key = config.sampled_key or key
     sampled = getattr(config, key) if key else None
     if shards % world or (sampled is not None and sampled % shards):
         raise ConfigError(

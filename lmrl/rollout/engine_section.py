@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config_base import ConfigError, Section, check_at_least, field
+from lmrl.config_base import ConfigError, Section, check_at_least, field, section_view
 
 
 @dataclasses.dataclass
@@ -62,11 +62,6 @@ class EngineSection(Section):
     )
 
     def __post_init__(self) -> None:
-        if self.engine == "vllm" and getattr(self, "stop", None):  # a sampling verb's SamplingSection key
-            raise ConfigError(
-                "'stop' strings are applied by engine=hf only (the vLLM engine samples token ids). Fix: engine=hf, "
-                "or end completions with the model's own stop tokens."
-            )
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"'vllm_gpu_memory_utilization' must be in (0, 1], got {self.vllm_gpu_memory_utilization}."
@@ -81,47 +76,10 @@ class EngineSection(Section):
         if self.vllm_servers is not None:
             self.check_replicas(parse_server)
         if self.vllm_replicas is not None:
-            self.check_spawned_replicas()
-        if self.vllm_weight_transport != "http" and not server_list(self):
-            raise ConfigError(
-                f"vllm_weight_transport={self.vllm_weight_transport} sets how weights reach vLLM servers, but this "
-                "run samples with vLLM in its own process (weights loaded in place) or with engine=hf. Fix: "
-                "vllm_weight_transport=http, or a server (vllm_server, vllm_servers or vllm_replicas)."
-            )
-        if self.vllm_lora_sync == "adapter" and (server_list(self) or getattr(self, "nproc", 1) > 1):
-            raise ConfigError(
-                "vllm_lora_sync=adapter loads the adapters from files this process writes, into vLLM in "
-                "this process: it runs colocated on one process. Fix: vllm_lora_sync=merged (any mode), "
-                "or no vllm_server and nproc=1."
-            )
-        super().__post_init__()
-
-    def check_spawned_replicas(self) -> None:
-        check_at_least(self, ("vllm_replicas",), 1)
-        other = (
-            f"vllm_servers={self.vllm_servers}"
-            if self.vllm_servers is not None
-            else f"vllm_server={self.vllm_server!r}"
-            if self.vllm_server is not None
-            else None
-        )
-        if other:
-            raise ConfigError(
-                f"vllm_replicas={self.vllm_replicas} starts the servers and {other} names them. Fix: one of "
-                "them (vllm_replicas=1 is vllm_server=auto; running servers go in vllm_servers)."
-            )
-        if self.engine != "vllm":
-            raise ConfigError(
-                f"vllm_replicas samples with vLLM, but engine={self.engine}. Fix: engine=vllm, or vllm_replicas=null."
-            )
+            check_at_least(self, ("vllm_replicas",), 1)
+        super().__post_init__()  # then the rules between these keys and the others (`lmrl.config_rules`)
 
     def check_replicas(self, parse_server) -> None:
-        if self.vllm_server is not None:
-            raise ConfigError(
-                f"vllm_server={self.vllm_server!r} and vllm_servers={self.vllm_servers} both name the "
-                "vLLM servers. Fix: one of them (vllm_servers=[host:port] is the same as vllm_server="
-                "host:port)."
-            )
         if not self.vllm_servers:
             raise ConfigError(
                 "vllm_servers=[] names no server. Fix: vllm_servers=[host:port, ...] of running `lmrl "
@@ -139,19 +97,22 @@ class EngineSection(Section):
                 f"vllm_servers={self.vllm_servers} names a server twice (one trainer session per "
                 "server). Fix: each replica once."
             )
-        if self.engine != "vllm":
-            raise ConfigError(
-                f"vllm_servers samples with vLLM, but engine={self.engine}. Fix: engine=vllm, or vllm_servers=null."
-            )
+
+    @property
+    def servers(self) -> list[str]:
+        """The vLLM servers this config samples on: vllm_servers, or [vllm_server], or ["auto"] * vllm_replicas
+        (started for the run), or [] (vLLM in this process, or engine=hf)."""
+        if self.vllm_replicas:
+            return ["auto"] * self.vllm_replicas
+        if self.vllm_servers:
+            return list(self.vllm_servers)
+        return [self.vllm_server] if self.vllm_server else []
+
+    @property
+    def engine_setup(self) -> EngineSection:
+        return section_view(self, EngineSection)
 
 
-def server_list(config) -> list[str]:
-    """The vLLM servers a config samples on: vllm_servers, or [vllm_server], or ["auto"] * vllm_replicas (started
-    for the run), or [] (vLLM in this process)."""
-    if getattr(config, "vllm_replicas", None):
-        return ["auto"] * config.vllm_replicas
-    servers = getattr(config, "vllm_servers", None)
-    if servers:
-        return list(servers)
-    server = getattr(config, "vllm_server", None)
-    return [server] if server else []
+def server_list(config: EngineSection) -> list[str]:
+    """`EngineSection.servers` of ``config`` (`lmrl.rollout.engines.factory`)."""
+    return config.servers

@@ -5,7 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from lmrl.config import ConfigError, RewardSection, SamplingSection, TrainConfig, check_output_dir, field
+from lmrl.config import (
+    ConfigError,
+    RewardSection,
+    SamplingSection,
+    TrainConfig,
+    check_at_least,
+    check_output_dir,
+    field,
+)
 from lmrl.data.tasks import TASKS
 from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX
 from lmrl.data.tasks.reasoning_gym import dataset_names
@@ -110,27 +118,35 @@ class SwarmConfig(SamplingSection, EngineSection, RewardSection, TrainConfig):
                 f"lmrl swarm runs one process per node (got nproc={self.nproc}): every rank would run "
                 "the same node. Fix: nproc=1; more nodes: nodes=N (sim) or one `lmrl swarm join` each."
             )
-        for name in ("local", "external", "fetch_window"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
-        for name in (
-            "samples_per_prompt",
-            "nodes",
-            "max_peer_groups",
-            "max_prompt_tokens",
-            "max_new_tokens",
-            "keep_rounds",
-            "ppo_epochs",
-            "minibatches",
-            "max_payload_bytes",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        check_at_least(self, ("local", "external", "fetch_window"), 0)
+        check_at_least(
+            self,
+            (
+                "samples_per_prompt",
+                "nodes",
+                "max_peer_groups",
+                "max_prompt_tokens",
+                "max_new_tokens",
+                "keep_rounds",
+                "ppo_epochs",
+                "minibatches",
+                "max_payload_bytes",
+            ),
+            1,
+        )
         if self.round_seconds < 0 or self.eval_rows < 0 or self.warm_start_steps < 0:
             raise ConfigError("'round_seconds', 'eval_rows' and 'warm_start_steps' must be >= 0.")
-        for name in ("sample_every", "warm_start_rows", "warm_start_batch_size", "warm_start_lr"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"'{name}' must be > 0, got {getattr(self, name)}.")
+        check_at_least(
+            self,
+            (
+                "sample_every",
+                "warm_start_rows",
+                "warm_start_batch_size",
+                "warm_start_lr",
+            ),
+            0,
+            inclusive=False,
+        )
         if self.questions < max(self.local, 1):
             raise ConfigError(
                 f"questions_per_round={self.questions_per_round} is below local={self.local}: a node trains on "

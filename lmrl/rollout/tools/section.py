@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from lmrl.config import ConfigError, Section, field
+from lmrl.config import ConfigError, Section, check_at_least, field, section_view
 from lmrl.rollout.tools.env import EnvFactory, checked_factory, tool_env_factory
 from lmrl.rollout.tools.parsers import TOOL_PARSERS, get_parser
 from lmrl.rollout.tools.toolbox import ToolBox, build_tools, import_callable
@@ -51,9 +51,7 @@ class ToolSection(Section):
             raise ConfigError(
                 f"tool_parser={self.tool_parser!r} is not a known format; use one of {sorted(TOOL_PARSERS)}."
             )
-        for name in ("max_turns", "max_total_tokens", "max_tool_output_chars"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        check_at_least(self, ("max_turns", "max_total_tokens", "max_tool_output_chars"), 1)
         if self.mcp_servers:
             from lmrl.rollout.tools.mcp import NO_SDK, sdk_installed, server_command
 
@@ -70,6 +68,10 @@ class ToolSection(Section):
     def multi_turn(self) -> bool:
         """Whether rollouts run the multi-turn loop (tools, MCP servers or an environment are set)."""
         return bool(self.tools or self.mcp_servers or self.env)
+
+    @property
+    def tool_setup(self) -> ToolSection:
+        return section_view(self, ToolSection)
 
     def turn_options(self) -> MultiTurnOptions:
         from lmrl.rollout.tools.multiturn import MultiTurnOptions  # here: configs check without torch (lmrl.cli)

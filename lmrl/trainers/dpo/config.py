@@ -91,13 +91,12 @@ class DPOConfig(SamplingSection, EngineSection, RewardSection, DataSection, Trai
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}).")
         if self.max_tokens_per_microbatch is not None and (
-            self.grad_accum != 1 or self.unpaired or self.max_tokens_per_microbatch < 2 * self.max_length
+            self.unpaired or self.max_tokens_per_microbatch < 2 * self.max_length
         ):
             raise ConfigError(
                 f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs pairs into micro-batches "
-                f"of that many tokens: it replaces grad_accum (got {self.grad_accum}; set 1), must be >= "
-                f"2 x max_length ({2 * self.max_length}) so that every pair fits, and takes paired losses "
-                f"only (loss={self.loss})."
+                f"of that many tokens: it must be >= 2 x max_length ({2 * self.max_length}) so that every pair "
+                f"fits, and takes paired losses only (loss={self.loss})."
             )
         if self.unpaired and self.batch_size // self.grad_accum < 2:
             raise ConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-from lmrl.config import ConfigError, TrainConfig, field
+from lmrl.config import ConfigError, TrainConfig, check_at_least, field
 
 if TYPE_CHECKING:
     from lmrl.algorithms import AvatarlOptions
@@ -73,9 +73,7 @@ class PretrainConfig(TrainConfig):
                 f"batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum}); "
                 "each micro-batch has batch_size/grad_accum windows."
             )
-        for name in ("block_size", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        check_at_least(self, ("block_size", "batch_size"), 1)
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ConfigError(
                 f"'eval_batches' must be >= 1 or null (every validation window), got {self.eval_batches}."

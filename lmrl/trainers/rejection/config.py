@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-from lmrl.config import ConfigError, DataSection, RewardSection, TrainConfig, field
-from lmrl.parallel.config import env_world_size
+from lmrl.config import ConfigError, DataSection, RewardSection, TaskSection, TrainConfig, check_at_least, field
 from lmrl.rollout.engine_section import EngineSection
 
 if TYPE_CHECKING:
@@ -15,11 +14,7 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass
-class RejectionConfig(EngineSection, RewardSection, DataSection, TrainConfig):
-    dataset: str = field(
-        "task:arithmetic", "prompts: task:<name> (built-in), or a file / HF dataset with a prompt column"
-    )
-    task_args: dict = field({}, "arguments of a built-in task (e.g. digits: 1)")
+class RejectionConfig(EngineSection, RewardSection, TaskSection, DataSection, TrainConfig):
     train_rows: int | None = field(200, "prompts sampled each round (M); null: every row")
     eval_rows: int = field(100, "held-out prompts")
     eval_samples: int = field(
@@ -56,7 +51,6 @@ class RejectionConfig(EngineSection, RewardSection, DataSection, TrainConfig):
     drop_truncated: bool = field(True, "never select completions that hit max_new_tokens without a stop")
     dedupe: bool = field(True, "never select a completion identical to a better one of the same prompt")
     rounds: int = field(1, "sample -> select -> SFT rounds; each samples from the previous round's policy")
-    chat: bool = field(True, "prompts use the chat template (SFT renders the selection the same way)")
     max_length: int = field(128, "SFT: tokens per example (prompt + completion)")
     batch_size: int = field(32, "SFT: examples per optimizer step")
     max_steps: int = field(100, "SFT optimizer steps per round")
@@ -65,14 +59,12 @@ class RejectionConfig(EngineSection, RewardSection, DataSection, TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.engine == "vllm" and max(self.nproc, env_world_size()) > 1:
+        if self.engine == "vllm" and self.processes > 1:
             raise ConfigError(
                 "engine=vllm samples in one process here; with several processes each rank samples "
                 "with engine=hf. Fix: engine=hf, or nproc=1."
             )
-        for name in ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
+        check_at_least(self, ("rounds", "eval_samples", "generation_batch", "per_prompt", "max_new_tokens"), 1)
         if self.temperature <= 0:
             raise ConfigError(
                 f"'temperature' must be > 0 (rejection sampling needs diverse samples), got {self.temperature}."

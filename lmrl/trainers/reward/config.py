@@ -43,11 +43,8 @@ class RewardConfig(DataSection, TrainConfig):
 
             if not REWARD_MODEL_LOSSES.trait(self.loss, "margin", False):
                 raise ConfigError(f"'margin' and 'center_coef' apply to loss=bt only, got loss={self.loss}.")
-        if self.max_tokens_per_microbatch is not None and (
-            self.grad_accum != 1 or self.max_tokens_per_microbatch < self.max_length
-        ):
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < self.max_length:
             raise ConfigError(
                 f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} packs prompts into "
-                f"micro-batches of that many tokens: it replaces grad_accum (got {self.grad_accum}; set 1) "
-                f"and must be >= max_length ({self.max_length})."
+                f"micro-batches of that many tokens: it must be >= max_length ({self.max_length})."
             )

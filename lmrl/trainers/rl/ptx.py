@@ -24,7 +24,7 @@ class PretrainingMix:
     """Windows of ``ptx_dataset`` (train / held-out), the ptx term's backward and the forgetting metric."""
 
     def __init__(self, config, tokenizer):
-        """``config``: the run's (`lmrl.trainers.rl.config.PtxSection` keys and ``seed``)."""
+        """``config``: the run's (`lmrl.trainers.rl.sections.PtxSection` keys and ``seed``)."""
         source = SimpleNamespace(
             data=config.ptx_dataset,
             data_split="train",

@@ -11,8 +11,7 @@ import inspect
 import re
 from typing import Literal
 
-from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, field
-from lmrl.parallel.config import env_world_size
+from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, check_at_least, field
 from lmrl.rollout.engine_section import EngineSection
 from lmrl.trainers.selfplay.env import QUERY_CHECKERS
 
@@ -82,25 +81,25 @@ class SelfPlayConfig(DecodingSection, EngineSection, RewardSection, TrainConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.warm_start_steps and max(self.nproc, env_world_size()) > 1:
+        if self.warm_start_steps and self.processes > 1:
             raise ConfigError(
                 "The warm start runs in one process: run it with nproc=1 max_steps=1, then self-play "
                 "from its saved policy with model=<that run>/reference warm_start_steps=0 nproc=N."
             )
-        for name in (
-            "queries_per_step",
-            "answers_per_query",
-            "challenger_max_new_tokens",
-            "solver_max_new_tokens",
-            "judge_max_new_tokens",
-            "warm_start_batch_size",
-            "sample_every",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be >= 1, got {getattr(self, name)}.")
-        for name in ("kl_coef", "challenger_coef", "warm_start_steps", "self_reward_weight"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
+        check_at_least(
+            self,
+            (
+                "queries_per_step",
+                "answers_per_query",
+                "challenger_max_new_tokens",
+                "solver_max_new_tokens",
+                "judge_max_new_tokens",
+                "warm_start_batch_size",
+                "sample_every",
+            ),
+            1,
+        )
+        check_at_least(self, ("kl_coef", "challenger_coef", "warm_start_steps", "self_reward_weight"), 0)
         if not self.rewards:
             raise ConfigError(
                 "selfplay needs R(q, a): set rewards=[...] (a reward model, a 'module.path:function'), "
@@ -126,3 +125,7 @@ class SelfPlayConfig(DecodingSection, EngineSection, RewardSection, TrainConfig)
                 f"query_args {self.query_args} do not fit verifier={self.verifier}: {exc}. Its options: "
                 f"{list(inspect.signature(QUERY_CHECKERS[self.verifier]).parameters)[1:]}."
             ) from exc
+
+    def held_out_dataset(self) -> str | None:
+        """The Solver's held-out task (``eval_dataset``), which eval_metrics fall back on."""
+        return self.eval_dataset
