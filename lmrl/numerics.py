@@ -60,8 +60,8 @@ def compute_dtype(module: torch.nn.Module) -> torch.dtype:
 
 def model_ulps(model: torch.nn.Module) -> float:
     """sqrt(hidden) * layers: the floor of `rounding_bound` for a model's outputs (see the module docstring)."""
-    config = getattr(model, "config", None)
-    text = getattr(config, "text_config", None) or config
+    hf_config = getattr(model, "config", None)  # transformers' config: its keys vary by architecture
+    text = getattr(hf_config, "text_config", None) or hf_config
     hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None) or 1024
     layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None) or 32
     return math.sqrt(hidden) * layers

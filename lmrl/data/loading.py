@@ -111,8 +111,8 @@ def local_source_problem(source: str) -> str | None:
 def check_sources(config: Any) -> None:
     """The local data paths of a config (`SOURCE_KEYS`), each message naming its key: `lmrl.cli` calls it before
     importing the trainer, so a typo in a path fails in a second, once (not once per rank after torchrun)."""
-    for key in SOURCE_KEYS:
-        source = getattr(config, key, None)
+    for key in (k for k in SOURCE_KEYS if hasattr(config, k)):
+        source = getattr(config, key)
         problem = local_source_problem(source) if isinstance(source, str) else None
         if problem:
             raise ValueError(f"'{key}': {problem}")

@@ -11,28 +11,30 @@ import dataclasses
 import os
 from typing import Any
 
-from lmrl.config import ConfigError
+from lmrl.config import ConfigError, DataSection, EvalSection, RowsSection, TaskSection
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import OverlapReport, overlap
 from lmrl.eval.runner import EvalOptions, Evaluator
+from lmrl.rollout.tools.section import ToolSection
 
 
-def eval_source(config: Any) -> tuple[str | None, str, dict]:
-    """(source, split, task_args) of the rows of ``eval_metrics``."""
-    task_args = dict(getattr(config, "task_args", {}) or {})
+def eval_source(config: EvalSection) -> tuple[str | None, str, dict]:
+    """(source, split, task_args) of the rows of ``eval_metrics``: eval_metrics_dataset, else the test split of a
+    built-in task dataset, else the verb's held-out dataset (`EvalSection.held_out_dataset`)."""
+    task_args = dict(config.task_args) if isinstance(config, TaskSection) else {}
     if config.eval_metrics_dataset:
         source = config.eval_metrics_dataset
         return source, "test" if is_generated(source) else "train", task_args if is_generated(source) else {}
-    dataset = getattr(config, "dataset", None)
-    if isinstance(dataset, str) and is_generated(dataset):
-        return dataset, "test", task_args
-    eval_dataset = getattr(config, "eval_dataset", None)
-    if eval_dataset:
-        return eval_dataset, getattr(config, "eval_split", "test"), task_args if is_generated(eval_dataset) else {}
+    if isinstance(config, RowsSection) and is_generated(config.dataset):
+        return config.dataset, "test", task_args
+    held_out = config.held_out_dataset()
+    if held_out:
+        split = config.eval_split if isinstance(config, DataSection) else "test"
+        return held_out, split, task_args if is_generated(held_out) else {}
     return None, "test", {}
 
 
-def build_evaluator(config: Any) -> Evaluator | None:
+def build_evaluator(config: EvalSection) -> Evaluator | None:
     """The trainer's evaluator for ``eval_metrics`` (None when empty); every input error raised here, at start-up."""
     if not config.eval_metrics:
         return None
@@ -48,7 +50,7 @@ def build_evaluator(config: Any) -> Evaluator | None:
         raise ConfigError(f"eval_metrics_args: unknown option(s) {unknown}; known: {sorted(names)}.")
     args = {"seed": config.seed, "num_samples": 0, **config.eval_metrics_args}
     rows = load_rows(source, split=split, limit=config.eval_metrics_rows, **task_args)
-    turns = config.turn_options() if getattr(config, "multi_turn", False) else None  # tool runs: tool episodes
+    turns = config.turn_options() if isinstance(config, ToolSection) and config.multi_turn else None  # tool episodes
     return Evaluator(config.eval_metrics, rows, EvalOptions(**args), source, key="eval_metrics", turns=turns)
 
 
@@ -61,29 +63,28 @@ def evals_metrics(evaluator: Evaluator | None, model, tokenizer, dtype=None, env
     return {f"eval/metrics/{k}": v for k, v in metrics.items() if k != "rows"}
 
 
-def contamination(config: Any, evaluator: Evaluator | None, n: int = 8) -> list[tuple[str, OverlapReport]]:
+def contamination(config: EvalSection, evaluator: Evaluator | None, n: int = 8) -> list[tuple[str, OverlapReport]]:
     """8-gram overlap of the training rows (``dataset``) with each evaluation set the run uses (``eval_dataset``,
     the eval_metrics rows); only the sets with contaminated rows are returned. Sources that are not row data
     (built-in preference sources, corpora) are skipped."""
-    dataset = getattr(config, "dataset", None)
-    if not config.check_contamination or not _local_rows(dataset):
+    if not config.check_contamination or not isinstance(config, RowsSection) or not _local_rows(config.dataset):
         return []
-    task_args = dict(getattr(config, "task_args", {}) or {})
+    data = config.data
+    task_args = dict(config.task_args) if isinstance(config, TaskSection) else {}
     evals: dict[str, list[dict]] = {}
-    eval_dataset = getattr(config, "eval_dataset", None)
     try:
         train = load_rows(
-            dataset,
-            split=getattr(config, "split", "train"),
-            limit=getattr(config, "train_rows", None),
-            **(task_args if is_generated(dataset) else {}),
+            data.dataset,
+            split=data.split if isinstance(data, DataSection) else "train",
+            limit=data.train_rows,
+            **(task_args if is_generated(data.dataset) else {}),
         )
-        if _local_rows(eval_dataset):
-            evals[eval_dataset] = load_rows(
-                eval_dataset,
-                split=getattr(config, "eval_split", "test"),
-                limit=getattr(config, "eval_rows", None),
-                **(task_args if is_generated(eval_dataset) else {}),
+        if isinstance(data, DataSection) and _local_rows(data.eval_dataset):
+            evals[data.eval_dataset] = load_rows(
+                data.eval_dataset,
+                split=data.eval_split,
+                limit=data.eval_rows,
+                **(task_args if is_generated(data.eval_dataset) else {}),
             )
     except (ValueError, FileNotFoundError, TypeError):
         return []  # not row data: the trainer's own loading reports real problems

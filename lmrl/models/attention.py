@@ -72,6 +72,6 @@ def use_fp32_cpu_attention(model) -> None:
     The choice lives in ``config._attn_implementation``, which ``save_pretrained`` does not write, so saved
     checkpoints load anywhere with their usual attention.
     """
-    config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
+    hf_config = getattr(model, "config", None)  # transformers' config
+    if getattr(hf_config, "_attn_implementation", None) == "sdpa" and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(NAME)

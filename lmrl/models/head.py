@@ -81,15 +81,15 @@ def decoder_and_head(model, verified: bool = False) -> HeadParts | None:
     decoder = getattr(lm, "base_model", None)
     get_head = getattr(lm, "get_output_embeddings", None)
     head = get_head() if get_head is not None else None
-    config = getattr(lm, "config", None)
-    if decoder is None or decoder is lm or head is None or config is None or not hasattr(head, "weight"):
+    hf_config = getattr(lm, "config", None)  # transformers' config: its keys vary by architecture
+    if decoder is None or decoder is lm or head is None or hf_config is None or not hasattr(head, "weight"):
         return None
-    scale = float(getattr(lm, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
+    scale = float(getattr(lm, "logit_scale", None) or 1.0) / float(getattr(hf_config, "logits_scaling", None) or 1.0)
     parts = HeadParts(
         decoder,
         head,
         scale,
-        getattr(config, "final_logit_softcapping", None) or None,
+        getattr(hf_config, "final_logit_softcapping", None) or None,
         getattr(model, SPLIT_FORWARD, None),
     )
     return parts if verified else _checked(lm, parts)

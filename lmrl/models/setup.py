@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from lmrl.config import ChatSection, ModelSection, RunSection
 from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models import memory
 from lmrl.models.fused import fuse_layers
@@ -33,6 +34,7 @@ from lmrl.models.precision import autocast, autocast_dtype, recorded_precision
 from lmrl.models.support import check_causal_lm
 from lmrl.models.value import ValueModel
 from lmrl.parallel import runtime
+from lmrl.parallel.config import ParallelSection
 from lmrl.parallel.wrap import wrap
 
 
@@ -65,10 +67,11 @@ class ModelSetup:
             check_four_bit(self.device, self.model, self.lora)
 
     @classmethod
-    def from_config(cls, config: Any) -> ModelSetup:
-        """From any config with the model section's keys (`lmrl.config.ModelSection`)."""
+    def from_config(cls, config: ModelSection) -> ModelSetup:
+        """From a config's model section (`lmrl.config.ModelSection`), its run's ``resume`` and ``output_dir`` (the
+        run's recorded precision), its ``parallel`` mode and its ``chat`` key, where the config has those sections."""
         lora = None
-        if getattr(config, "lora_r", 0) > 0:
+        if config.lora_r > 0:
             lora = LoraSettings(
                 config.lora_r,
                 config.lora_alpha,
@@ -76,12 +79,12 @@ class ModelSetup:
                 list(config.lora_target_modules),
                 config.merge_lora,
             )
-        if getattr(config, "huge_pages", False):  # before any model loads: PyTorch reads it once
+        if config.huge_pages:  # before any model loads: PyTorch reads it once
             memory.use_huge_pages()
-        if getattr(config, "keep_freed_memory", False):
+        if config.keep_freed_memory:
             memory.keep_freed_memory()
         precision = config.precision
-        if precision == "auto" and getattr(config, "resume", False):  # resume computes in the run's dtype
+        if precision == "auto" and isinstance(config, RunSection) and config.resume:  # the run's dtype
             precision = recorded_precision(config.output_dir) or precision
         return cls(
             config.model,
@@ -89,15 +92,15 @@ class ModelSetup:
             dict(config.model_args),
             config.seed,
             precision,
-            getattr(config, "device", "cpu"),
-            getattr(config, "gradient_checkpointing", False),
+            config.device,
+            config.gradient_checkpointing,
             lora,
-            getattr(config, "load_in_4bit", False),
-            getattr(config, "parallel", "fsdp"),
-            getattr(config, "fused_layers", True),
-            getattr(config, "release_memory", True),
-            getattr(config, "chat", True),
-            getattr(config, "chat_template", None),
+            config.load_in_4bit,
+            config.parallel if isinstance(config, ParallelSection) else "fsdp",
+            config.fused_layers,
+            config.release_memory,
+            config.chat if isinstance(config, ChatSection) else True,
+            config.chat_template,
         )
 
     @property

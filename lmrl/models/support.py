@@ -27,9 +27,9 @@ FIX = "lmrl trains decoder-only causal LMs (GPT-2, Llama, Qwen, Mistral, Gemma, 
 def check_causal_lm(model: torch.nn.Module, name: str) -> Agreement:
     """Raise ValueError unless ``model`` runs a forward and is causal (see the module docstring); returns the
     comparison that decided it."""
-    config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", type(model).__name__)
-    if getattr(config, "is_encoder_decoder", False):
+    hf_config = getattr(model, "config", None)  # transformers' config: its keys vary by architecture
+    kind = getattr(hf_config, "model_type", type(model).__name__)
+    if getattr(hf_config, "is_encoder_decoder", False):
         raise ValueError(f"Model '{name}' ({kind}) is an encoder-decoder model. {FIX}.")
     vocab = model.get_input_embeddings().num_embeddings
     device = next(model.parameters()).device

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import sys
 
-from lmrl.parallel.config import env_world_size
+from lmrl.parallel.config import ParallelSection, env_world_size
 from lmrl.parallel.parent import LAUNCHER_ENV
 
 
-def should_launch(config) -> bool:
-    """``nproc`` > 1 and not already one of torchrun's processes."""
-    return getattr(config, "nproc", 1) > 1 and env_world_size() == 1
+def should_launch(config: object) -> bool:
+    """A config with ``nproc`` > 1 (`ParallelSection`), not already read in one of torchrun's processes."""
+    return isinstance(config, ParallelSection) and config.nproc > 1 and env_world_size() == 1
 
 
 def torchrun_args(nproc: int, argv: list[str]) -> list[str]:

@@ -39,12 +39,15 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from lmrl.rewards.errors import MissingColumnError, RewardError
 from lmrl.rewards.registry import RewardFn, load_reward, reward_name
+
+if TYPE_CHECKING:
+    from lmrl.config import RewardSection
 
 ON_REWARD_ERROR = ("skip", "stop")
 NORMALIZE_EPS = 1e-6
@@ -133,16 +136,16 @@ class RewardSet:
         self.consecutive_errors = 0  # ... in a row, up to the last compute() call
 
     @classmethod
-    def from_config(cls, config: Any) -> RewardSet:
-        """The set a config's rewards section describes (`RewardSection` keys; absent keys take defaults)."""
+    def from_config(cls, config: RewardSection) -> RewardSet:
+        """The set a config's rewards section describes (`lmrl.config.RewardSection`)."""
         return cls(
             config.rewards,
             config.reward_weights or None,
             config.reward_kwargs,
-            getattr(config, "on_reward_error", "skip"),
-            getattr(config, "max_skipped_steps", 10),
-            reward_workers=getattr(config, "reward_workers", 1),
-            reward_normalize=getattr(config, "reward_normalize", False),
+            config.on_reward_error,
+            config.max_skipped_steps,
+            reward_workers=config.reward_workers,
+            reward_normalize=config.reward_normalize,
         )
 
     def compute(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> RewardResult:

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import ADVANTAGES, advantages
-from lmrl.config import DecodingSection, OptimSection
 from lmrl.data.tasks import Task, get_task, make_rows, split_of
 from lmrl.models.loading import is_builtin
 from lmrl.rollout.types import RolloutBatch
@@ -53,13 +52,9 @@ def node_seed(seed: int, name: str) -> int:
 def rl_config(config: SwarmConfig, samples_per_prompt: int, seed: int) -> online.RLConfig:
     """The `lmrl rl` config that `GroupOptions.from_config`/`online.update` read, for one node: the swarm's optimizer and
     decoding sections as they are, the node's G and seed, no KL and no dynamic sampling."""
-    shared = {
-        f.name: getattr(config, f.name)
-        for section in (OptimSection, DecodingSection)
-        for f in dataclasses.fields(section)
-    }
     return online.RLConfig(
-        **shared,
+        **dataclasses.asdict(config.optim),
+        **dataclasses.asdict(config.decoding),
         algorithm=config.algorithm,
         samples_per_prompt=samples_per_prompt,
         prompts_per_step=config.minibatches * config.grad_accum,  # unused here; keeps RLConfig's divisibility check

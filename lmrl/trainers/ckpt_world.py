@@ -8,9 +8,8 @@ which reshard onto any number of processes > 1) and one ``rng-rank<i>.pt`` per r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from lmrl.config import ConfigError
+from lmrl.config import ConfigError, TrainConfig
 from lmrl.parallel.config import env_world_size
 
 STATE_FILE = (
@@ -48,10 +47,10 @@ def check_world(checkpoint: Path, world: int) -> None:
         )
 
 
-def check_resume_world(config: Any) -> None:
-    """`check_world` for the newest checkpoint a ``resume=true`` config would continue, with its ``nproc``."""
-    if not getattr(config, "resume", False) or not hasattr(config, "output_dir"):
+def check_resume_world(config: object) -> None:
+    """`check_world` for the newest checkpoint a ``resume=true`` training config would continue, with its ``nproc``."""
+    if not isinstance(config, TrainConfig) or not config.resume:
         return
     checkpoint = newest_checkpoint(Path(config.output_dir))
     if checkpoint is not None:
-        check_world(checkpoint, max(getattr(config, "nproc", 1), env_world_size()))
+        check_world(checkpoint, max(config.nproc, env_world_size()))

@@ -194,7 +194,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         tracker.log_samples(last_step, samples, title)
         save(run, last_step, method, initial, config)
         saver = dist_checkpoint.save_final if runtime.world() > 1 else common.save_final
-        final_dir = saver(run, method.model, method.tokenizer, getattr(config, "merge_lora", False))
+        final_dir = saver(run, method.model, method.tokenizer, config.merge_lora)
     except BaseException:  # divergence, Ctrl-C, a crash, a full disk: stop the progress bar, free the run lock;
         close_after_failure(tracker, method)  # the last good checkpoint stays
         raise
