@@ -14,14 +14,9 @@ require_vllm()
 
 from lmrl.config import load_config  # noqa: E402
 from lmrl.eval import cli as eval_cli  # noqa: E402
+from tests.helpers import VLLM_TINY  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-MODEL = [
-    "model_args.hidden_size=64",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=128",
-    "model_args.num_attention_heads=2",
-]  # head size 32 (vLLM's CPU attention)
 
 
 def evaluate(tmp_path, engine):
@@ -31,7 +26,7 @@ def evaluate(tmp_path, engine):
         None,
         [
             "model=builtin:tiny",
-            *MODEL,
+            *VLLM_TINY,
             "precision=fp32",
             "dataset=task:arithmetic",
             "task_args.digits=1",

@@ -20,6 +20,7 @@ from lmrl.trainers.dpo.config import DPOConfig
 from lmrl.trainers.rejection.trainer import RejectionConfig
 from lmrl.trainers.rl.config import RLConfig
 from lmrl.trainers.selfplay.config import SelfPlayConfig
+from tests.helpers import tiny_llama
 
 HEADS = (32, 64, 128)
 
@@ -30,20 +31,9 @@ def char_tokenizer():
     return build_char_tokenizer()
 
 
-def tiny_llama(vocab: int):
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=128,
-        )
-    ).eval()
+def llama32(vocab: int):
+    """A tiny Llama with 2 heads of 32 (vLLM's CPU attention runs head size 32)."""
+    return tiny_llama(vocab, num_attention_heads=2, num_key_value_heads=2)
 
 
 @pytest.mark.parametrize("cls", [RLConfig, DPOConfig, RejectionConfig, SelfPlayConfig, SwarmConfig, GenerateConfig])
@@ -58,7 +48,7 @@ def test_every_sampling_trainer_has_the_engine_keys(cls):
 def test_engine_hf_is_the_hf_engine():
     tok = char_tokenizer()
     config = load_config(RLConfig, None, [])
-    engine = engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams())
+    engine = engines.make_engine(config, llama32(len(tok)), tok, None, sampling=SamplingParams())
     assert isinstance(engine, HFEngine)
 
 
@@ -68,7 +58,7 @@ def test_engine_vllm_without_vllm_names_the_install_command(monkeypatch):
     tok = char_tokenizer()
     config = load_config(RLConfig, None, ["engine=vllm"])
     with pytest.raises(ConfigError, match=r"pip install 'lmrl\[vllm\]'.*engine=hf"):
-        engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams())
+        engines.make_engine(config, llama32(len(tok)), tok, None, sampling=SamplingParams())
 
 
 def test_an_unsupported_architecture_suggests_engine_hf():
@@ -115,7 +105,7 @@ def test_only_sampling_whose_log_probs_vllm_returns_exactly_is_accepted():
 
 def test_stop_strings_replayed_after_generation_equal_the_hf_engines():
     tok = char_tokenizer()
-    model = tiny_llama(len(tok))
+    model = llama32(len(tok))
     engine = HFEngine(model, tok)
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["hello world", "2+2=", "abc", "The cat"]]
     free = engine.generate(prompts, SamplingParams(max_new_tokens=20, greedy=True, temperature=0, stop_token_ids=()))
@@ -149,7 +139,7 @@ def test_merged_lora_weights_equal_the_merged_model():
     peft = pytest.importorskip("peft")
     tok = char_tokenizer()
     model = peft.get_peft_model(
-        tiny_llama(len(tok)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        llama32(len(tok)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     )
     from lmrl.rollout.engines.vllm.weights import merged_adapters
 
@@ -172,7 +162,7 @@ def test_the_architecture_is_the_hf_class_under_torch_distributed_wrappers():
     from lmrl.rollout.engines.vllm.weights import architecture
 
     for wrapper in (DDP, FSDPModule):
-        model = tiny_llama(len(char_tokenizer()))
+        model = llama32(len(char_tokenizer()))
         model.__class__ = type(f"{wrapper.__name__}LlamaForCausalLM", (wrapper, type(model)), {})
         assert architecture(model) == model_spec(model)[1] == "LlamaForCausalLM"
 
@@ -184,14 +174,14 @@ def test_lora_on_a_tied_lm_head_is_refused_an_untied_one_is_not():
     tok = char_tokenizer()
 
     def adapted(tied: bool, targets: list[str]):
-        model = tiny_llama(len(tok))
+        model = llama32(len(tok))
         model.config.tie_word_embeddings = tied
         return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
 
     assert adapts_tied_head(adapted(True, ["q_proj", "lm_head"]))
     assert not adapts_tied_head(adapted(True, ["q_proj", "v_proj"]))
     assert not adapts_tied_head(adapted(False, ["q_proj", "lm_head"]))
-    assert not adapts_tied_head(tiny_llama(len(tok)))
+    assert not adapts_tied_head(llama32(len(tok)))
 
 
 def test_adapter_sync_is_refused_where_vllm_cannot_serve_the_adapter():
@@ -202,10 +192,10 @@ def test_adapter_sync_is_refused_where_vllm_cannot_serve_the_adapter():
     with pytest.raises(ConfigError, match="vllm_lora_sync=adapter .*colocated on one process"):
         load_config(RLConfig, None, ["engine=vllm", "vllm_lora_sync=adapter", "nproc=2"])  # before torchrun starts
     with pytest.raises(ConfigError, match="trains every weight \\(no LoRA\\). Fix: set lora_r"):
-        engines.adapter_rank(tiny_llama(len(tok)))
+        engines.adapter_rank(llama32(len(tok)))
 
     def adapted(r: int, targets: list[str], **kwargs):
-        return peft.get_peft_model(tiny_llama(len(tok)), peft.LoraConfig(r=r, target_modules=targets, **kwargs))
+        return peft.get_peft_model(llama32(len(tok)), peft.LoraConfig(r=r, target_modules=targets, **kwargs))
 
     assert engines.adapter_rank(adapted(4, ["q_proj", "v_proj"])) == 8  # vLLM's next max_lora_rank
     assert engines.adapter_rank(adapted(16, ["q_proj"])) == 16
@@ -230,14 +220,14 @@ def test_a_vllm_server_that_does_not_answer_is_a_start_up_error_with_the_command
         match=rf"no vLLM server answers at http://127.0.0.1:{port}.*"
         rf"lmrl vllm-serve port={port}.*vllm_server=auto",
     ):
-        engines.make_engine(config, tiny_llama(len(tok)), tok, None, sampling=SamplingParams(max_new_tokens=8))
+        engines.make_engine(config, llama32(len(tok)), tok, None, sampling=SamplingParams(max_new_tokens=8))
     for bad in ("localhost", "host:port", ":80"):
         with pytest.raises(ConfigError, match="vllm_server=.*host:port"):
             load_config(RLConfig, None, [f"vllm_server={bad}"])
     with pytest.raises(ConfigError, match="vllm_sleep=true applies to vLLM in this process"):
         engines.vllm_options(
             load_config(RLConfig, None, ["engine=vllm", "vllm_server=h:1", "vllm_sleep=true"]),
-            tiny_llama(len(tok)),
+            llama32(len(tok)),
             None,
             SamplingParams(max_new_tokens=8),
         )

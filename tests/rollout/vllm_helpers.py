@@ -7,8 +7,6 @@ import os
 import pytest
 import torch
 from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Qwen2Config,
@@ -16,6 +14,8 @@ from transformers import (
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+
+from tests.helpers import tiny_llama
 
 TOL = 1e-4
 TEXTS = ["12+34=", "hello world", "The cat sat on", "7*8="]
@@ -32,19 +32,11 @@ def require_vllm() -> None:
 def tiny(arch: str, vocab: int, seed: int = 0):
     """A 2-layer fp32 model in eval mode: ``llama`` (head size 32, untied LM head) or ``qwen2`` (head size 64,
     tied LM head: on CPU its prepacked copy must be re-packed after a sync)."""
-    torch.manual_seed(seed)
     if arch == "llama":
-        cfg = LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=256,
-            max_position_embeddings=256,
-            tie_word_embeddings=False,
+        return tiny_llama(
+            vocab, seed, hidden_size=128, intermediate_size=256, max_position_embeddings=256, tie_word_embeddings=False
         )
-        return LlamaForCausalLM(cfg).eval()
+    torch.manual_seed(seed)
     cfg = Qwen2Config(
         vocab_size=vocab,
         hidden_size=128,

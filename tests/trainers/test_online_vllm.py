@@ -11,27 +11,12 @@ else:
     pytest.importorskip("vllm")
 
 from lmrl.config import ConfigError, load_config  # noqa: E402
-from lmrl.rewards import REWARDS, register_reward  # noqa: E402
 from lmrl.tracking import read_jsonl  # noqa: E402
 from lmrl.trainers.rl import trainer as online  # noqa: E402
+from tests.helpers import DISTILL_RUN, RL_RUN, VLLM_TINY, VLLM_TINY_ARGS, digit_fraction, register_once
 
 pytestmark = pytest.mark.vllm
-# head size 32: vLLM's CPU attention runs 32, 64, 80, ... (not the 16 of test_online.py's model)
-MODEL = [
-    "model_args.hidden_size=64",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=128",
-    "model_args.num_attention_heads=2",
-]
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    """Dense task: the share of completion characters that are digits."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-if "test_vllm_digit_fraction" not in REWARDS:
-    register_reward("test_vllm_digit_fraction")(lambda **_: digit_fraction)
+register_once("test_vllm_digit_fraction", digit_fraction)
 
 
 def grpo(tmp_path, engine, *overrides):
@@ -43,13 +28,8 @@ def grpo(tmp_path, engine, *overrides):
             f"engine={engine}",
             f"output_dir={tmp_path / engine}",
             "precision=fp32",
-            *MODEL,
-            "task_args.digits=1",
-            "train_rows=64",
-            "eval_rows=8",
-            "prompts_per_step=4",
-            "samples_per_prompt=4",
-            "max_new_tokens=6",
+            *VLLM_TINY,
+            *RL_RUN,
             "rewards=[test_vllm_digit_fraction]",
             "eval_every=0",
             "save_every=0",
@@ -142,10 +122,7 @@ def test_on_policy_distillation_samples_through_engine_vllm(tmp_path, monkeypatc
     from lmrl.trainers.distill import trainer as distill
 
     teacher, tokenizer = tmp_path / "teacher", build_char_tokenizer()
-    args = dict(item.removeprefix("model_args.").split("=") for item in MODEL)
-    load_model("builtin:tiny", tokenizer, seed=7, model_args={k: int(v) for k, v in args.items()}).save_pretrained(
-        teacher
-    )
+    load_model("builtin:tiny", tokenizer, seed=7, model_args=VLLM_TINY_ARGS).save_pretrained(teacher)
     tokenizer.save_pretrained(teacher)
     pushes = []
     real_push = VLLMEngine.sync_weights
@@ -158,18 +135,11 @@ def test_on_policy_distillation_samples_through_engine_vllm(tmp_path, monkeypatc
             f"teacher={teacher}",
             "engine=vllm",
             "precision=fp32",
-            *MODEL,
+            *VLLM_TINY,
             "task_args.digits=1",
             "train_rows=32",
             "eval_rows=8",
-            "batch_size=8",
-            "lr=1e-2",
-            "warmup_steps=0",
-            "max_new_tokens=8",
-            "eval_max_new_tokens=8",
-            "save_every=0",
-            "log_every=1",
-            "num_samples=1",
+            *DISTILL_RUN,
             "on_policy_frac=1.0",
             "max_steps=3",
             "vllm_kv_cache_gb=0.0625",

@@ -15,18 +15,12 @@ else:
     pytest.importorskip("vllm")
 
 from lmrl.config import load_config  # noqa: E402
-from lmrl.rewards import REWARDS, register_reward  # noqa: E402
 from lmrl.rollout.engines.vllm.client import VLLMServerError, spawn, stop_process  # noqa: E402
 from lmrl.tracking import read_jsonl  # noqa: E402
 from lmrl.trainers.rl import trainer as online  # noqa: E402
+from tests.helpers import RL_RUN, VLLM_TINY, register_once
 
 pytestmark = pytest.mark.vllm
-MODEL = [
-    "model_args.hidden_size=64",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=128",
-    "model_args.num_attention_heads=2",
-]
 KILL: dict = {}  # {"after": reward calls, "process": a server process}: the reward kills it mid-run; {"crash": n}
 
 
@@ -43,8 +37,7 @@ def digit_fraction(prompts, completions, **kwargs):
     return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
 
 
-if "test_servers_digit_fraction" not in REWARDS:
-    register_reward("test_servers_digit_fraction")(lambda **_: digit_fraction)
+register_once("test_servers_digit_fraction", digit_fraction)
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +62,8 @@ def grpo(run, *overrides):
             "engine=vllm",
             f"output_dir={run}",
             "precision=fp32",
-            *MODEL,
-            "task_args.digits=1",
-            "train_rows=64",
-            "eval_rows=8",
-            "prompts_per_step=4",
-            "samples_per_prompt=4",
-            "max_new_tokens=6",
+            *VLLM_TINY,
+            *RL_RUN,
             "rewards=[test_servers_digit_fraction]",
             "eval_every=0",
             "log_every=1",
