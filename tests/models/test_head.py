@@ -304,10 +304,10 @@ def _measure(fn, queue):
     queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
 
 
-def _big_vocab_step(chunk_mb):
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
+def big_vocab_llama(seed: int) -> LlamaForCausalLM:
+    """Qwen's 151,936-token vocabulary on a 1-layer Llama of width 16 with a tied head (in train mode, as built)."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(
         LlamaConfig(
             vocab_size=151_936,
             hidden_size=16,
@@ -317,6 +317,11 @@ def _big_vocab_step(chunk_mb):
             tie_word_embeddings=True,
         )
     )
+
+
+def _big_vocab_step(chunk_mb):
+    torch.set_num_threads(1)
+    model = big_vocab_llama(seed=0)
     ids = torch.randint(0, 151_936, (16, 136))  # 16 rows x 128 completion tokens: full fp32 logits = 1.2 GB
     logp = completion_logprobs(model, ids, torch.ones_like(ids), 8, ForwardPlan(chunk_mb=chunk_mb))
     logp.mean().backward()
@@ -335,21 +340,7 @@ def _big_vocab_avatarl_step(chunk_mb):
     from lmrl.trainers.pretrain.trainer import train_step
 
     torch.set_num_threads(1)
-    models = []
-    for seed in (0, 1):  # student, critic
-        torch.manual_seed(seed)
-        models.append(
-            LlamaForCausalLM(
-                LlamaConfig(
-                    vocab_size=151_936,
-                    hidden_size=16,
-                    intermediate_size=32,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    tie_word_embeddings=True,
-                )
-            )
-        )
+    models = [big_vocab_llama(seed) for seed in (0, 1)]  # student, critic
     windows = torch.randint(0, 151_936, (4, 129))  # 512 positions: full fp32 logits = 311 MB per model
     train_step(
         models[0],

@@ -11,19 +11,16 @@ from lmrl.models.lora import BaseModelView, is_peft, linear_module_names
 from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.placement import resolve_device
 from lmrl.models.setup import LoraSettings, ModelSetup
-from lmrl.rewards import REWARDS, register_reward
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.dpo import trainer as preference
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.sft import trainer as sft
+from tests.helpers import PREFERENCE_RUN, RL_RUN, TINY, TINY_ARGS, digit_fraction, register_once
 
 pytest.importorskip("peft")
 
-TINY = [
-    "model_args.hidden_size=32",
-    "model_args.num_hidden_layers=2",
-    "model_args.intermediate_size=64",
-    "model_args.num_attention_heads=2",
+MODEL = [
+    *TINY,
     "precision=fp32",
     "device=cpu",
     # a random base with the usual 0.02 init has logits of at most ~0.6 through its frozen embeddings, so no
@@ -36,7 +33,7 @@ LORA = ["lora_r=4", "lora_alpha=8"]
 def test_only_adapters_train_and_the_reference_is_the_base_with_adapters_off():
     setup = ModelSetup(
         "builtin:tiny",
-        model_args={"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2},
+        model_args=TINY_ARGS,
         precision="fp32",
         lora=ModelSetup.from_config(load_config(sft.SFTConfig, None, LORA)).lora,
     )
@@ -69,7 +66,7 @@ def test_lora_sft_learns_changes_only_adapters_and_final_loads(tmp_path):
         None,
         [
             f"output_dir={tmp_path / 'run'}",
-            *TINY,
+            *MODEL,
             *LORA,
             "task_args.digits=1",
             "train_rows=200",
@@ -96,13 +93,7 @@ def test_lora_sft_learns_changes_only_adapters_and_final_loads(tmp_path):
     torch.testing.assert_close(merged(input_ids=ids).logits, adapter(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
 
 
-def digit_fraction(prompts, completions, **kwargs):
-    """Dense task: the share of completion characters that are digits."""
-    return [sum(c.isdigit() for c in text) / max(1, len(text)) for text in completions]
-
-
-if "test_lora_digits" not in REWARDS:
-    register_reward("test_lora_digits")(lambda **_: digit_fraction)
+register_once("test_lora_digits", digit_fraction)
 
 
 @pytest.mark.slow  # ~1-1.5 min; the default suite trains LoRA in test_lora_resume_is_exact
@@ -124,13 +115,8 @@ def test_lora_grpo_learns_and_trains_only_adapters(tmp_path, monkeypatch):
         None,
         [
             f"output_dir={tmp_path / 'grpo'}",
-            *TINY,
-            "task_args.digits=1",
-            "train_rows=64",
-            "eval_rows=8",
-            "prompts_per_step=4",
-            "samples_per_prompt=4",
-            "max_new_tokens=6",
+            *MODEL,
+            *RL_RUN,
             "rewards=[test_lora_digits]",
             "eval_every=0",
             "save_every=0",
@@ -157,16 +143,10 @@ def test_lora_dpo_learns(tmp_path):
         None,
         [
             f"output_dir={tmp_path / 'dpo'}",
-            *TINY,
+            *MODEL,
             *LORA,
             "data_args.digits=1",
-            "train_rows=48",
-            "eval_rows=16",
-            "batch_size=8",
-            "eval_every=0",
-            "save_every=0",
-            "log_every=1",
-            "eval_max_new_tokens=4",
+            *PREFERENCE_RUN,
             "max_steps=15",
             "lr=2e-2",
             "precompute_ref=false",
@@ -180,7 +160,7 @@ def test_lora_dpo_learns(tmp_path):
 
 def test_lora_resume_is_exact(tmp_path):
     args = [
-        *TINY,
+        *MODEL,
         *LORA,
         "task_args.digits=1",
         "train_rows=64",
@@ -270,7 +250,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_fewer_activat
 def test_bad_placement_and_lora_input_fails_at_start_up(tmp_path, overrides, message, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises((ConfigError, ValueError)) as info:
-        cfg = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'run'}", *TINY, *overrides])
+        cfg = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'run'}", *MODEL, *overrides])
         sft.train(cfg)
     assert len(str(info.value).splitlines()) <= 8
     assert __import__("re").search(message, str(info.value)), str(info.value)
