@@ -44,8 +44,9 @@ class PromptFormat:
 
     @classmethod
     def from_config(cls, config: Any) -> PromptFormat:
-        """From a config's ``chat`` and ``prompt_template`` keys (a verb without the template key has none)."""
-        return cls(config.chat, getattr(config, "prompt_template", None))
+        """From a config's ``chat`` and ``prompt_template`` keys (`lmrl rl`, `lmrl generate`; a verb without the
+        template key: ``PromptFormat(config.chat)``)."""
+        return cls(config.chat, config.prompt_template)
 
     def apply(self, prompt: str | list[dict]) -> str | list[dict]:
         """The row's prompt inside the template (a message list: inside its last user message)."""
