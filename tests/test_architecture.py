@@ -24,7 +24,7 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 LAYERS = [
-    {"algorithms", "numerics", "notices", "config_base", "tracking", "sandbox"},
+    {"algorithms", "numerics", "notices", "config_base", "config_rules", "tracking", "sandbox"},
     {"parallel"},
     {"config", "config_sections", "config_trl"},
     {"data", "report"},
