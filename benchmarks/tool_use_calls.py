@@ -15,7 +15,7 @@ from lmrl.data.loading import load_rows
 from lmrl.data.tool_chat import ensure_tool_template
 from lmrl.eval.tools import episode_scores
 from lmrl.models import load_model_and_tokenizer
-from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.engines.hf import HFEngine
 from lmrl.rollout.tools.env import tool_env_factory
 from lmrl.rollout.tools.multiturn import MultiTurnOptions, run_episodes
 from lmrl.rollout.tools.parsers import get_parser

@@ -28,8 +28,8 @@ from lmrl.data.prompt_format import PromptFormat
 from lmrl.models import autocast_dtype, load_model_and_tokenizer
 from lmrl.rewards import RewardSet
 from lmrl.rollout.engines.factory import make_engine
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 from lmrl.rollout.generate_config import GenerateConfig  # also `lmrl generate`'s config (lmrl/cli.py)
-from lmrl.rollout.hf import HFEngine, SamplingParams
 from lmrl.rollout.tools.multiturn import run_episodes
 from lmrl.rollout.tools.section import build_env_factory, start_servers
 from lmrl.rollout.types import RolloutBatch

@@ -34,7 +34,7 @@ from lmrl.data import preference as prefs
 from lmrl.data.chat import render_prompt
 from lmrl.models import load_model_and_tokenizer
 from lmrl.rewards.reward_model import reward_model_reward
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 from lmrl.tracking import read_jsonl
 
 HERE = Path(__file__).parent

@@ -8,7 +8,7 @@ import torch
 
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.data.tasks import get_task
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 
 
 def task_accuracy(

@@ -29,7 +29,7 @@ from lmrl.eval import metrics as M
 from lmrl.eval.loglik import check_choice_rows, evaluate_choices
 from lmrl.eval.spec import parse_metrics
 from lmrl.eval.verify import check_rows, scorer
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 from lmrl.rollout.tools.multiturn import MultiTurnOptions, run_episodes
 
 Progress = Callable[[str, int, int], None]

@@ -69,7 +69,7 @@ class GreedyGenerator:
     def __init__(
         self, model, tokenizer, max_new_tokens: int, batch_size: int, chat: bool, autocast_dtype: torch.dtype | None
     ):
-        from lmrl.rollout.hf import HFEngine, SamplingParams  # loads transformers: import on use
+        from lmrl.rollout.engines.hf import HFEngine, SamplingParams  # loads transformers: import on use
 
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError(

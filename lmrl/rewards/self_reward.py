@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lmrl.data.prompt_format import PromptFormat
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 
 MAX_SCORE = 7
 

@@ -12,7 +12,7 @@ imports without torch and transformers: `lmrl.cli` checks a config before any he
 import importlib
 
 _EXPORTS = {
-    "HFEngine": "lmrl.rollout.hf",
+    "HFEngine": "lmrl.rollout.engines.hf",
     "StopStringMatcher": "lmrl.rollout.engines.stop_strings",
     "sample_next_token": "lmrl.rollout.engines.sampling",
     "top_k_filter": "lmrl.rollout.engines.sampling",

@@ -20,7 +20,7 @@ from lmrl.models.lora import apply_lora
 from lmrl.models.memory import enable_gradient_checkpointing
 from lmrl.models.replay import has_dropout
 from lmrl.models.usage import counting
-from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.engines.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
 
 OPTIONS = [

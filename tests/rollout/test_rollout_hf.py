@@ -318,7 +318,7 @@ def test_bf16_autocast_casts_each_weight_once_per_rollout(model, tok, prompts):
 def test_a_generator_on_another_device_seeds_one_on_the_models_device(monkeypatch):
     """Callers seed CPU generators; a GPU model samples with a generator on its device, drawn from theirs (the
     H100 run of `make gpu-check` refused DPO's evaluation before)."""
-    from lmrl.rollout import hf
+    from lmrl.rollout.engines import hf
 
     cpu = torch.device("cpu")
     same = torch.Generator().manual_seed(3)

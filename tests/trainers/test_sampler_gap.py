@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.engines.hf import HFEngine
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.common import TrainingStopped
 from lmrl.trainers.rl import trainer as online

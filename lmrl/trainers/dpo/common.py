@@ -23,7 +23,7 @@ from lmrl.models.head import DEFAULT_CHUNK_MB
 from lmrl.models.logprobs import labelled_logprobs
 from lmrl.models.placement import model_device, to_device
 from lmrl.parallel import runtime
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 from lmrl.trainers import common
 from lmrl.trainers.dpo.config import DPOConfig
 

@@ -55,7 +55,7 @@ from lmrl.models.loading import default_tokenizer_name, load_hf_config
 from lmrl.models.placement import model_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.rollout.hf import HFEngine, SamplingParams
+from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 from lmrl.tracking import console
 from lmrl.trainers import common, loop
 from lmrl.trainers.pretrain.config import PretrainConfig

@@ -46,7 +46,7 @@ from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardSet
 from lmrl.rollout.engines.factory import make_engine
-from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.engines.hf import HFEngine
 from lmrl.rollout.samplers.groups import seeded_shards
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import Tracker
