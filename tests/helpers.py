@@ -101,22 +101,22 @@ def float64_scalar(value):
     return torch.tensor(value, dtype=torch.float64)
 
 
+SMALL_DECODER = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
+)
+"""tiny_llama's decoder, for any Llama-like config: 2 layers of width 64, 4 heads of 16 sharing 2 KV heads."""
+
+
 def tiny_llama(vocab: int = 97, seed: int = 0, **config):
     """A random Llama from ``seed`` in eval mode: 2 layers of width 64, 4 heads of 16 sharing 2 KV heads, 128
     positions; ``config`` adds or overrides LlamaConfig keys (token ids, sizes, tied head)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    sizes = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-    )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, **{**sizes, **config})).eval()
+    return LlamaForCausalLM(
+        LlamaConfig(vocab_size=vocab, **{**SMALL_DECODER, "max_position_embeddings": 128, **config})
+    ).eval()
 
 
 def tiny_gpt2(vocab: int = 97, seed: int = 0, **config):

@@ -16,6 +16,7 @@ from lmrl.models.fused import RMSNormFunction, SwiGLUFunction, fuse_layers, fuse
 from lmrl.models.usage import counting
 from lmrl.notices import SpeedupOff
 from lmrl.tracking import read_jsonl
+from tests.helpers import SMALL_DECODER
 from tests.rounding import assert_trained_alike
 
 pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
@@ -52,16 +53,7 @@ def test_swiglu_hand_values_and_gradients():
 
 def tiny(cls, config_cls, **extra):
     torch.manual_seed(0)
-    config = config_cls(
-        vocab_size=97,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        **extra,
-    )
+    config = config_cls(vocab_size=97, **SMALL_DECODER, max_position_embeddings=64, **extra)
     model = cls(config).eval()
     with torch.no_grad():  # norms away from their all-ones init, so a wrong weight gradient shows
         for p in model.parameters():
