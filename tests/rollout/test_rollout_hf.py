@@ -5,15 +5,17 @@ import string
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
 from lmrl.rollout import HFEngine, SamplingParams, StopStringMatcher
+from tests.helpers import tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 PAD, BOS, EOS = 0, 1, 2
+IDS = dict(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
 CHARS = string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,:;!?+-=*/()\n"
 TEXTS = ["hello world", "2+2=", "abc", "The cat sat on"]
 
@@ -28,39 +30,6 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_llama(vocab: int, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
-def tiny_gpt2(vocab: int, seed: int = 0) -> GPT2LMHeadModel:
-    """Absolute position embeddings: wrong position_ids change every logit (with RoPE a per-row offset cancels)."""
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=vocab,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        n_positions=128,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-    )
-    return GPT2LMHeadModel(config).eval()
-
-
 @pytest.fixture(scope="module")
 def tok():
     return char_tokenizer()
@@ -68,12 +37,12 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    return tiny_llama(len(tok))
+    return tiny_llama(len(tok), **IDS)
 
 
 @pytest.fixture(scope="module")
 def gpt2(tok):
-    return tiny_gpt2(len(tok))
+    return tiny_gpt2(len(tok), **IDS)
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +316,7 @@ def test_a_bf16_kv_cache_is_kept_in_fp32_for_the_fp32_cpu_attention(tok, prompts
 
     from lmrl.models.attention import NAME, use_fp32_cpu_attention
 
-    model = tiny_gpt2(len(tok))
+    model = tiny_gpt2(len(tok), **IDS)
     use_fp32_cpu_attention(model)
     assert model.config._attn_implementation == NAME
     params = SamplingParams(max_new_tokens=8, stop_token_ids=())
