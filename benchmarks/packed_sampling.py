@@ -19,6 +19,7 @@ import torch
 
 from lmrl.data.tasks import get_task
 from lmrl.models import load_model_and_tokenizer
+from lmrl.models.replay import SamplingRecorder
 from lmrl.rollout import HFEngine, SamplingParams
 
 
@@ -64,7 +65,7 @@ def main() -> None:
                 params,
                 n=args.samples,
                 generator=torch.Generator().manual_seed(rnd),
-                record_linear_outputs=args.record,
+                recorder=SamplingRecorder() if args.record else None,
             )
             if rnd:
                 times[name].append(time.perf_counter() - start)

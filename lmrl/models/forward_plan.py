@@ -35,7 +35,7 @@ from lmrl.models.logprobs import (
 )
 from lmrl.models.memory import is_checkpointing
 from lmrl.models.rebuild import saving_less
-from lmrl.models.replay import has_dropout, replaying
+from lmrl.models.replay import SamplingRecorder, has_dropout, replaying
 from lmrl.parallel import runtime
 
 __all__ = ["ForwardOptions", "ForwardPlan", "completion_logprobs"]
@@ -56,6 +56,10 @@ class ForwardOptions:
     """reuse_sampling_forward (None: on where the HF engine samples on a CPU)"""
     updates_per_step: int = 1
     engine: str = "hf"
+    sampler: str = "local"
+    """the group sampler (`lmrl.rollout.samplers.factory.sampler_name`): only the local one records"""
+    rollouts_per_step: int = 1
+    """rollouts a process runs per step (sampling_shards per process): a record must be one rollout's rows"""
     release_memory: bool = True
     entropy_grad: bool = False
     """an entropy bonus in the loss: the training forward's entropy keeps its gradient"""
@@ -111,6 +115,9 @@ class ForwardPlan:
             "replayed sampling forward",
             [
                 (options.engine != "hf", f"engine={options.engine} keeps no layer outputs"),
+                (options.sampler != "local", f"the {options.sampler} sampler keeps no layer outputs"),
+                (options.rollouts_per_step > 1, "sampling_shards: the record must be one rollout's rows"),
+                (runtime.world() > 1, "several processes: the record must be one rollout's rows"),
                 (not share, "it replays through the shared-prompt forward, which is off"),
                 (options.updates_per_step != 1, "after the first update the weights are no longer the sampler's"),
                 (has_dropout(model), "the model has dropout: its training forward is not the sampler's"),
@@ -128,6 +135,11 @@ class ForwardPlan:
             fused.fused_count(model),
             tuple(off),
         )
+
+    @property
+    def recorder(self) -> SamplingRecorder | None:
+        """What the sampler records the sampling forwards with, for the update to replay (None: nothing)."""
+        return SamplingRecorder() if self.replay else None
 
     def scoring(self) -> ForwardPlan:
         """This plan for forwards without gradient (reference and old log-probs): padded rows, nothing replayed."""

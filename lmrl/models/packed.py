@@ -28,7 +28,6 @@ from lmrl.numerics import matmul_bound
 __all__ = ["available", "packed_linears"]
 
 
-
 @functools.cache
 def available() -> bool:
     """oneDNN with bf16 support and the two ops this module uses."""

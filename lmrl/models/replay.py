@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from lmrl.models import rebuild, usage
+from lmrl.models.hf_compat import cache_kwarg
 
 __all__ = ["LinearOutputs", "LinearRecorder", "has_dropout", "replaying"]
 
@@ -99,6 +100,17 @@ MAX_RECORDED_VOCAB = 4096
 """The LM head is recorded only up to this vocabulary size: beyond it the record would be every step's logits
 (128 rows x 256 steps x Qwen2.5's 151,936 entries in bf16: 10 GB), and the training forward computes the head in
 chunks (`lmrl.models.head`) anyway."""
+
+
+class SamplingRecorder:
+    """What a `ForwardPlan` with the replay trick hands the sampler: ``start`` gives one rollout its `LinearRecorder`,
+    or None where nothing would replay it (a model with dropout: its training forward is not the sampler's; a model
+    whose forward takes no KV cache: the shared-prompt forward that replays is off)."""
+
+    def start(self, model, rows: int, steps: int) -> LinearRecorder | None:
+        if has_dropout(model) or cache_kwarg(model) is None:
+            return None
+        return LinearRecorder(model, rows=rows, steps=steps)
 
 
 class LinearRecorder:

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from lmrl.models.replay import SamplingRecorder
 from lmrl.rollout.types import RolloutBatch, SamplingParams
 
 
@@ -38,9 +39,11 @@ class Engine(Protocol):
         params: SamplingParams,
         n: int = 1,
         generator: torch.Generator | None = None,
-        record_linear_outputs: bool = False,
+        recorder: SamplingRecorder | None = None,
     ) -> RolloutBatch:
-        """n completions of each prompt, prompt-major (N = len(prompt_ids) * n); deterministic given `generator`."""
+        """n completions of each prompt, prompt-major (N = len(prompt_ids) * n); deterministic given `generator`.
+        ``recorder`` (a `ForwardPlan.recorder`, which only an engine whose forwards are the learner's gets): keep the
+        sampling forwards' layer outputs in ``batch.linear_outputs`` for the update to replay."""
 
     def sync(self, model: torch.nn.Module, version: int) -> None:
         """Sample `model`'s weights after `version` updates from the next `generate` on."""

@@ -92,7 +92,8 @@ class SwarmNode:
         self.rl = rl_config(config, spec.samples_per_prompt, spec.seed)
         self.dtype = setup.dtype
         self.optimizer = common.build_optimizer(model, self.rl)
-        options = GroupOptions.from_config(self.rl)
+        plan = ForwardPlan.resolve(model, forward_options(self.rl, self.dtype), setup.device)
+        options = GroupOptions.from_config(self.rl, plan.recorder)
         self.engine = make_engine(config, model, tokenizer, self.dtype, sampling=options.params)
         self.sampler = LocalGroups(self.engine, tokenizer, options)
         self.scheduler = common.build_scheduler(self.optimizer, self.rl, config.max_steps * self.rl.updates_per_step)
@@ -106,9 +107,7 @@ class SwarmNode:
             self.reward_set,
             self.optimizer,
             self.scheduler,
-            options=UpdateOptions.from_config(
-                self.rl, ForwardPlan.resolve(model, forward_options(self.rl, self.dtype), setup.device)
-            ),
+            options=UpdateOptions.from_config(self.rl, plan),
         )
         self.limits = PayloadLimits(max_bytes=config.max_payload_bytes)
         self.counter = SkipCounter()

@@ -110,8 +110,8 @@ def test_rl_trains_a_base_model_from_raw_prompts_with_its_bos_and_its_own_vocabu
     seen = []
     real = groups.sample_shard
 
-    def spy(engine, tokenizer, rows, options, generator, record=False):
-        batch = real(engine, tokenizer, rows, options, generator, record)
+    def spy(engine, tokenizer, rows, options, generator, recorder=None):
+        batch = real(engine, tokenizer, rows, options, generator, recorder)
         seen.append(batch.prompt_ids[batch.prompt_mask.bool()].tolist())
         return batch
 

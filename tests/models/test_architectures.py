@@ -18,7 +18,7 @@ from lmrl.models.forward_plan import ForwardOptions, ForwardPlan
 from lmrl.models.fused import fuse_layers, fused_count
 from lmrl.models.lora import apply_lora
 from lmrl.models.memory import enable_gradient_checkpointing
-from lmrl.models.replay import has_dropout
+from lmrl.models.replay import SamplingRecorder, has_dropout
 from lmrl.models.usage import counting
 from lmrl.rollout.engines.hf import HFEngine
 from lmrl.rollout.types import SamplingParams
@@ -60,7 +60,11 @@ def sample(model, tokenizer, record: bool):
     prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("12+34=", "7+8=", "123+456+7=")]
     params = SamplingParams(max_new_tokens=12, temperature=1.0)  # 10-13 prompt + 12 tokens: past the 8-token windows
     return HFEngine(model, tokenizer).generate(
-        prompts, params, n=3, generator=torch.Generator().manual_seed(0), record_linear_outputs=record
+        prompts,
+        params,
+        n=3,
+        generator=torch.Generator().manual_seed(0),
+        recorder=SamplingRecorder() if record else None,
     )
 
 

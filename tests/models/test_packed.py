@@ -5,6 +5,7 @@ import torch
 from test_replay import Tok, tiny_llama
 
 from lmrl.models import packed
+from lmrl.models.replay import SamplingRecorder
 from lmrl.models.usage import counting
 from lmrl.notices import SpeedupOff
 from lmrl.rollout import HFEngine, SamplingParams
@@ -37,7 +38,11 @@ def rollout(model, tok, prompts, pack: bool, record: bool = False):
     engine = HFEngine(model, tok, autocast_dtype=torch.bfloat16, pack_weights=pack)
     params = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=())
     batch = engine.generate(
-        prompts, params, n=4, generator=torch.Generator().manual_seed(3), record_linear_outputs=record
+        prompts,
+        params,
+        n=4,
+        generator=torch.Generator().manual_seed(3),
+        recorder=SamplingRecorder() if record else None,
     )
     return batch, engine.metrics()
 

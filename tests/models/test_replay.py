@@ -11,7 +11,7 @@ import torch
 from lmrl.models import forward_plan, rebuild, replay
 from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
 from lmrl.models.logprobs import prompt_groups, shared_prompt_outputs
-from lmrl.models.replay import LinearRecorder, has_dropout, is_linear, replaying
+from lmrl.models.replay import LinearRecorder, SamplingRecorder, has_dropout, is_linear, replaying
 from lmrl.models.usage import counting
 from lmrl.rollout import HFEngine, SamplingParams
 from tests.helpers import tiny_gpt2, tiny_llama
@@ -49,14 +49,18 @@ def sample(model, stop_ids=tuple(range(3, 12)), max_new=8, compact=0.5):
     batch is compacted."""
     engine = HFEngine(model, Tok(), compact_threshold=compact)
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0, stop_token_ids=stop_ids)
-    return engine.generate(PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
+    return engine.generate(
+        PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), recorder=SamplingRecorder()
+    )
 
 
 def sample_bf16(model):
     """4 prompts x 4 samples under bf16 autocast, recorded for replay."""
     engine = HFEngine(model, Tok(), autocast_dtype=torch.bfloat16)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(3,))
-    return engine.generate(PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), record_linear_outputs=True)
+    return engine.generate(
+        PROMPTS, params, n=4, generator=torch.Generator().manual_seed(0), recorder=SamplingRecorder()
+    )
 
 
 def bf16_logprobs(model, batch, record):

@@ -227,18 +227,25 @@ def test_reusing_the_sampling_forward_gives_the_same_training(tmp_path, monkeypa
 def test_the_sampling_forward_is_reused_by_default_on_a_cpu_and_not_on_a_gpu(tmp_path):
     """reuse_sampling_forward=null (default): the record is kept where the engine samples on a CPU; on a GPU it held
     15 GB and slowed sampling (docs/gpu.md). An explicit true or false holds on either device."""
-    from lmrl.rollout.samplers.groups import GroupOptions, wants_record
+    from lmrl.models import load_model
+    from lmrl.models.forward_plan import ForwardPlan
+    from lmrl.models.memory import enable_gradient_checkpointing
+    from lmrl.trainers.rl.update import forward_options
 
     config = rl_config(tmp_path, "grpo", "max_steps=2", "skip_zero_advantage=false")
     assert config.reuse_sampling_forward is None
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    default = GroupOptions.from_config(config)
-    assert wants_record(default, cpu) and not wants_record(default, cuda)
+    model = load_model("builtin:tiny").eval()
+
+    def records(config, device: str) -> bool:
+        plan = ForwardPlan.resolve(model, forward_options(config, None), device)
+        return plan.recorder is not None
+
+    assert records(config, "cpu") and not records(config, "cuda")
     for reuse in (True, False):
-        options = GroupOptions.from_config(load_config(online.RLConfig, None, [f"reuse_sampling_forward={reuse}"]))
-        assert wants_record(options, cpu) is reuse and wants_record(options, cuda) is reuse
-    checkpointed = load_config(online.RLConfig, None, ["gradient_checkpointing=true"])
-    assert not wants_record(GroupOptions.from_config(checkpointed), cpu)  # nothing could replay it
+        options = load_config(online.RLConfig, None, [f"reuse_sampling_forward={reuse}"])
+        assert records(options, "cpu") is reuse and records(options, "cuda") is reuse
+    enable_gradient_checkpointing(model)
+    assert not records(config, "cpu")  # nothing could replay it: the shared-prompt forward is off
     online.train(config)  # the default on this CPU: every training forward replays the record
     rows = [r for r in read_jsonl(tmp_path / "grpo" / "metrics.jsonl") if "update/reused_sampling_forward" in r]
     assert len(rows) == 2 and all(r["update/reused_sampling_forward"] == 1.0 for r in rows), rows

@@ -20,7 +20,7 @@ import torch
 from lmrl.models import attention, packed, usage
 from lmrl.models.hf_compat import accepts_kwarg, cache_kwarg, output_cache
 from lmrl.models.modes import evaluating
-from lmrl.models.replay import LinearRecorder, has_dropout
+from lmrl.models.replay import SamplingRecorder
 from lmrl.models.usage import counting
 from lmrl.rollout.engines import kv_cache
 from lmrl.rollout.engines.assemble import assemble_batch, check_request, left_pad, pad_token_id, stop_token_ids
@@ -103,20 +103,20 @@ class HFEngine:
         params: SamplingParams,
         n: int = 1,
         generator: torch.Generator | None = None,
-        record_linear_outputs: bool = False,
+        recorder: SamplingRecorder | None = None,
     ) -> RolloutBatch:
         """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
 
         Deterministic given `generator` (None uses the global RNG); a generator on another device than the model's
         (a CPU one for a GPU model) seeds one on the model's device.
-        record_linear_outputs: keep every nn.Linear output of the sampling forwards in `batch.linear_outputs`, for
-        an on-policy update to reuse (`lmrl.models.replay`); not recorded for models with dropout.
+        recorder: keep every nn.Linear output of the sampling forwards in `batch.linear_outputs`, for an on-policy
+        update to reuse (`lmrl.models.replay`; the recorder records nothing for a model with dropout).
         """
-        return self._generate(prompt_ids, params, n, generator, prompt_texts=None, record=record_linear_outputs)
+        return self._generate(prompt_ids, params, n, generator, prompt_texts=None, recorder=recorder)
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _generate(self, prompt_ids, params, n, generator, prompt_texts, record: bool = False) -> RolloutBatch:
+    def _generate(self, prompt_ids, params, n, generator, prompt_texts, recorder=None) -> RolloutBatch:
         if isinstance(prompt_ids, (list, tuple)):
             prompt_ids = [p.tolist() if isinstance(p, torch.Tensor) else p for p in prompt_ids]
         self._check_inputs(prompt_ids, params, n, generator)
@@ -125,9 +125,8 @@ class HFEngine:
         ids, mask = left_pad(prompt_ids, pad, device)  # (B, P) each
         stop_ids = torch.tensor(stop_token_ids(self.tokenizer, params, self.model), dtype=torch.long, device=device)
         matcher = self._matcher(params.stop_strings) if params.stop_strings else None
-        recorder = None
-        if record and not has_dropout(self.model) and cache_kwarg(self.model) is not None:  # else nothing replays it
-            recorder = LinearRecorder(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
+        if recorder is not None:
+            recorder = recorder.start(self.model, rows=len(prompt_ids) * n, steps=params.max_new_tokens)
         packs = self.pack_weights and self.autocast_dtype == torch.bfloat16 and device.type == "cpu"
         used = usage.Usage()
         try:  # eval mode while sampling; afterwards every module's own mode (a peft wrapper's root flag is not it)

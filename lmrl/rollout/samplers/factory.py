@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from lmrl.models.replay import SamplingRecorder
 from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.protocol import GroupSampler
 from lmrl.rollout.samplers.episodes import EpisodeGroups
@@ -43,14 +44,15 @@ def make_sampler(
     rows_of: RowsOf,
     env_factory: EnvFactory | None = None,
     longest_prompt: int = 1,
+    recorder: SamplingRecorder | None = None,
 ) -> GroupSampler:
     """The group sampler `sampler_name(config)` names (`SAMPLERS`), sampling from `model`.
 
     dtype: the run's autocast dtype (None: fp32); env_factory: multi-turn runs' environments
     (`lmrl.rollout.tools.section.build_env_factory`); longest_prompt: the longest prompt in tokens (engine=vllm
-    checks it at start-up)."""
+    checks it at start-up); recorder: the run's `ForwardPlan.recorder` (the local sampler records with it)."""
     name = sampler_name(config)
-    return SAMPLERS[name](config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt)
+    return SAMPLERS[name](config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt, recorder)
 
 
 def sampler_name(config) -> str:
@@ -62,19 +64,21 @@ def sampler_name(config) -> str:
     return "server_ahead" if config.async_steps else "local"
 
 
-def local_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt) -> GroupSampler:
-    options = GroupOptions.from_config(config)
+def local_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt, recorder) -> GroupSampler:
+    options = GroupOptions.from_config(config, recorder)
     engine = make_engine(config, model, tokenizer, dtype, sampling=options.params, longest_prompt=longest_prompt)
     return LocalGroups(engine, tokenizer, options)
 
 
-def episodes_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt) -> GroupSampler:
+def episodes_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt, recorder) -> GroupSampler:
     options = GroupOptions.from_config(config)
     engine = make_engine(config, model, tokenizer, dtype, sampling=options.params, longest_prompt=longest_prompt)
     return EpisodeGroups(engine, tokenizer, options, env_factory, config.turn_options())
 
 
-def server_ahead_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt) -> GroupSampler:
+def server_ahead_sampler(
+    config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt, recorder
+) -> GroupSampler:
     options = GroupOptions.from_config(config)
     engine = make_engine(config, model, tokenizer, dtype, sampling=options.params, longest_prompt=longest_prompt)
     return ServerAhead(
@@ -82,7 +86,7 @@ def server_ahead_sampler(config, model, tokenizer, dtype, rows_of, env_factory, 
     )
 
 
-def ray_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt) -> GroupSampler:
+def ray_sampler(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt, recorder) -> GroupSampler:
     return RayRollouts(config, rows_of, model, tokenizer)
 
 
@@ -92,4 +96,5 @@ SAMPLERS: dict[str, Callable[..., GroupSampler]] = {
     "server_ahead": server_ahead_sampler,
     "ray": ray_sampler,
 }
-"""name -> factory(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt)."""
+"""name -> factory(config, model, tokenizer, dtype, rows_of, env_factory, longest_prompt, recorder); only the local
+sampler records (`ForwardPlan.resolve` turns the replay off for the others, with the reason)."""

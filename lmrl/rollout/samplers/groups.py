@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lmrl.data.prompt_format import PromptFormat
-from lmrl.parallel import runtime
+from lmrl.models.replay import SamplingRecorder
 from lmrl.parallel.shards import rank_shards, shard_generator
 from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import RolloutBatch, SamplingParams, concat_batches
@@ -52,57 +52,36 @@ class GroupOptions:
     sampling_shards: int
     """shards of a step, each with its own seeded generator (0: one per process)"""
     seed: int
-    record: bool | None = False
-    """keep the sampling forwards' layer outputs for the update to replay (`lmrl.models.replay`); None: where the
-    engine samples on a CPU"""
+    recorder: SamplingRecorder | None = None
+    """keeps the sampling forwards' layer outputs for the update to replay (`lmrl.models.replay`): the run's
+    `ForwardPlan.recorder`, which decided where a record can be replayed (None: nothing recorded)"""
     prompt: PromptFormat = PromptFormat()
     """how a row's prompt becomes the model's prompt ids (`lmrl.data.prompt_format`)"""
 
     @classmethod
-    def from_config(cls, config) -> GroupOptions:
-        # a recording is reused only by an update on the sampler's weights through the shared-prompt forward (which
-        # gradient checkpointing and packed micro-batches turn off)
-        reuse = getattr(config, "reuse_sampling_forward", False)
-        possible = (
-            getattr(config, "share_prompts", False)
-            and config.updates_per_step == 1
-            and not getattr(config, "gradient_checkpointing", False)
-            and getattr(config, "max_tokens_per_microbatch", None) is None
-        )
-        record = reuse if possible else False  # None: decided by the engine's device (`wants_record`)
+    def from_config(cls, config, recorder: SamplingRecorder | None = None) -> GroupOptions:
         return cls(
             config.samples_per_prompt,
             sampling_params(config),
             config.sampling_shards,
             config.seed,
-            record,
+            recorder,
             PromptFormat.from_config(config) if hasattr(config, "chat") else PromptFormat(),
         )
 
 
 def sample_shard(
-    engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, generator: torch.Generator, record: bool = False
+    engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, generator: torch.Generator, recorder=None
 ) -> RolloutBatch:
     """G completions of each of ``rows`` (their ``prompt``s, encoded by ``options.prompt``) with ``generator``."""
     ids = [options.prompt.ids(tokenizer, row["prompt"]) for row in rows]
-    return engine.generate(
-        ids, options.params, n=options.samples_per_prompt, generator=generator, record_linear_outputs=record
-    )
-
-
-def wants_record(options: GroupOptions, device: torch.device) -> bool:
-    """Whether a rollout on ``device`` records its layer outputs for replay: as configured, or (None) on a CPU only.
-    On an H200, GRPO 16 x 8 x 256 on a 0.4B Qwen2 held a 15 GB record and sampled slower than HF's `generate`
-    (docs/gpu.md): there a recomputed matmul costs less than keeping its output."""
-    return options.record if options.record is not None else device.type == "cpu"
+    return engine.generate(ids, options.params, n=options.samples_per_prompt, generator=generator, recorder=recorder)
 
 
 def sample_groups(engine: Engine, tokenizer, rows: list[dict], options: GroupOptions, step: int) -> RolloutBatch:
-    """This rank's rows sampled shard by shard; recorded only from one unsharded rollout in one process (the
-    record's rows must be the update's)."""
-    shards = list(seeded_shards(rows, options.sampling_shards, options.seed, step, engine.device))
-    record = wants_record(options, engine.device) and len(shards) == 1 and runtime.world() == 1
-    batches = [sample_shard(engine, tokenizer, part, options, generator, record) for _, part, generator in shards]
+    """This rank's rows sampled shard by shard (with the recorder: one shard, the plan's rule)."""
+    shards = seeded_shards(rows, options.sampling_shards, options.seed, step, engine.device)
+    batches = [sample_shard(engine, tokenizer, part, options, gen, options.recorder) for _, part, gen in shards]
     return concat_batches(batches, tokenizer.pad_token_id)
 
 

@@ -182,6 +182,7 @@ class OnlineRL(loop.MethodDefaults):
             rows_of=self.rows_of,
             env_factory=env_factory,
             longest_prompt=longest,
+            recorder=self.plan.recorder,
         )
         self.curriculum = (
             Curriculum(len(self.rows), config.seed, *config.curriculum, config.curriculum_sit_out)

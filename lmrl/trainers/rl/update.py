@@ -33,6 +33,7 @@ from lmrl.models import memory, usage
 from lmrl.models.forward_plan import ForwardOptions, ForwardPlan
 from lmrl.models.usage import Usage
 from lmrl.parallel import runtime
+from lmrl.rollout.samplers.factory import sampler_name
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import common
 from lmrl.trainers.rl.ppo_value import value_term
@@ -134,6 +135,7 @@ class UpdateOptions:
 
 def forward_options(config, dtype: torch.dtype | None) -> ForwardOptions:
     """What an `RLConfig` asks of its training forwards (`ForwardPlan.resolve` decides what it gets)."""
+    world = runtime.world()
     return ForwardOptions(
         config.temperature,
         dtype,
@@ -143,6 +145,8 @@ def forward_options(config, dtype: torch.dtype | None) -> ForwardOptions:
         config.reuse_sampling_forward,
         config.updates_per_step,
         config.engine,
+        sampler_name(config),
+        (config.sampling_shards or world) // world,
         config.release_memory,
         entropy_grad=config.entropy_coef > 0 or config.entropy_target is not None,
     )

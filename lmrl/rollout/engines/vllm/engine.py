@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from lmrl.models.replay import SamplingRecorder
 from lmrl.rollout.engines.assemble import assemble_batch, check_request, pad_token_id, stop_token_ids
 from lmrl.rollout.engines.stop_strings import StopStringMatcher, apply_stop_strings
 from lmrl.rollout.engines.vllm.driver import VLLMOptions
@@ -147,12 +148,14 @@ class VLLMEngine:
         params: SamplingParams,
         n: int = 1,
         generator: torch.Generator | None = None,
-        record_linear_outputs: bool = False,
+        recorder: SamplingRecorder | None = None,
     ) -> RolloutBatch:
         """Sample n completions for each prompt (token ids, unpadded); rows are prompt-major (N = len * n).
 
-        Deterministic given `generator` (one seed per prompt is drawn from it). record_linear_outputs is accepted for
-        `HFEngine` compatibility and ignored: vLLM's forwards are not the learner's, so there is nothing to reuse."""
+        Deterministic given `generator` (one seed per prompt is drawn from it). vLLM's forwards are not the
+        learner's, so it records nothing: a ``recorder`` is refused (`ForwardPlan.resolve` gives none for engine=vllm)."""
+        if recorder is not None:
+            raise ValueError("VLLMEngine.generate: vLLM keeps no layer outputs to replay; sample without a recorder.")
         prompt_ids = [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompt_ids]
         self._check_inputs(prompt_ids, params, n)
         if self.stale:
