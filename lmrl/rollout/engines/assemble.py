@@ -27,8 +27,8 @@ def stop_token_ids(tokenizer, params: SamplingParams, model=None) -> tuple[int, 
     if params.stop_token_ids is not None:
         return params.stop_token_ids
     ids = [tokenizer.eos_token_id]
-    config = getattr(model, "generation_config", None)
-    model_eos = getattr(config, "eos_token_id", None)
+    generation_config = getattr(model, "generation_config", None)  # a transformers model's; None for others
+    model_eos = getattr(generation_config, "eos_token_id", None)
     ids += list(model_eos) if isinstance(model_eos, (list, tuple)) else [model_eos]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmrl.config_sections import SamplingSection
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.models.replay import SamplingRecorder
 from lmrl.parallel.shards import rank_shards, shard_generator
@@ -30,7 +31,7 @@ def sampling_params(config) -> SamplingParams:
         temperature=config.temperature,
         top_p=config.top_p,
         top_k=config.top_k,
-        stop_strings=tuple(getattr(config, "stop", ())),
+        stop_strings=tuple(config.stop) if isinstance(config, SamplingSection) else (),
     )
 
 
@@ -66,7 +67,7 @@ class GroupOptions:
             config.sampling_shards,
             config.seed,
             recorder,
-            PromptFormat.from_config(config) if hasattr(config, "chat") else PromptFormat(),
+            PromptFormat.from_config(config),
         )
 
 

@@ -101,7 +101,7 @@ class UpdateOptions:
             "agg": config.loss_agg or preset.agg,
             "max_len": max_len,
             "kl_estimator": config.kl_estimator,
-            **{k: getattr(config, k) for k in CORRECTION_KEYS},
+            **{k: v for k, v in dataclasses.asdict(config.correction).items() if k in CORRECTION_KEYS},
         }  # lmrl.algorithms.mismatch
         options.update(
             POLICY_LOSSES.own_options(
@@ -109,7 +109,11 @@ class UpdateOptions:
                 {
                     "clip_low": config.clip_low if config.clip_low is not None else low,
                     "clip_high": config.clip_high if config.clip_high is not None else high,
-                    **{k: getattr(config, k) for k in ("clip_ratio_c", "clip_delta") if getattr(config, k) is not None},
+                    **{
+                        k: v
+                        for k, v in (("clip_ratio_c", config.clip_ratio_c), ("clip_delta", config.clip_delta))
+                        if v is not None
+                    },
                 },
             )
         )
