@@ -21,3 +21,17 @@ def pytest_runtest_makereport(item, call):
         column = f"{column} gradients"
     with open(path, "a") as f:
         f.write(json.dumps({"arch": params["arch"], "check": column, "outcome": report.outcome}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct from `make smollm2`: (model in eval mode, tokenizer); the test is skipped without it."""
+    from lmrl.models import gguf
+    from lmrl.models.loading import load_model_and_tokenizer
+
+    try:
+        path = gguf.smollm2_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    model, tokenizer = load_model_and_tokenizer(str(path))
+    return model.eval(), tokenizer

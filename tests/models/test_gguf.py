@@ -241,15 +241,11 @@ def test_smollm2_path_names_the_install_command_when_missing(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_smollm2_answers_a_chat_question_greedily():
+def test_smollm2_answers_a_chat_question_greedily(smollm2):
     """SmolLM2-135M-Instruct from `make smollm2` (~35 s to load on 2 cores): a fluent, correct short answer."""
-    try:
-        path = lmrl_gguf.smollm2_path()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
     from lmrl.data.tasks import get_task
 
-    model, tokenizer = load_model_and_tokenizer(str(path))
+    model, tokenizer = smollm2
     assert model.config.vocab_size == len(tokenizer) == 49152 and tokenizer.eos_token == "<|im_end|>"
 
     def answer(question: str) -> str:

@@ -14,25 +14,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmrl.data.prompt_format import PromptFormat
-from lmrl.models import gguf as lmrl_gguf
 from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
-from lmrl.models.loading import load_model_and_tokenizer
 from lmrl.models.saving import save_model
 from lmrl.numerics import agreement, model_ulps, rounding_bound, unit_roundoff
 from lmrl.rollout import HFEngine, SamplingParams
 
 NEW_TOKENS = 12
 PROMPTS = [(True, "What is the capital of France?"), (False, "The capital of France is")]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    try:
-        path = lmrl_gguf.smollm2_path()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    model, tokenizer = load_model_and_tokenizer(str(path))
-    return model.eval(), tokenizer
 
 
 def plain_logits(model, ids: list[int]) -> torch.Tensor:

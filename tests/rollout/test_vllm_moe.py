@@ -11,11 +11,10 @@ Two tiny random models made here, vocab_size == len(tokenizer), head size 64:
 
 import pytest
 import torch
-from vllm_helpers import TOL, require_vllm, tiny_moe  # noqa: E402
+from vllm_helpers import assert_samples_the_model, require_vllm, tiny_moe  # noqa: E402
 
 require_vllm()
 
-from lmrl.models.forward_plan import ForwardPlan, completion_logprobs  # noqa: E402
 from lmrl.rollout import HFEngine, SamplingParams  # noqa: E402
 from lmrl.rollout.engines.vllm.engine import VLLMEngine, VLLMOptions  # noqa: E402
 from lmrl.rollout.engines.vllm.weights import hf_weights  # noqa: E402
@@ -39,20 +38,6 @@ def perturb(model, scale: float, seed: int) -> None:
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
-def assert_samples_the_model(model, engine, prompts, tok):
-    want, got = HFEngine(model, tok).generate(prompts, GREEDY), engine.generate(prompts, GREEDY)
-    assert torch.equal(want.completion_ids, got.completion_ids) and want.completions == got.completions
-    assert (want.sampler_logp - got.sampler_logp).abs().max().item() < TOL
-    sampled = engine.generate(
-        prompts, SamplingParams(max_new_tokens=12, temperature=0.8), n=3, generator=torch.Generator().manual_seed(5)
-    )
-    learner = completion_logprobs(
-        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], ForwardPlan(temperature=0.8)
-    )  # (N, T)
-    gap = ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item()
-    assert gap < TOL, gap
-
-
 def test_pushed_names_are_the_checkpoints_per_expert_names(moe):
     model, _ = moe
     names = [name for name, _ in hf_weights(model)]
@@ -68,11 +53,11 @@ def test_pushed_names_are_the_checkpoints_per_expert_names(moe):
 def test_an_moe_model_samples_its_new_weights_after_every_sync(moe, prompts, tok):
     model, engine = moe
     assert engine.driver.moe_layers == 2  # the CPU experts of both layers re-pack after a reload
-    assert_samples_the_model(model, engine, prompts, tok)  # the first push (dummy weights -> the model's)
+    assert_samples_the_model(model, engine, prompts, tok, GREEDY)  # the first push (dummy weights -> the model's)
     for i in range(2):  # each sync repacks once: a second pack of packed weights would be wrong
         old = HFEngine(model, tok).generate(prompts, GREEDY)
         perturb(model, 0.2, seed=10 + i)
         engine.sync(model, (engine.version or 0) + 1)
         new = HFEngine(model, tok).generate(prompts, GREEDY)
         assert (old.sampler_logp - new.sampler_logp).abs().max() > 0.1  # the change is visible
-        assert_samples_the_model(model, engine, prompts, tok)
+        assert_samples_the_model(model, engine, prompts, tok, GREEDY)

@@ -9,14 +9,11 @@ import socket
 
 import pytest
 import torch
-from vllm_helpers import TEXTS, TOL, char_prompts, require_vllm, tiny  # noqa: E402,F401
+from vllm_helpers import assert_samples_the_model, require_vllm, tiny, train_on_samples
 
 require_vllm()
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
 from lmrl.config_base import ConfigError  # noqa: E402
-from lmrl.models.forward_plan import ForwardPlan, completion_logprobs  # noqa: E402
 from lmrl.rollout import (  # noqa: E402
     HFEngine,
     SamplingParams,
@@ -43,18 +40,8 @@ def served(tok):
 
 
 def assert_matches_hf(model, engine, prompts, tok):
-    want, got = HFEngine(model, tok).generate(prompts, GREEDY), engine.generate(prompts, GREEDY)
-    assert torch.equal(want.completion_ids, got.completion_ids) and want.completions == got.completions
+    want, got, _ = assert_samples_the_model(model, engine, prompts, tok, GREEDY, temperature=0.7, n=4, seed=2)
     assert want.finish_reason == got.finish_reason
-    assert (want.sampler_logp - got.sampler_logp).abs().max().item() < TOL
-    sampled = engine.generate(
-        prompts, SamplingParams(max_new_tokens=12, temperature=0.7), n=4, generator=torch.Generator().manual_seed(2)
-    )
-    learner = completion_logprobs(
-        model, sampled.input_ids, sampled.attention_mask, sampled.prompt_ids.shape[1], ForwardPlan(temperature=0.7)
-    )  # (N, T)
-    assert ((learner - sampled.sampler_logp) * sampled.completion_mask).abs().max().item() < TOL
-    return sampled
 
 
 def test_the_server_samples_the_models_greedy_output_and_log_probs(served, prompts, tok):
@@ -69,15 +56,7 @@ def test_a_weight_change_is_pushed_to_the_server(served, prompts, tok, monkeypat
     monkeypatch.setattr(remote, "request", lambda path, *a, **k: (paths.append(path), request(path, *a, **k))[1])
     old = engine.generate(prompts, GREEDY)
     syncs = engine.syncs
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    batch = engine.generate(
-        prompts, SamplingParams(max_new_tokens=12, temperature=1.0), n=2, generator=torch.Generator().manual_seed(0)
-    )
-    logp = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1])
-    (-(logp * batch.completion_mask).sum()).backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    engine.sync(model, (engine.version or 0) + 1)  # what the trainer does before its next rollout
+    train_on_samples(model, engine, prompts, torch.optim.SGD(model.parameters(), lr=0.5), seed=0)
     assert engine.stale
     new = HFEngine(model, tok).generate(prompts, GREEDY)
     assert (
@@ -102,19 +81,7 @@ def test_server_and_colocated_engines_give_the_same_batch_for_the_same_seed(serv
 
 def test_a_trainer_with_another_model_replaces_the_servers_engine(served, prompts, tok):
     _, _, remote = served
-    torch.manual_seed(1)
-    other = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=256,
-            max_position_embeddings=256,
-            tie_word_embeddings=False,
-        )
-    ).eval()
+    other = tiny("llama", len(tok), seed=1)
     assert remote.start(*model_spec(other), OPTIONS) is False  # a new engine, on the Llama
     assert_matches_hf(other, VLLMEngine(other, tok, OPTIONS, driver=remote), prompts, tok)
 
