@@ -24,9 +24,8 @@ import torch
 from lmrl.data.sft import SFTExample
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
-from lmrl.trainers import common
-from lmrl.trainers.sft import trainer as sft
-from lmrl.trainers.sft.trainer import SFTConfig
+from lmrl.trainers import common, sft_step
+from lmrl.trainers.sft.config import SFTConfig
 
 
 def status_mb(key: str) -> float:
@@ -63,10 +62,10 @@ def child(args) -> dict:
             Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         t0 = time.perf_counter()
         if args.variant == "padded":
-            micro = sft.padded_micro_batches(batch, tokenizer.pad_token_id, args.batch // args.micro)
+            micro = sft_step.padded_micro_batches(batch, tokenizer.pad_token_id, args.batch // args.micro)
         else:
-            micro = sft.packed_micro_batches(batch, int(args.variant))
-        stats = sft.train_step(model, micro, None, step, sft.labelled_tokens(batch))
+            micro = sft_step.packed_micro_batches(batch, int(args.variant))
+        stats = sft_step.train_step(model, micro, None, step, sft_step.labelled_tokens(batch))
         common.optimizer_step(model, optimizer, scheduler, 1.0, step)
         if step:
             elapsed += time.perf_counter() - t0

@@ -61,7 +61,8 @@ def final_model_stats(run_dirs: list[Path]) -> dict[str, dict[str, float]]:
     from lmrl.config import load_config
     from lmrl.data.tokenizers import load_tokenizer
     from lmrl.models import load_model
-    from lmrl.trainers.pretrain.trainer import PretrainConfig, load_windows, validation_stats
+    from lmrl.trainers.lm_windows import load_windows, validation_stats
+    from lmrl.trainers.pretrain.config import PretrainConfig
 
     stats, windows = {}, {}
     for run in run_dirs:

@@ -14,7 +14,7 @@ from lmrl.models.forward_plan import ForwardPlan, completion_logprobs
 from lmrl.models.head import chunk_tokens, decoder_and_head, fusable, head_logprobs
 from lmrl.models.logprobs import entropy_from_logits, selective_log_softmax
 from lmrl.notices import SpeedupOff
-from lmrl.trainers.sft.trainer import token_cross_entropy
+from lmrl.trainers.sft_step import token_cross_entropy
 from tests.rounding import add_rounding_noise
 
 pytestmark = pytest.mark.portable  # `make test-portable`: again under other CPU kernels and threads
@@ -179,7 +179,8 @@ def test_sft_cross_entropy_chunked_equals_unchunked():
 
 def test_pretrain_cross_entropy_and_validation_chunked_equal_unchunked():
     from lmrl.algorithms import AvatarlOptions
-    from lmrl.trainers.pretrain.trainer import train_step, validation_stats
+    from lmrl.trainers.lm_windows import validation_stats
+    from lmrl.trainers.pretrain.trainer import train_step
 
     model = qwen()
     windows = torch.randint(0, 3000, (4, 9), generator=torch.Generator().manual_seed(1))  # (B, L+1)

@@ -173,9 +173,9 @@ def test_lora_resume_is_exact(tmp_path):
     ]
     whole = sft.train(load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'a'}", *args, "save_every=0"]))
     part = load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'b'}", *args, "save_every=3"])
-    import lmrl.trainers.sft.trainer as sft_module
+    from lmrl.trainers import sft_step
 
-    original = sft_module.train_step
+    original = sft_step.train_step
     calls = {"n": 0}
 
     def crash_after_3(*a, **k):
@@ -184,12 +184,12 @@ def test_lora_resume_is_exact(tmp_path):
             raise KeyboardInterrupt
         return original(*a, **k)
 
-    sft_module.train_step = crash_after_3
+    sft_step.train_step = crash_after_3
     try:
         with pytest.raises(KeyboardInterrupt):
             sft.train(part)
     finally:
-        sft_module.train_step = original
+        sft_step.train_step = original
     assert (tmp_path / "b" / "checkpoints" / "step-3" / "trainable.safetensors").exists()
     resumed = sft.train(
         load_config(sft.SFTConfig, None, [f"output_dir={tmp_path / 'b'}", *args, "save_every=3", "resume=true"])

@@ -16,10 +16,10 @@ from lmrl.trainers.pretrain import trainer as pretrain
 from lmrl.trainers.reward import trainer as reward
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.selfplay import trainer as selfplay
-from lmrl.trainers.sft import trainer as sft
+from lmrl.trainers.sft_method import SFT
 
 METHODS = [
-    sft.SFT,
+    SFT,
     distill.Distill,
     preference.DPO,
     online_dpo.OnlineDPO,

@@ -17,7 +17,7 @@ from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.loading import builtin_config
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common
+from lmrl.trainers import common, lm_windows
 from lmrl.trainers.pretrain import trainer as pretrain
 from lmrl.trainers.pretrain.trainer import PretrainConfig
 from tests.helpers import TINY, TINY_ARGS
@@ -122,7 +122,7 @@ def test_windows_are_packed_from_the_line_aligned_split(tmp_path):
     path.write_text("ab\n" * 10)
     cfg = load_config(PretrainConfig, None, [f"data={path}", "val_fraction=0.2", "block_size=5"])
     tokenizer = build_char_tokenizer()
-    windows = pretrain.load_windows(cfg, tokenizer)
+    windows = lm_windows.load_windows(cfg, tokenizer)
     assert windows.train.shape == (4, 6) and windows.val.shape == (1, 6)
     assert tokenizer.decode(windows.train[0]) == "ab\nab\n"
     assert tokenizer.decode(windows.train[1]) == "\nab\nab"  # chars 5..10
@@ -135,7 +135,7 @@ def test_too_little_text_is_refused(tmp_path):
     path.write_text("ab\n" * 10)
     cfg = load_config(PretrainConfig, None, [f"data={path}", "val_fraction=0.2", "block_size=8"])
     with pytest.raises(ValueError, match=r"validation text .* 6 tokens, too few .* block_size \+ 1 = 9"):
-        pretrain.load_windows(cfg, build_char_tokenizer())
+        lm_windows.load_windows(cfg, build_char_tokenizer())
 
 
 class ConstantLogits(torch.nn.Module):
@@ -157,11 +157,11 @@ def test_validation_stats_by_hand(batch_size):
     # Entropy at every position: 1/2·ln2 + 2·1/4·ln4 = 1.5 ln2 = 1.039721 nats.
     model = ConstantLogits([math.log(2.0), 0.0, 0.0])
     windows = torch.tensor([[0, 0, 1, 2], [2, 1, 1, 0]])
-    stats = pretrain.validation_stats(model, windows, batch_size, None)
+    stats = lm_windows.validation_stats(model, windows, batch_size, None)
     assert stats["eval/ce"] == pytest.approx(10 * math.log(2) / 6, abs=1e-6)
     assert stats["eval/entropy"] == pytest.approx(1.5 * math.log(2), abs=1e-6)
     uniform = ConstantLogits([0.0] * VOCAB)  # -ln(1/102) = 4.624973 at every target, and H = ln 102
-    stats = pretrain.validation_stats(uniform, torch.randint(0, VOCAB, (3, 9)), 2, None)
+    stats = lm_windows.validation_stats(uniform, torch.randint(0, VOCAB, (3, 9)), 2, None)
     assert stats["eval/ce"] == pytest.approx(4.624973, abs=1e-6) and stats["eval/entropy"] == pytest.approx(
         4.624973, abs=1e-6
     )

@@ -16,7 +16,7 @@ from lmrl.data.sft import build_sft_examples
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.tracking import read_jsonl
-from lmrl.trainers import common
+from lmrl.trainers import common, sft_method, sft_step
 from lmrl.trainers.sft import trainer as sft
 from tests.helpers import TINY
 
@@ -42,8 +42,8 @@ def grads(model):
 
 
 def padded_step(model, examples, pad_id, grad_accum):
-    return sft.train_step(
-        model, sft.padded_micro_batches(examples, pad_id, grad_accum), None, 1, sft.labelled_tokens(examples)
+    return sft_step.train_step(
+        model, sft_step.padded_micro_batches(examples, pad_id, grad_accum), None, 1, sft_step.labelled_tokens(examples)
     )
 
 
@@ -81,9 +81,9 @@ def test_packed_micro_batches_give_the_padded_loss_and_gradients():
     g_padded = grads(model)
     model.zero_grad(set_to_none=True)
     longest = max(len(e.input_ids) for e in examples)
-    micro = sft.packed_micro_batches(examples, max_tokens=2 * longest)
+    micro = sft_step.packed_micro_batches(examples, max_tokens=2 * longest)
     assert 1 < len(micro) < len(examples)  # several rows per sequence, several sequences
-    packed = sft.train_step(model, micro, None, 1, sft.labelled_tokens(examples))
+    packed = sft_step.train_step(model, micro, None, 1, sft_step.labelled_tokens(examples))
     assert packed["loss"] == pytest.approx(padded["loss"], abs=1e-5)
     for name, grad in grads(model).items():
         torch.testing.assert_close(grad, g_padded[name], rtol=1e-4, atol=1e-5)
@@ -235,7 +235,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         "save_every=2",
         "eval_every=0",
     )
-    real = sft.token_cross_entropy
+    real = sft_step.token_cross_entropy
     calls = {"n": 0}
 
     def poisoned(model, batch, dtype, *args):
@@ -243,7 +243,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         calls["n"] += model.training  # count training steps only (evaluation runs in eval mode)
         return (loss * float("nan") if calls["n"] > 5 else loss), n  # step 6 diverges
 
-    monkeypatch.setattr(sft, "token_cross_entropy", poisoned)
+    monkeypatch.setattr(sft_step, "token_cross_entropy", poisoned)
     with pytest.raises(common.TrainingDiverged, match="Loss is nan at step"):
         sft.train(cfg)
     last = common.latest_checkpoint(cfg.output_dir)
@@ -260,7 +260,7 @@ def test_stop_at_accuracy_ends_training_at_the_first_eval_that_reaches_it(tmp_pa
     def fake_accuracy(model, tokenizer, rows, max_new_tokens, dtype, num_samples=0, prompt_format=None):
         return {"accuracy": next(accuracies)}, []
 
-    monkeypatch.setattr(sft, "task_accuracy", fake_accuracy)
+    monkeypatch.setattr(sft_method, "task_accuracy", fake_accuracy)
     cfg = config(
         tmp_path,
         "task_args.digits=1",

@@ -27,11 +27,11 @@ def sft_main(run_dir, *overrides, config=None) -> int:
 
 def start_failing_at_the_first_step(run_dir, monkeypatch) -> int:
     """The tiny run of 2 steps whose first step raises; the exit code."""
-    from lmrl.trainers.sft import trainer as sft
+    from lmrl.trainers.sft_method import SFT
 
     def broken(self, step):
         raise ValueError("the first step failed")
 
     with monkeypatch.context() as m:
-        m.setattr(sft.SFT, "step", broken)
+        m.setattr(SFT, "step", broken)
         return sft_main(run_dir, "max_steps=2")

@@ -39,9 +39,9 @@ from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
 from lmrl.rollout.engines.factory import make_engine
 from lmrl.rollout.samplers.groups import sampling_params, seeded_shards
-from lmrl.trainers import common, loop
+from lmrl.trainers import common, loop, sft_method
 from lmrl.trainers.distill.config import DistillConfig  # also `lmrl distill`'s config (lmrl/cli.py)
-from lmrl.trainers.sft import trainer as sft
+from lmrl.trainers.sft_step import labelled_tokens
 
 IGNORE = -100
 
@@ -96,7 +96,7 @@ def eval_divergences(student, teacher, examples: list[SFTExample], pad_id: int, 
 
 class Distill(loop.MethodDefaults):
     """The distillation method for `loop.run`: one step is one optimizer step on ``batch_size`` rows. SFT's data,
-    evaluation (plus both divergences to the teacher) and early stop, through `lmrl.trainers.sft.trainer`'s functions."""
+    evaluation (plus both divergences to the teacher) and early stop, through `lmrl.trainers.sft_method`'s functions."""
 
     samples_title = "held-out samples (student)"
     data_parallel = True
@@ -111,7 +111,9 @@ class Distill(loop.MethodDefaults):
             "teacher",
             "Distillation compares the two models' distributions token by token",
         )
-        self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft.load_data(config, self.tokenizer)
+        self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft_method.load_data(
+            config, self.tokenizer
+        )
         self.env_factory = None  # no tool episodes (refused by the config)
         self.params = sampling_params(config)
         longest = max((prompt_length(ex) for ex in self.examples), default=1)
@@ -181,7 +183,7 @@ class Distill(loop.MethodDefaults):
         self.engine.close()
 
     def stop(self, metrics: dict[str, float]) -> str | None:
-        return sft.accuracy_reached(self.config.stop_at_accuracy, metrics)
+        return sft_method.accuracy_reached(self.config.stop_at_accuracy, metrics)
 
     def describe(self, run: common.Run) -> str:
         config = self.config
@@ -200,7 +202,7 @@ class Distill(loop.MethodDefaults):
         ]
         batch, directions, n_on, length = self.batch(runtime.shard(rows), step)  # this rank's share
         t_sample = time.perf_counter() - t0
-        tokens = sum(sum(1 for y in ex.labels[1:] if y != IGNORE) for ex in batch)
+        tokens = labelled_tokens(batch)
         total_tokens = runtime.all_sum(tokens)  # the loss is the mean over every rank's learned tokens
         micro = len(batch) // config.grad_accum
         sums = torch.zeros(len(DIRECTIONS), 2, dtype=torch.float64)  # (direction, [KL sum, tokens])
@@ -236,7 +238,7 @@ class Distill(loop.MethodDefaults):
         return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        metrics, samples = sft.evaluate(
+        metrics, samples = sft_method.evaluate(
             self.model,
             self.tokenizer,
             self.config,

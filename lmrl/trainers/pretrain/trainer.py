@@ -19,8 +19,8 @@ Deviations from the avataRL code, on purpose:
    the code's sum/|A| threshold, clamp 1.5); every option is a config field.
 As in every avataRL version there is no sampling (teacher forcing), no PPO clip, no GAE.
 
-Layout: this module is the method (models, objectives, the step, evaluation); its keys are in
-``pretrain_config.py`` and the text windows in ``pretrain_data.py``.
+Layout: this module is the method (models, objectives, the step, evaluation); its keys are in ``config.py`` and
+the text windows, the cross-entropy and ``eval/ce`` in `lmrl.trainers.lm_windows` (shared with PPO-ptx).
 
 Launch::
 
@@ -43,13 +43,7 @@ from lmrl.algorithms.avatarl_head import avatarl_head_loss
 from lmrl.data.tokenizers import load_tokenizer
 from lmrl.models import autocast, describe_parameters, is_builtin
 from lmrl.models.attention import use_fp32_cpu_attention
-from lmrl.models.head import (
-    DEFAULT_CHUNK_MB,
-    chunk_tokens,
-    chunked_head,
-    decoder_and_head,
-    fusable,
-)
+from lmrl.models.head import DEFAULT_CHUNK_MB, chunk_tokens, chunked_head, decoder_and_head, fusable
 from lmrl.models.hf_compat import no_cache
 from lmrl.models.loading import default_tokenizer_name, load_hf_config
 from lmrl.models.placement import model_device
@@ -58,8 +52,8 @@ from lmrl.parallel import runtime
 from lmrl.rollout.engines.hf import HFEngine, SamplingParams
 from lmrl.tracking import console
 from lmrl.trainers import common, loop
+from lmrl.trainers.lm_windows import load_windows, mean_ce, validation_stats
 from lmrl.trainers.pretrain.config import PretrainConfig
-from lmrl.trainers.pretrain.data import Windows, load_windows  # noqa: F401 - re-exported
 
 # --------------------------------------------------------------------------- models
 
@@ -129,12 +123,6 @@ def check_models(config: PretrainConfig, student, critic) -> None:
 # --------------------------------------------------------------------------- objectives
 
 
-def ce_objective(logits, targets, critic_logits, options) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean next-token cross-entropy -log π(y_t|s_t) over all positions (the standard pretraining loss)."""
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # (B·T, V) vs (B·T,)
-    return loss, {}
-
-
 @torch.no_grad()
 def expected_reward(
     logits: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, chunk_size: int | None
@@ -163,25 +151,6 @@ def avatarl_objective(logits, targets, critic_logits, options) -> tuple[torch.Te
     return loss, stats
 
 
-OBJECTIVES = {"ce": ce_objective, "avatarl": avatarl_objective}
-
-
-def chunked_ce(
-    model, inputs: torch.Tensor, targets: torch.Tensor, chunk_mb: float, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """Per-token -log π(y_t|s_t) (b, L) and, with_entropy, H[π(·|s_t)] (b, L), through the memory-bounded LM head
-    (`lmrl.models.head`: never more than ``chunk_mb`` of fp32 logits, forward and backward); None when the logits
-    fit in one chunk (then the ordinary forward is the way)."""
-    parts = chunked_head(model, targets.numel(), chunk_mb)
-    if parts is None:
-        return None
-    hidden = parts.decoder(input_ids=inputs, use_cache=False).last_hidden_state  # (b, L, H)
-    if not with_entropy:
-        return -parts.logprobs(hidden, targets, chunk_mb=chunk_mb), None
-    logp, entropy = parts.logprobs(hidden, targets, chunk_mb=chunk_mb, return_entropy=True)
-    return -logp, entropy
-
-
 def chunked_avatarl(
     model, critic, inputs: torch.Tensor, targets: torch.Tensor, options: AvatarlOptions, chunk_mb: float
 ) -> tuple[torch.Tensor, dict[str, float]] | None:
@@ -200,6 +169,29 @@ def chunked_avatarl(
     return avatarl_head_loss(hidden, parts.head.weight, critic_hidden, critic_parts.head.weight, targets, options, rows)
 
 
+def avatarl_micro_batch(
+    model, critic, windows: torch.Tensor, options: AvatarlOptions, dtype, chunk_mb: float
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """The avatarl loss of ``windows`` (b, L+1) on the model's device, its stats and the CE of the same logits:
+    student and critic logits chunk by chunk (`chunked_avatarl`) when both heads allow it, else full logits."""
+    inputs, targets = windows[:, :-1], windows[:, 1:]  # (b, L) each
+    with autocast(model_device(model).type, dtype):
+        fused = chunked_avatarl(model, critic, inputs, targets, options, chunk_mb)
+        if fused is None:
+            logits = model(input_ids=inputs, **no_cache(model)).logits  # (b, L, V)
+            critic_logits = None
+            if critic is not None:
+                with torch.no_grad():
+                    critic_logits = critic(input_ids=inputs, **no_cache(critic)).logits  # (b, L, V)
+    if fused is not None:
+        loss, stats = fused
+        return loss, stats, torch.tensor(stats.pop("loss/ce"))
+    loss, stats = avatarl_objective(logits, targets, critic_logits, options)
+    with torch.no_grad():
+        ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
+    return loss, stats, ce
+
+
 def train_step(
     model,
     critic,
@@ -210,46 +202,27 @@ def train_step(
     dtype,
     step: int,
     chunk_mb: float = DEFAULT_CHUNK_MB,
-    scale: float = 1.0,
     ranks: int = 1,
 ) -> dict[str, float]:
-    """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches; the
-    gradients accumulated are those of ``scale`` x the loss (PPO-ptx's gamma), the stats those of the loss.
+    """Forward/backward of one optimizer batch of windows (B, L+1) in ``grad_accum`` equal micro-batches.
 
     Every window has L targets and both objectives average over positions, so the mean of
     the micro-batch losses is the batch loss: accumulation is exact. Stats are micro-batch
     means (``avatarl/reward_max``: the max); ``loss/ce`` is the CE of the same logits. The CE objective never
-    builds more than ``chunk_mb`` of fp32 logits (`chunked_ce`), nor does avatarl when both heads are plain linear
-    layers (`chunked_avatarl`: student and critic logits chunk by chunk); otherwise avatarl takes full logits. ``ranks``: processes that each hold an
-    equal share of the batch (the backward loss is this share's part of the batch mean).
+    builds more than ``chunk_mb`` of fp32 logits (`lmrl.trainers.lm_windows.mean_ce`), nor does avatarl when both
+    heads are plain linear layers (`chunked_avatarl`: student and critic logits chunk by chunk); otherwise avatarl
+    takes full logits. ``ranks``: processes that each hold an equal share of the batch (the backward loss is this
+    share's part of the batch mean).
     """
     totals: dict[str, float] = {}
-    device = model_device(model)
-    for micro in windows.to(device).chunk(grad_accum):
-        inputs, targets = micro[:, :-1], micro[:, 1:]  # (b, L) each
-        with autocast(device.type, dtype):
-            nll = chunked_ce(model, inputs, targets, chunk_mb) if objective == "ce" else None
-            fused = (
-                chunked_avatarl(model, critic, inputs, targets, options, chunk_mb) if objective == "avatarl" else None
-            )
-            if nll is None and fused is None:
-                logits = model(input_ids=inputs, **no_cache(model)).logits  # (b, L, V)
-                critic_logits = None
-                if critic is not None:
-                    with torch.no_grad():
-                        critic_logits = critic(input_ids=inputs, **no_cache(critic)).logits  # (b, L, V)
-        if nll is not None:
-            loss, stats = nll[0].mean(), {}
+    for micro in windows.to(model_device(model)).chunk(grad_accum):
+        if objective == "ce":
+            loss, stats = mean_ce(model, micro, dtype, chunk_mb), {}
             ce = loss.detach()
-        elif fused is not None:
-            loss, stats = fused
-            ce = torch.tensor(stats.pop("loss/ce"))
         else:
-            loss, stats = OBJECTIVES[objective](logits, targets, critic_logits, options)
-            with torch.no_grad():
-                ce = F.cross_entropy(logits.detach().float().flatten(0, 1), targets.flatten())
+            loss, stats, ce = avatarl_micro_batch(model, critic, micro, options, dtype, chunk_mb)
         common.check_finite(loss, step)
-        (loss * (scale / (grad_accum * ranks))).backward()
+        (loss * (1.0 / (grad_accum * ranks))).backward()
         for key, value in {"loss": loss.item(), "loss/ce": ce.item(), **stats}.items():
             if key == "avatarl/reward_max":
                 totals[key] = max(totals.get(key, value), value)
@@ -259,30 +232,6 @@ def train_step(
 
 
 # --------------------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def validation_stats(
-    model, windows: torch.Tensor, batch_size: int, dtype, chunk_mb: float = DEFAULT_CHUNK_MB
-) -> dict[str, float]:
-    """Over every target of ``windows`` (n, L+1), in nats/token: ``eval/ce`` = mean -log π(y_t|s_t) (full
-    vocabulary) and ``eval/entropy`` = mean H[π(·|s_t)]; entropy > CE means over-dispersed predictions."""
-    was_training = model.training
-    model.eval()
-    ce, entropy, count = 0.0, 0.0, 0
-    device = model_device(model)
-    for batch in windows.to(device).split(batch_size):
-        inputs, targets = batch[:, :-1], batch[:, 1:]  # (b, L) each
-        with autocast(device.type, dtype):
-            nll = chunked_ce(model, inputs, targets, chunk_mb, with_entropy=True)
-            if nll is None:
-                log_p = model(input_ids=inputs, **no_cache(model)).logits.float().log_softmax(-1)  # (b, L, V)
-                nll = (-log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1))
-        ce += nll[0].sum().item()
-        entropy += nll[1].sum().item()
-        count += targets.numel()
-    model.train(was_training)
-    return {"eval/ce": ce / count, "eval/entropy": entropy / count}
 
 
 def sample_continuations(

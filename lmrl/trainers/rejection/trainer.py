@@ -8,7 +8,7 @@ RLHF book ch. 9 (spec `rlhf-book-advanced.md` §2):
    (`select=top_k`: the `top_k` best of the flat M*N rewards); empty or truncated completions, duplicates
    within a prompt and rewards below `min_reward` are never selected;
 4. write the selection to `<output_dir>/round-R/selection.jsonl` (prompt, completion, reward) and SFT the
-   policy on it with the SFT trainer (`lmrl.trainers.sft.trainer.train`, run in `round-R/sft/`);
+   policy on it with the SFT method (`lmrl.trainers.sft_method.SFT`, run in `round-R/sft/`);
 5. repeat for `rounds` rounds, each sampling from the previous round's policy.
 Logged per round (step = round): reward of all samples vs the selected ones, the per-prompt max, and for
 per-prompt best-of-N the KL(π_BoN ‖ π) the selection targets (`rs/kl_bon_bound` = log N − (N−1)/N, analytic;
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from lmrl.algorithms.best_of_n import bon_kl_bound, bon_kl_empirical, select_best, select_top_k
-from lmrl.config import TrainConfig, to_dict
+from lmrl.config import TrainConfig, section_view, to_dict
 from lmrl.data import preference as prefs
 from lmrl.data.chat import encode_prompt
 from lmrl.data.loading import is_generated, load_rows
@@ -50,9 +50,10 @@ from lmrl.rollout.engines.hf import HFEngine
 from lmrl.rollout.samplers.groups import seeded_shards
 from lmrl.rollout.types import RolloutBatch
 from lmrl.tracking import Tracker
-from lmrl.trainers import rundir
+from lmrl.trainers import loop, rundir
 from lmrl.trainers.rejection.config import RejectionConfig  # also `lmrl rejection-sampling`'s config (lmrl/cli.py)
-from lmrl.trainers.sft import trainer as sft
+from lmrl.trainers.sft.config import SFTConfig
+from lmrl.trainers.sft_method import SFT
 
 # ----------------------------------------------------------------------------- sampling and scoring
 
@@ -285,9 +286,9 @@ def load_prompts(config: RejectionConfig) -> tuple[list[dict], list[dict]]:
     return rows, eval_rows
 
 
-def sft_config(config: RejectionConfig, dataset: Path, model: str, out: Path, first: bool) -> sft.SFTConfig:
+def sft_config(config: RejectionConfig, dataset: Path, model: str, out: Path, first: bool) -> SFTConfig:
     """The SFT phase of a round: the shared training fields of `config`, on the selection file."""
-    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)}
+    shared = dataclasses.asdict(section_view(config, TrainConfig))
     shared.update(
         model=model,
         model_args=config.model_args if first else {},
@@ -297,7 +298,7 @@ def sft_config(config: RejectionConfig, dataset: Path, model: str, out: Path, fi
         eval_metrics=[],
         check_contamination=False,
     )  # evaluated per round
-    return sft.SFTConfig(
+    return SFTConfig(
         **shared,
         dataset=str(dataset),
         train_rows=None,
@@ -404,10 +405,12 @@ def train(config: RejectionConfig) -> dict[str, float]:
             )
             tracker.progress.stop()  # the SFT trainer shows its own progress bar
         runtime.barrier()  # the selection file is written
-        sft.train(
+        loop.train(
+            SFT,
             sft_config(
                 config, run_dir / f"round-{r}" / "selection.jsonl", policy, run_dir / f"round-{r}" / "sft", first=r == 1
-            )
+            ),
+            "sft",
         )
         if runtime.is_main():
             tracker.progress.start()

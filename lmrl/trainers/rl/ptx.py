@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from lmrl.models.placement import model_device
 from lmrl.trainers import common
-from lmrl.trainers.pretrain.data import load_windows
-from lmrl.trainers.pretrain.trainer import train_step as pretrain_step
-from lmrl.trainers.pretrain.trainer import validation_stats
+from lmrl.trainers.lm_windows import load_windows, mean_ce, validation_stats
 
 
 class PretrainingMix:
@@ -40,8 +39,10 @@ class PretrainingMix:
         """Add gamma * CE of the batch at data ``position`` (1-based, one per optimizer step) to the gradients;
         returns the CE (nats/token)."""
         rows = common.epoch_batch_indices(len(self.train), self.batch_size, position, self.seed)
-        stats = pretrain_step(model, None, self.train[rows], "ce", None, 1, dtype, position, chunk_mb, scale=self.coef)
-        return stats["loss/ce"]
+        ce = mean_ce(model, self.train[rows].to(model_device(model)), dtype, chunk_mb)
+        common.check_finite(ce, position)
+        (ce * self.coef).backward()
+        return ce.item()
 
     def forgetting(self, model, dtype, chunk_mb: float) -> dict[str, float]:
         return {"eval/ptx_ce": validation_stats(model, self.val, self.batch_size, dtype, chunk_mb)["eval/ce"]}

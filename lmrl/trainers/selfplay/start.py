@@ -17,11 +17,9 @@ from lmrl.data.sft import SFTExample, build_sft_examples
 from lmrl.models.lora import is_peft, merged_copy
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
-from lmrl.trainers import common
+from lmrl.trainers import common, sft_step
 from lmrl.trainers.selfplay.config import SelfPlayConfig
 from lmrl.trainers.selfplay.env import challenger_text
-from lmrl.trainers.sft.trainer import labelled_tokens, padded_micro_batches
-from lmrl.trainers.sft.trainer import train_step as sft_train_step
 
 
 def warm_start_examples(config: SelfPlayConfig, tokenizer) -> list[SFTExample]:
@@ -56,9 +54,8 @@ def warm_start(
     for step in range(1, config.warm_start_steps + 1):
         indices = common.epoch_batch_indices(len(examples), config.warm_start_batch_size, step, config.seed)
         batch = [examples[i] for i in indices]
-        stats = sft_train_step(
-            model, padded_micro_batches(batch, tokenizer.pad_token_id, 1), dtype, step, labelled_tokens(batch)
-        )
+        micro_batches = sft_step.padded_micro_batches(batch, tokenizer.pad_token_id, 1)
+        stats = sft_step.train_step(model, micro_batches, dtype, step, sft_step.labelled_tokens(batch))
         common.optimizer_step(model, optimizer, scheduler, config.max_grad_norm, step)
         if step % 50 == 0 or step == config.warm_start_steps:
             tracker.print(f"warm start {step}/{config.warm_start_steps}: loss {stats['loss']:.4f}")
