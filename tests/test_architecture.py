@@ -142,6 +142,24 @@ def test_algorithms_import_nothing_of_lmrl_but_themselves():
             assert not outside, f"{name} imports {outside}"
 
 
+def test_no_verb_imports_another_verbs_modules_but_its_config():
+    """A verb folder (`lmrl/trainers/<verb>/`) shares code through `lmrl/trainers/` or `lmrl/models/`, never through
+    another verb's trainer; extending another verb's config class (distill's of SFT's) is fine."""
+
+    def verb(name: str) -> str | None:  # lmrl.trainers.sft.trainer -> sft; lmrl.trainers.loop -> None
+        parts = name.split(".")
+        return parts[2] if len(parts) > 3 and parts[1] == "trainers" else None
+
+    crossings = [
+        f"{name} imports {target}"
+        for name in sorted(MODULES)
+        if verb(name)
+        for target in sorted(all_imports(name))
+        if verb(target) not in (None, verb(name)) and not target.endswith(".config")
+    ]
+    assert crossings == [], "move the shared piece down to lmrl/trainers/ (or lmrl/models/)"
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_module_is_two_modules(name):
     lines = len(MODULES[name].read_text().splitlines())

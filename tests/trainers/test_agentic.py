@@ -9,10 +9,12 @@ import torch
 
 from lmrl import algorithms
 from lmrl.config import ConfigError, load_config
+from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.rl import update as rl_update
 from lmrl.trainers.sft import trainer as sft
+from lmrl.trainers.sft_method import SFT
 from tests.helpers import TINY, TOOL_RUN
 
 sys.path.insert(0, str(Path(__file__).parent))  # env=agentic_envs:digits
@@ -136,7 +138,7 @@ def test_sft_on_tool_traces_and_tool_episode_eval(tmp_path):
             "max_turns=2",
         ],
     )
-    method = sft.SFT(config, sft.ModelSetup.from_config(config))
+    method = SFT(config, ModelSetup.from_config(config))
     ex = method.examples[0]
     text = method.tokenizer.decode([t for t, y in zip(ex.input_ids, ex.labels) if y != -100])
     assert text.startswith("<tool_call>") and text.count("<|im_end|>") == 2
