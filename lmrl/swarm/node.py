@@ -57,7 +57,7 @@ from lmrl.swarm.transport import SkipCounter, Transport, fetch_valid
 from lmrl.trainers import common
 from lmrl.trainers.rl import trainer as online
 from lmrl.trainers.rl.stages import score
-from lmrl.trainers.rl.update import Targets, UpdateOptions, forward_options, update
+from lmrl.trainers.update import Targets, UpdateOptions, forward_options, update
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from lmrl import algorithms
 from lmrl.config import ConfigError, load_config
 from lmrl.models.setup import ModelSetup
 from lmrl.tracking import read_jsonl
+from lmrl.trainers import update as rl_update
 from lmrl.trainers.rl import trainer as online
-from lmrl.trainers.rl import update as rl_update
 from lmrl.trainers.sft import trainer as sft
 from lmrl.trainers.sft_method import SFT
 from tests.helpers import TINY, TOOL_RUN

@@ -230,7 +230,7 @@ def test_the_sampling_forward_is_reused_by_default_on_a_cpu_and_not_on_a_gpu(tmp
     from lmrl.models import load_model
     from lmrl.models.forward_plan import ForwardPlan
     from lmrl.models.memory import enable_gradient_checkpointing
-    from lmrl.trainers.rl.update import forward_options
+    from lmrl.trainers.update import forward_options
 
     config = rl_config(tmp_path, "grpo", "max_steps=2", "skip_zero_advantage=false")
     assert config.reuse_sampling_forward is None

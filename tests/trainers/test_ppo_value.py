@@ -11,7 +11,7 @@ from lmrl.algorithms import value_loss
 from lmrl.data.tokenizers import build_char_tokenizer
 from lmrl.models import load_model
 from lmrl.models.value import ValueModel
-from lmrl.trainers.rl.ppo_value import completion_values, value_term
+from lmrl.trainers.ppo_value import completion_values, value_term
 from tests.helpers import ONE_LAYER_ARGS
 
 

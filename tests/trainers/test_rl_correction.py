@@ -6,8 +6,8 @@ import pytest
 from lmrl.config import ConfigError
 from lmrl.models.forward_plan import ForwardPlan
 from lmrl.tracking import read_jsonl
+from lmrl.trainers import update as rl_update
 from lmrl.trainers.rl import trainer as online
-from lmrl.trainers.rl import update as rl_update
 from tests.trainers.test_online import rl_config
 
 

@@ -9,8 +9,8 @@ from lmrl.config import ConfigError
 from lmrl.models.forward_plan import ForwardPlan
 from lmrl.numerics import agreement, rounding_bound
 from lmrl.tracking import read_jsonl
+from lmrl.trainers import update as rl_update
 from lmrl.trainers.rl import trainer as online
-from lmrl.trainers.rl import update as rl_update
 from tests.helpers import register_once
 from tests.rounding import assert_trained_alike
 from tests.trainers.test_online import rl_config

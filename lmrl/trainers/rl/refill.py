@@ -15,7 +15,7 @@ Several processes: each rank samples and scores its contiguous shard of every ro
 gathered, so every rank sees the same global data order, keeps the groups one process would keep and runs the same
 number of rounds (sampling under FSDP gathers the weights: every rank must take part in every round). A rank with
 fewer kept groups than another pads with its own unkept groups under a zero loss mask, so all ranks run the same
-forwards; the losses count trained rows and tokens only (`lmrl.trainers.rl.update`).
+forwards; the losses count trained rows and tokens only (`lmrl.trainers.update`).
 
 Resume: round k of a step samples the prompts at data position ``step + offset + k``, ``offset`` being the refill
 batches of the earlier steps (in the checkpoint, `lmrl.trainers.rl.trainer.OnlineRL.state_dict`), with the generators of

@@ -1,6 +1,6 @@
 """The stages of an online RL step (`lmrl.trainers.rl.trainer.rl_step` calls them in cleanrl's order), and their
 options, chosen once per run (`RLStepOptions.from_config`): sample, score, observe, fill or drop groups
-(`lmrl.trainers.rl.dynamic`), targets (`lmrl.trainers.rl.targets`), update (`lmrl.trainers.rl.update`)."""
+(`lmrl.trainers.rl.dynamic`), targets (`lmrl.trainers.rl.targets`), update (`lmrl.trainers.update`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from lmrl.trainers.rl.prompts import repeat_columns
 from lmrl.trainers.rl.refill import round_key
 from lmrl.trainers.rl.sampler_gap import SamplerGapAlarm
 from lmrl.trainers.rl.targets import OutcomeTargets, make_targets
-from lmrl.trainers.rl.update import UpdateOptions
+from lmrl.trainers.update import UpdateOptions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@
 
 An outcome estimator (reinforce, rloo, grpo, ...) turns each row's reward into its advantage from every rank's rewards,
 before any group is dropped; an estimator with the ``value_model`` trait (``gae``) needs a value model's per-token
-values: GAE on KL-shaped rewards, and the returns and old values of PPO's value loss (`lmrl.trainers.rl.ppo_value`).
+values: GAE on KL-shaped rewards, and the returns and old values of PPO's value loss (`lmrl.trainers.ppo_value`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 
 from lmrl.algorithms import ADVANTAGES, advantages
 from lmrl.parallel import runtime
+from lmrl.trainers.ppo_value import ppo_targets
 from lmrl.trainers.rl.dynamic import Scored
-from lmrl.trainers.rl.ppo_value import ppo_targets
-from lmrl.trainers.rl.update import Targets
+from lmrl.trainers.update import Targets
 
 
 def group_advantages(rewards: torch.Tensor, name: str, group_size: int, options: dict, trained=None) -> torch.Tensor:

@@ -58,7 +58,7 @@ from lmrl.trainers.rl.stages import (
     score_step,
     step_generator,
 )
-from lmrl.trainers.rl.update import Coefficients, UpdateOptions, forward_options, update
+from lmrl.trainers.update import Coefficients, UpdateOptions, forward_options, update
 
 # ----------------------------------------------------------------------------- the loop
 
@@ -83,7 +83,7 @@ class Parts:
     ptx: PretrainingMix | None = None
     """PPO-ptx: the pretraining text of the ptx term and of eval/ptx_ce (None: no ptx_dataset)"""
     options: UpdateOptions | None = None
-    """the update's options (`lmrl.trainers.rl.update`), built once from the config"""
+    """the update's options (`lmrl.trainers.update`), built once from the config"""
     coefs: Coefficients | None = None
     """the loss coefficients that adapt during the run (adaptive KL and entropy); None: the options' own"""
     group_rewards: torch.Tensor | None = None

@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 
-from lmrl.algorithms import policy_loss
 from lmrl.algorithms.selfplay import selfplay_advantages
 from lmrl.data.loading import load_rows
 from lmrl.data.prompt_format import PromptFormat
@@ -75,6 +74,7 @@ from lmrl.trainers.selfplay.start import (
     warm_start,
     warm_start_examples,
 )
+from lmrl.trainers.update import LossSpec, Targets, UpdateOptions, Weighted, update_weighted
 
 # ----------------------------------------------------------------------------- learning
 
@@ -93,6 +93,8 @@ class Parts:
     challenger_ids: list[int]
     optimizer: torch.optim.Optimizer
     scheduler: Any
+    value_model: None = None  # the RL update's members a self-play learner has none of
+    ptx: None = None
 
 
 def update(
@@ -102,53 +104,38 @@ def update(
     dtype,
     step: int,
 ) -> dict[str, float]:
-    """One optimizer step on sum_role coef * L_role; L_role = policy_loss("pg") with KL, over that role's rows of
-    every rank (token and row counts all-reduced; a rank with fewer rows forwards masked pads, `pad_rows`)."""
-    totals: dict[str, float] = {"loss": 0.0}
+    """One optimizer step on sum_role coef * L_role, L_role = policy_loss("pg") with KL over that role's rows of every
+    rank: the RL update's weighted batches (`lmrl.trainers.update.update_weighted`, each role normalised by its own
+    share of every rank's tokens or rows); a rank with fewer rows forwards masked pads (`pad_rows`)."""
     plan = ForwardPlan(config.temperature, dtype, config.logprob_chunk_mb)
+    options = UpdateOptions(
+        LossSpec("pg", {}),
+        plan,
+        grad_accum=config.grad_accum,
+        max_grad_norm=config.max_grad_norm,
+        skip_zero_advantage=False,
+    )
+    weighted = []
     for name, batch, adv, coef in roles:
         batch, adv = pad_rows(batch, adv, roles[0][1], parts.tokenizer.pad_token_id)
         if batch is None:
             continue
         ref_logp = plan.scores(parts.ref_model, batch) if config.kl_coef > 0 else None  # (n, T)
-        trained = batch.train_mask
-        tokens, rows = runtime.all_sum(torch.stack([trained.sum(), trained.any(dim=1).sum().float()])).clamp(min=1)
         max_len = config.challenger_max_new_tokens if name == "challenger" else config.solver_max_new_tokens
-        for micro in torch.arange(len(batch)).chunk(config.grad_accum):
-            sub = batch.select(micro)
-            mask = sub.train_mask
-            weight = float(mask.sum() / tokens) if config.loss_agg == "token_mean" else len(micro) / float(rows)
-            logp, entropy = plan.logprobs(
-                parts.model, sub.input_ids, sub.attention_mask, sub.prompt_ids.shape[1], entropy=True
-            )  # (m, T) each
-            # on-policy, one update: pi_old = sg(pi_theta), so the ratio is 1 in value and grad log pi in gradient
-            loss, stats = policy_loss(
-                "pg",
-                logp,
-                logp.detach(),
-                adv[micro].to(logp.device),
-                mask,
-                agg=config.loss_agg,
-                max_len=max_len,
-                kl_coef=config.kl_coef,
-                kl_estimator=config.kl_estimator,
-                ref_logp=ref_logp[micro] if ref_logp is not None else None,
-                tis_cap=config.tis_cap,
-                sampler_logp=sub.sampler_logp,
-            )
-            common.check_finite(loss, step)
-            (coef * weight * loss).backward()
-            stats.update(
-                {"loss": loss.item(), "entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
-            )
-            for key, value in stats.items():  # challenger/kl, solver/ratio_mean: the role's namespace
-                key = f"{name}/{key.removeprefix('policy/')}"
-                totals[key] = totals.get(key, 0.0) + float(value) * weight
-            totals["loss"] += coef * weight * loss.item()
-    totals = {key: value * runtime.world() for key, value in totals.items()}  # this rank's part x world (mean)
-    totals["optim/grad_norm"] = common.optimizer_step(
-        parts.model, parts.optimizer, parts.scheduler, config.max_grad_norm, step
-    )
+        loss = LossSpec(
+            "pg",
+            {
+                "agg": config.loss_agg,
+                "max_len": max_len,
+                "kl_coef": config.kl_coef,
+                "kl_estimator": config.kl_estimator,
+                "tis_cap": config.tis_cap,
+            },
+        )
+        weighted.append(Weighted(batch, Targets(adv, None, ref_logp), coef, name, loss))
+    # on-policy, one update: pi_old = sg(pi_theta), so the ratio is 1 in value and grad log pi in gradient
+    totals = update_weighted(parts, weighted, options, dtype, step, torch.Generator().manual_seed(step))
+    totals["loss"] = sum(w.coef * totals[f"{w.name}/loss"] for w in weighted)
     for key in ("kl", "entropy"):  # the standard names carry the Solver's values
         if f"solver/{key}" in totals:
             totals[key] = totals[f"solver/{key}"]

@@ -36,7 +36,7 @@ from lmrl.parallel import runtime
 from lmrl.rollout.samplers.factory import sampler_name
 from lmrl.rollout.types import RolloutBatch
 from lmrl.trainers import common
-from lmrl.trainers.rl.ppo_value import value_term
+from lmrl.trainers.ppo_value import value_term
 
 CORRECTION_KEYS = ("tis_cap", "is_level", "is_mode", "is_low", "offpolicy_mask_threshold", "offpolicy_mask_rows")
 """The train-inference correction's config keys, handed to `policy_loss` as they are."""
@@ -225,33 +225,65 @@ class Targets:
         )
 
 
+@dataclasses.dataclass
+class Weighted:
+    """One batch of an update with its targets: its loss (None: the options'), the weight of that loss in the sum the
+    optimizer steps on, and the namespace of its metrics (self-play's two roles: "challenger/loss", "solver/kl")."""
+
+    batch: RolloutBatch
+    targets: Targets
+    coef: float = 1.0
+    name: str = ""
+    loss: LossSpec | None = None
+
+    def key(self, stat: str) -> str:
+        """A stat's metric name: as it is, or in the namespace (``policy/`` dropped, the policy loss as ``loss``)."""
+        if not self.name:
+            return stat
+        return f"{self.name}/{'loss' if stat == 'loss/policy' else stat.removeprefix('policy/')}"
+
+
 def update(
     parts, batch: RolloutBatch, targets: Targets, options: UpdateOptions, dtype, step: int, generator: torch.Generator
 ) -> dict[str, float]:
     """``options.updates`` optimizer steps on the batch; returns the stats averaged over them (over every rank)."""
+    return update_weighted(parts, [Weighted(batch, targets)], options, dtype, step, generator)
+
+
+def update_weighted(
+    parts, weighted: list[Weighted], options: UpdateOptions, dtype, step: int, generator: torch.Generator
+) -> dict[str, float]:
+    """``options.updates`` optimizer steps, each on sum_b coef_b L_b over the weighted batches (each loss normalised
+    by its own minibatch's share on every rank, `global_share`); the stats averaged over the steps, per namespace."""
     params = [*parts.model.parameters(), *(parts.value_model.parameters() if parts.value_model is not None else [])]
-    skip = zero_gradient_rows(targets.advantages, options, parts.value_model is not None)  # (N,) CPU or None
-    targets = targets.to(batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
+    orders = [list(minibatches(len(w.batch), options, generator)) for w in weighted]
     totals: dict[str, float] = {}  # sums of share-weighted stats: this rank's part of each minibatch's
     with usage.counting() as used:  # what the training forwards and backwards really did
-        for index, mb in enumerate(minibatches(len(batch), options, generator), start=1):
-            train_minibatch(parts, batch, mb, index, skip, targets, options, dtype, step, totals)
+        for index, mbs in enumerate(zip(*orders), start=1):
+            for w, mb in zip(weighted, mbs):
+                train_minibatch(parts, w, mb, index, options, dtype, step, totals)
+            if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
+                ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.plan.chunk_mb)
+                add(totals, {"loss/ptx": ce}, 1 / options.updates)
             add(totals, {"optim/grad_norm": optimizer_step(parts, params, options, step)}, 1 / options.updates)
         if options.plan.release_memory:  # the backward's free heap, before the next rollout
             memory.release_free_memory()
-    return {**mean_over_ranks(totals), **usage_metrics(used)}
+    return {**mean_over_ranks(totals, [w.name for w in weighted]), **usage_metrics(used)}
 
 
 def train_minibatch(
-    parts, batch: RolloutBatch, mb, index: int, skip, targets: Targets, options: UpdateOptions, dtype, step: int, totals
+    parts, w: Weighted, mb, index: int, options: UpdateOptions, dtype, step: int, totals: dict[str, float]
 ) -> None:
-    """Forward and backward of minibatch ``mb`` (the ``index``-th optimizer step), micro-batch by micro-batch, and
-    PPO-ptx's term; adds the stats to ``totals``."""
-    counts = minibatch_counts(batch, mb)
-    for micro, last, weight in micro_batches(batch, mb, skip, options, totals):
+    """Forward and backward of minibatch ``mb`` of ``w`` (the ``index``-th optimizer step), micro-batch by
+    micro-batch; adds the stats to ``totals``."""
+    options = options if w.loss is None else dataclasses.replace(options, loss=w.loss)
+    skip = zero_gradient_rows(w.targets.advantages, options, parts.value_model is not None)  # (N,) CPU or None
+    targets = w.targets.to(w.batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
+    counts = minibatch_counts(w.batch, mb)
+    for micro, last, weight in micro_batches(w.batch, mb, skip, options, totals):
         if options.plan.release_memory:  # what sampling and the last backward left free, before the forward peaks
             memory.release_free_memory()
-        sub = batch.select(micro).trimmed()  # a part of shorter rows: none of the batch's padding after them
+        sub = w.batch.select(micro).trimmed()  # a part of shorter rows: none of the batch's padding after them
         stats = train_micro(
             parts,
             sub,
@@ -262,11 +294,9 @@ def train_minibatch(
             counts,
             last_use=last and index == options.updates,
             weight=weight,
+            coef=w.coef,
         )
-        add(totals, stats, 1 / options.updates)
-    if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
-        ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.plan.chunk_mb)
-        add(totals, {"loss/ptx": ce}, 1 / options.updates)
+        add(totals, {w.key(k): v for k, v in stats.items()}, 1 / options.updates)
 
 
 def train_micro(
@@ -279,10 +309,12 @@ def train_micro(
     counts,
     last_use: bool,
     weight: float = 1.0,
+    coef: float = 1.0,
 ) -> dict[str, float]:
     """Forward and backward of one micro-batch: its policy loss weighted by its share of the minibatch (+ vf_coef x
-    its part of the value loss). Returns its stats times that share (the value loss: its part), and the share.
-    ``weight`` 0: a repeat that only keeps the ranks' backward passes in step (packed micro-batches)."""
+    its part of the value loss), times ``coef`` (its batch's weight in the update's sum). Returns its stats times that
+    share (the value loss: its part), and the share. ``weight`` 0: a repeat that only keeps the ranks' backward passes
+    in step (packed micro-batches)."""
     record = sub.linear_outputs
     if record is not None and last_use:
         record = record.for_last_use()  # freed as the forward replays it: not held through the backward
@@ -321,7 +353,7 @@ def train_micro(
             {**{key: float(value) * share for key, value in vstats.items()}, "loss/value": vloss.item() * weight}
         )
     common.check_finite(loss, step)
-    loss.backward()
+    (loss * coef).backward()
     return {**stats, "train/share": share}
 
 
@@ -411,18 +443,20 @@ def add(totals: dict[str, float], stats: dict[str, float], scale: float) -> None
         totals[key] = totals.get(key, 0.0) + float(value) * scale
 
 
-def mean_over_ranks(totals: dict[str, float]) -> dict[str, float]:
+def mean_over_ranks(totals: dict[str, float], names: list[str] = ("",)) -> dict[str, float]:
     """Losses stay sums over all rows (skipped rows add exactly 0); statistics become means over every rank's trained
     rows: this rank's share-weighted sum x world / the share of every rank, whose mean over ranks is the global
-    mean. A rank's loss is its share of the loss: x world averages over ranks to the loss."""
-    world, trained = runtime.world(), totals.pop("train/share", 0.0)
-    every_rank = runtime.all_sum(trained)
-    out = {}
+    mean. A rank's loss is its share of the loss: x world averages over ranks to the loss. ``names``: the weighted
+    batches' namespaces, each with its own share."""
+    world, out = runtime.world(), {}
+    spaces = sorted({"", *(f"{n}/" for n in names if n)}, key=len, reverse=True)  # the longest prefix first
+    every_rank = {p: runtime.all_sum(totals.pop(f"{p}train/share", 0.0)) for p in spaces}
     for key, value in totals.items():
-        if key.startswith("loss/"):
+        space = next(p for p in spaces if key.startswith(p))
+        if key.startswith("loss/") or key == f"{space}loss" or key.startswith(f"{space}loss/"):
             out[key] = value * world
-        elif every_rank > 0 and not key.startswith(("optim/", "update/")):
-            out[key] = value * world / every_rank
+        elif every_rank[space] > 0 and not key.startswith(("optim/", "update/")):
+            out[key] = value * world / every_rank[space]
         else:
             out[key] = value
     return out
