@@ -15,10 +15,13 @@ import torch
 
 from lmrl.algorithms import ADVANTAGES, advantages
 from lmrl.data.tasks import Task, get_task, make_rows, split_of
+from lmrl.models.forward_plan import ForwardOptions, ForwardPlan
 from lmrl.models.loading import is_builtin
+from lmrl.parallel import runtime
 from lmrl.rollout.types import RolloutBatch
 from lmrl.swarm.config import SwarmConfig
-from lmrl.trainers.rl import trainer as online
+from lmrl.trainers.rl.sections import CorrectionSection, MemorySection, UpdateSection, ValueSection
+from lmrl.trainers.update import UpdateOptions
 
 _MAX_DRAWS = 1000
 """Redraws of a question until it is not in the held-out (test) split (10% of prompts are)."""
@@ -49,28 +52,43 @@ def node_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:4], "big") >> 1
 
 
-def rl_config(config: SwarmConfig, samples_per_prompt: int, seed: int) -> online.RLConfig:
-    """The `lmrl rl` config that `GroupOptions.from_config`/`online.update` read, for one node: the swarm's optimizer and
-    decoding sections as they are, the node's G and seed, no KL and no dynamic sampling."""
-    return online.RLConfig(
-        **dataclasses.asdict(config.optim),
-        **dataclasses.asdict(config.decoding),
-        algorithm=config.algorithm,
-        samples_per_prompt=samples_per_prompt,
-        prompts_per_step=config.minibatches * config.grad_accum,  # unused here; keeps RLConfig's divisibility check
-        max_new_tokens=config.max_new_tokens,
+def node_forward(config: SwarmConfig, dtype, updates: int) -> ForwardOptions:
+    """What a node asks of its training forwards: `lmrl rl`'s defaults (shared prompts, the sampling forward replayed
+    where the HF engine samples on a CPU) with the swarm's decoding, engine and memory keys."""
+    world = runtime.world()
+    return ForwardOptions(
+        config.temperature,
+        dtype,
+        config.logprob_chunk_mb,
+        replay=None,
+        updates_per_step=updates,
+        engine=config.engine,
+        rollouts_per_step=(config.sampling_shards or world) // world,
+        release_memory=config.release_memory,
+    )
+
+
+def node_update(config: SwarmConfig, preset, group_size: int, plan: ForwardPlan) -> UpdateOptions:
+    """A node's update: the algorithm's loss with the swarm's clip, aggregation, TIS and epoch keys, no KL."""
+    update = UpdateSection(
+        ppo_epochs=config.ppo_epochs,
+        minibatches=config.minibatches,
         clip_low=config.clip_low,
         clip_high=config.clip_high,
         loss_agg=config.loss_agg,
         adv_scale=config.adv_scale,
-        tis_cap=config.tis_cap,
-        ppo_epochs=config.ppo_epochs,
-        minibatches=config.minibatches,
-        kl_coef=0.0,
-        dynamic_sampling="off",
-        seed=seed,
-        precision=config.precision,
-        output_dir=config.output_dir,
+    )
+    return UpdateOptions.from_sections(
+        preset,
+        update,
+        CorrectionSection(tis_cap=config.tis_cap),
+        ValueSection(),
+        MemorySection(),
+        max_len=config.max_new_tokens,
+        group_size=group_size,
+        grad_accum=config.grad_accum,
+        max_grad_norm=config.max_grad_norm,
+        plan=plan,
     )
 
 

@@ -95,45 +95,60 @@ class UpdateOptions:
     @classmethod
     def from_config(cls, config, plan: ForwardPlan) -> UpdateOptions:
         """From an `RLConfig`: the algorithm's loss with its options, training forwards under ``plan``."""
-        preset, (low, high) = config.preset, config.preset.clip
         max_len = config.max_total_tokens if config.multi_turn else config.max_new_tokens  # seq_sum_norm's constant
-        options: dict[str, Any] = {
-            "agg": config.loss_agg or preset.agg,
-            "max_len": max_len,
-            "kl_estimator": config.kl_estimator,
-            **{k: v for k, v in dataclasses.asdict(config.correction).items() if k in CORRECTION_KEYS},
-        }  # lmrl.algorithms.mismatch
-        options.update(
-            POLICY_LOSSES.own_options(
-                preset.loss,
-                {
-                    "clip_low": config.clip_low if config.clip_low is not None else low,
-                    "clip_high": config.clip_high if config.clip_high is not None else high,
-                    **{
-                        k: v
-                        for k, v in (("clip_ratio_c", config.clip_ratio_c), ("clip_delta", config.clip_delta))
-                        if v is not None
-                    },
-                },
-            )
+        return cls.from_sections(
+            config.preset,
+            config.update,
+            config.correction,
+            config.value,
+            config.memory,
+            max_len=max_len,
+            group_size=config.samples_per_prompt,
+            grad_accum=config.grad_accum,
+            max_grad_norm=config.max_grad_norm,
+            plan=plan,
         )
-        if config.kl_coef > 0 and preset.kl_in == "loss":
-            options["kl_coef"] = config.kl_coef
-        if config.entropy_coef > 0 or config.entropy_target is not None:
-            options["entropy_coef"] = config.entropy_coef
+
+    @classmethod
+    def from_sections(
+        cls, preset, update, correction, value, memory, *, max_len, group_size, grad_accum, max_grad_norm, plan
+    ) -> UpdateOptions:
+        """From an algorithm's `Preset` and the RL sections (`lmrl.trainers.rl.sections`: update, correction, value,
+        memory), as an `RLConfig` has them or as the swarm builds them."""
+        low, high = preset.clip
+        options: dict[str, Any] = {
+            "agg": update.loss_agg or preset.agg,
+            "max_len": max_len,
+            "kl_estimator": update.kl_estimator,
+            **{k: v for k, v in dataclasses.asdict(correction).items() if k in CORRECTION_KEYS},
+        }  # lmrl.algorithms.mismatch
+        clips = {
+            "clip_low": update.clip_low if update.clip_low is not None else low,
+            "clip_high": update.clip_high if update.clip_high is not None else high,
+            **{
+                k: v
+                for k, v in (("clip_ratio_c", update.clip_ratio_c), ("clip_delta", update.clip_delta))
+                if v is not None
+            },
+        }
+        options.update(POLICY_LOSSES.own_options(preset.loss, clips))
+        if update.kl_coef > 0 and preset.kl_in == "loss":
+            options["kl_coef"] = update.kl_coef
+        if update.entropy_coef > 0 or update.entropy_target is not None:
+            options["entropy_coef"] = update.entropy_coef
         return cls(
             LossSpec(preset.loss, options),
             plan,
-            config.ppo_epochs,
-            config.minibatches,
-            config.grad_accum,
-            config.samples_per_prompt,
-            config.max_grad_norm,
-            config.vf_coef,
-            config.value_clip,
-            config.skip_zero_advantage,
-            config.top_entropy_quantile,
-            config.max_tokens_per_microbatch,
+            update.ppo_epochs,
+            update.minibatches,
+            grad_accum,
+            group_size,
+            max_grad_norm,
+            value.vf_coef,
+            value.value_clip,
+            memory.skip_zero_advantage,
+            update.top_entropy_quantile,
+            memory.max_tokens_per_microbatch,
         )
 
 
