@@ -28,7 +28,7 @@ from rich.table import Table
 from lmrl.config import ChatSection, ConfigError, ModelSection, field, section_view
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.eval.decontam import overlap
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.rollout.tools.section import ToolSection, build_env_factory, start_servers
 from lmrl.tracking import console, plain
 

@@ -6,7 +6,7 @@ families around `types` (`SamplingParams`, `RolloutBatch`) and `protocol` (`Engi
   picked by `make_sampler`;
 - `tools/`: tools, environments and the multi-turn loop.
 
-The names below import on first use (PEP 562), so that a light submodule (`engine_section`, `tools.section`)
+The names below import on first use (PEP 562), so that a light submodule (`engines.section`, `tools.section`)
 imports without torch and transformers: `lmrl.cli` checks a config before any heavy import."""
 
 import importlib

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lmrl.config import ConfigError, field
 from lmrl.config_base import check_input_file
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.rollout.tools.section import ToolSection
 
 

@@ -17,7 +17,7 @@ from lmrl.config import (
 from lmrl.data.tasks import TASKS
 from lmrl.data.tasks.reasoning_gym import PREFIX as RG_PREFIX
 from lmrl.data.tasks.reasoning_gym import dataset_names
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 
 PEER_SAMPLER_NAMES = ("uniform", "first", "max_variance", "per_peer")
 """`lmrl.swarm.sampling.PEER_SAMPLERS`'s names, for the help of `peer_sampling` (that module imports torch; a test

@@ -10,8 +10,8 @@ from transformers import LlamaConfig, Qwen2Config
 from lmrl.config import ConfigError, load_config
 from lmrl.generate import GenerateConfig
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines import factory as engines
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.rollout.engines.stop_strings import apply_stop_strings
 from lmrl.rollout.engines.vllm.engine import check_exact_logprobs
 from lmrl.rollout.engines.vllm.weights import checkpoint_name, hf_weights

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from lmrl.rollout import protocol
-from lmrl.rollout.engine_section import EngineSection
 from lmrl.rollout.engines.factory import ENGINES
 from lmrl.rollout.engines.hf import HFEngine
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.rollout.engines.vllm.engine import VLLMEngine
 from lmrl.rollout.samplers.groups import LocalGroups
 from lmrl.rollout.samplers.ray import RayRollouts

@@ -27,8 +27,8 @@ from collections.abc import Callable
 import torch
 
 from lmrl.config import ConfigError
-from lmrl.rollout.engine_section import server_list
 from lmrl.rollout.engines.hf import HFEngine
+from lmrl.rollout.engines.section import server_list
 from lmrl.rollout.engines.vllm.weights import adapts_tied_head
 from lmrl.rollout.protocol import Engine
 from lmrl.rollout.types import SamplingParams

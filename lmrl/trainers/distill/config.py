@@ -7,7 +7,7 @@ import dataclasses
 from typing import Literal
 
 from lmrl.config import ConfigError, DecodingSection, field
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.trainers.sft.config import SFTConfig
 
 

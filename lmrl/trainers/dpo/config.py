@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from lmrl.config import ConfigError, DataSection, RewardSection, SamplingSection, TrainConfig, field
 from lmrl.data.loading import check_sources
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 
 JUDGE_OPTIONS = ("swap", "max_new_tokens", "batch_size", "prompt", "chat")
 

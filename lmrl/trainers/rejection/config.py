@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from lmrl.config import ConfigError, DataSection, RewardSection, TaskSection, TrainConfig, check_at_least, field
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 
 if TYPE_CHECKING:
     from lmrl.rollout.types import SamplingParams

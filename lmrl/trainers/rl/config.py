@@ -21,7 +21,7 @@ from lmrl.config import (
     check_at_least,
     field,
 )
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.rollout.tools.section import ToolSection
 from lmrl.trainers.rl.sections import (
     CorrectionSection,

@@ -12,7 +12,7 @@ import re
 from typing import Literal
 
 from lmrl.config import ConfigError, DecodingSection, RewardSection, TrainConfig, check_at_least, field
-from lmrl.rollout.engine_section import EngineSection
+from lmrl.rollout.engines.section import EngineSection
 from lmrl.trainers.selfplay.env import QUERY_CHECKERS
 
 
