@@ -103,7 +103,7 @@ class SwarmNode:
         self.engine = make_engine(config, model, tokenizer, self.dtype, sampling=options.params)
         self.sampler = LocalGroups(self.engine, tokenizer, options)
         self.scheduler = common.build_scheduler(self.optimizer, config, config.max_steps * updates)
-        self.parts = online.Parts(
+        self.parts = online.RLParts(
             model,
             tokenizer,
             None,

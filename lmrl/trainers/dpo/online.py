@@ -88,7 +88,7 @@ def judge_pairs(verdicts: list) -> tuple[list[tuple[int, int, int]], int, int]:
 
 
 @dataclasses.dataclass
-class Parts:
+class OnlineDPOParts:
     """The live objects of a run that a step uses."""
 
     model: Any
@@ -101,7 +101,9 @@ class Parts:
     scheduler: Any
 
 
-def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tuple[RolloutBatch, list[list[int]]]:
+def sample(
+    parts: OnlineDPOParts, rows: list[dict], config: DPOConfig, step: int
+) -> tuple[RolloutBatch, list[list[int]]]:
     """K completions per prompt from the current policy (prompt-major), and the prompts' token ids. Sampled in this
     rank's seeded ``sampling_shards`` (`lmrl.parallel.shards`): resume-exact and independent of the process count."""
     ids = [encode_prompt(parts.tokenizer, r["prompt"], config.chat) for r in rows]  # as offline DPO tokenizes
@@ -115,7 +117,7 @@ def sample(parts: Parts, rows: list[dict], config: DPOConfig, step: int) -> tupl
     return concat_batches(batches, parts.tokenizer.pad_token_id), ids
 
 
-def label(parts: Parts, batch: RolloutBatch, rows: list[dict], config: DPOConfig):
+def label(parts: OnlineDPOParts, batch: RolloutBatch, rows: list[dict], config: DPOConfig):
     """(prompt, chosen row, rejected row) triples, the label scores (N,) or None, and the label metrics."""
     k, metrics = config.samples_per_prompt, {}
     scores = None
@@ -186,7 +188,7 @@ def to_examples(batch: RolloutBatch, prompt_ids: list[list[int]], pairs, scores,
 
 
 def online_step(
-    parts: Parts, rows: list[dict], config: DPOConfig, dtype, step: int, delta: RunningDelta, tracker
+    parts: OnlineDPOParts, rows: list[dict], config: DPOConfig, dtype, step: int, delta: RunningDelta, tracker
 ) -> dict[str, float]:
     """Sample, label, and one DPO-family optimizer step on the kept pairs; returns the step's metrics."""
     t0 = time.perf_counter()
@@ -274,7 +276,7 @@ def load_online_data(config: DPOConfig, tokenizer) -> tuple[list[dict], list[Exa
 
 
 def evaluate_online(
-    parts: Parts, data, config: DPOConfig, dtype, delta: RunningDelta
+    parts: OnlineDPOParts, data, config: DPOConfig, dtype, delta: RunningDelta
 ) -> tuple[dict[str, float], list[dict]]:
     """Held-out implicit-reward stats and gold score (`dpo_common.evaluate`), plus greedy task accuracy."""
     _, eval_examples, gold_rows, task_rows = data
@@ -327,7 +329,7 @@ class OnlineDPO(loop.MethodDefaults):
         self.optimizer = common.build_optimizer(self.model, config)
         self.scheduler = common.build_scheduler(self.optimizer, config)
         engine = make_engine(config, self.model, self.tokenizer, setup.dtype, sampling=sampling_params(config))
-        self.parts = Parts(
+        self.parts = OnlineDPOParts(
             self.model, self.tokenizer, ref_model, engine, reward_set, judge, self.optimizer, self.scheduler
         )
         self.delta = RunningDelta()  # BCO's running mean of the implicit rewards (the other losses ignore it)

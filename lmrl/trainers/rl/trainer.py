@@ -64,7 +64,7 @@ from lmrl.trainers.update import Coefficients, UpdateOptions, forward_options, u
 
 
 @dataclasses.dataclass
-class Parts:
+class RLParts:
     """The live objects of a run that a step uses."""
 
     model: Any
@@ -93,7 +93,7 @@ class Parts:
 
 
 def rl_step(
-    parts: Parts,
+    parts: RLParts,
     rows: list[dict],
     options: RLStepOptions,
     dtype,
@@ -125,7 +125,7 @@ def rl_step(
     return metrics
 
 
-def learn(parts: Parts, scored: Scored, options: RLStepOptions, dtype, step: int, tracker) -> dict[str, float]:
+def learn(parts: RLParts, scored: Scored, options: RLStepOptions, dtype, step: int, tracker) -> dict[str, float]:
     """Reference and old log-probs, the targets (`lmrl.trainers.rl.targets`), the update; then the sampler-gap alarm
     and the adaptive coefficients."""
     batch, coefs = scored.batch, parts.coefs
@@ -190,7 +190,7 @@ class OnlineRL(loop.MethodDefaults):
             else None
         )
         ptx = PretrainingMix(config, self.tokenizer) if config.ptx_dataset else None
-        self.parts = Parts(
+        self.parts = RLParts(
             self.model,
             self.tokenizer,
             ref_model,

@@ -80,7 +80,7 @@ from lmrl.trainers.update import LossSpec, Targets, UpdateOptions, Weighted, upd
 
 
 @dataclasses.dataclass
-class Parts:
+class SelfPlayParts:
     """The live objects of a run that a step uses."""
 
     model: Any
@@ -98,7 +98,7 @@ class Parts:
 
 
 def update(
-    parts: Parts,
+    parts: SelfPlayParts,
     roles: list[tuple[str, RolloutBatch | None, torch.Tensor, float]],
     config: SelfPlayConfig,
     dtype,
@@ -156,7 +156,7 @@ def pad_rows(batch: RolloutBatch | None, adv: torch.Tensor, source: RolloutBatch
     return pad if batch is None else batch, torch.cat([adv, adv.new_zeros(most - n)])
 
 
-def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: SelfPlayConfig):
+def score(parts: SelfPlayParts, answered: list[Query], solver: RolloutBatch, config: SelfPlayConfig):
     """R(q, a) for every answer (M*G,), the scaled self-reward R_Q (LSP; else None) and their metrics."""
     G = config.answers_per_query
     texts = [q.text for q in answered for _ in range(G)]  # (M*G,) prompt-major
@@ -177,7 +177,7 @@ def score(parts: Parts, answered: list[Query], solver: RolloutBatch, config: Sel
     return rewards, config.self_reward_weight * quality, metrics
 
 
-def sample_shard(parts: Parts, config: SelfPlayConfig, generator: torch.Generator, n: int):
+def sample_shard(parts: SelfPlayParts, config: SelfPlayConfig, generator: torch.Generator, n: int):
     """One shard of the step (`lmrl.rollout.samplers.groups.seeded_shards`: its seeded generator, resume-exact): ``n``
     Challenger queries, their checks, and G Solver answers to each valid one (None if none is valid)."""
     sampling, tok = dict(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k), parts.tokenizer
@@ -199,7 +199,7 @@ def sample_shard(parts: Parts, config: SelfPlayConfig, generator: torch.Generato
     return challenger, queries, solver
 
 
-def rollout(parts: Parts, config: SelfPlayConfig, step: int):
+def rollout(parts: SelfPlayParts, config: SelfPlayConfig, step: int):
     """This rank's queries (its sampling shards) and answers, with the whole policy on each rank (FSDP)."""
     pad_id = parts.tokenizer.pad_token_id
     parts.engine.sync(parts.model, step - 1)  # the weights after step - 1 updates (resumed: the restored ones)
@@ -242,7 +242,7 @@ def global_advantages(rewards, self_rewards, valid: torch.Tensor, config: SelfPl
     return adv, own
 
 
-def selfplay_step(parts: Parts, config: SelfPlayConfig, dtype, step: int, tracker) -> dict[str, float]:
+def selfplay_step(parts: SelfPlayParts, config: SelfPlayConfig, dtype, step: int, tracker) -> dict[str, float]:
     """Challenger writes, the environment checks, Solver answers, rewards, advantages, one update. Several
     processes: each rank plays its shard of the queries; the advantages are computed on every rank's rewards."""
     t0 = time.perf_counter()
@@ -359,7 +359,7 @@ class SelfPlay(loop.MethodDefaults):
             top_k=config.top_k,
         )
         engine = make_engine(config, self.model, tokenizer, dtype, sampling=longest, longest_prompt=len(cp_ids))
-        self.parts = Parts(
+        self.parts = SelfPlayParts(
             self.model,
             tokenizer,
             ref_model,
