@@ -259,6 +259,30 @@ VERDICT_REWARD = {"A": 1.0, "tie": 0.5, "B": 0.0}
 """`judge` reward of a completion (answer a) against the reference (answer b): win 1, tie 0.5, loss 0."""
 
 
+def verdict_reward(pairwise: PairwiseJudge, reference: str, fallback: float, name: str) -> RewardFn:
+    """The reward ``name`` from ``pairwise``'s verdicts: r_i = `VERDICT_REWARD` of completion_i (answer a) against
+    the ``reference`` column's answer (answer b), ``fallback`` for a failed verdict; ``last_stats`` after each
+    call, and the judge as ``pairwise``."""
+
+    def reward(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
+        refs = get_column(
+            columns,
+            reference,
+            len(completions),
+            name,
+            f"It holds the reference answer each completion is compared with (reward_kwargs.{name}.reference "
+            "names the column).",
+        )
+        verdicts = pairwise.judge(prompts, completions, [str(r) for r in refs])
+        reward.last_stats = dict(pairwise.last_stats)
+        return [fallback if v is None else VERDICT_REWARD[v] for v in verdicts]
+
+    reward.__name__ = name
+    reward.last_stats = {}
+    reward.pairwise = pairwise
+    return reward
+
+
 @register_reward("judge")
 def make_judge_reward(
     model: str,
@@ -289,23 +313,7 @@ def make_judge_reward(
         batch_size=batch_size,
         autocast_dtype=autocast_dtype(precision),
     )
-
-    def judge(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
-        refs = get_column(
-            columns,
-            reference,
-            len(completions),
-            "judge",
-            "It holds the reference answer each completion is compared with (reward_kwargs.judge."
-            "reference names the column).",
-        )
-        verdicts = pairwise.judge(prompts, completions, [str(r) for r in refs])
-        judge.last_stats = dict(pairwise.last_stats)
-        return [fallback if v is None else VERDICT_REWARD[v] for v in verdicts]
-
-    judge.last_stats = {}
-    judge.pairwise = pairwise
-    return judge
+    return verdict_reward(pairwise, reference, fallback, "judge")
 
 
 @register_reward("rubric")

@@ -15,11 +15,9 @@ An unparsed reply gets `fallback` (default 0 for rubric, 0.5 for pairwise) and c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from lmrl.rewards.columns import get_column
-from lmrl.rewards.judge import VERDICT_REWARD, PairwiseJudge, RubricJudge
+from lmrl.rewards.judge import PairwiseJudge, RubricJudge, verdict_reward
 from lmrl.rewards.judge_text import PAIRWISE_PROMPT, RUBRIC_PROMPT
 from lmrl.rewards.registry import register_reward
 from lmrl.rewards.remote import chat_generator
@@ -73,22 +71,6 @@ def make_openai_judge(
         rubric.batch_only = True  # an endpoint failure is not located by re-sending single samples
         return rubric
     pairwise = PairwiseJudge(None, None, template or PAIRWISE_PROMPT, swap, generate=generate)
-    on_fail = 0.5 if fallback is None else fallback
-
-    def openai_judge(prompts: Sequence[Any], completions: Sequence[str], **columns: Any) -> list[float]:
-        refs = get_column(
-            columns,
-            reference,
-            len(completions),
-            "openai_judge",
-            "It holds the reference answer each completion is compared with (reward_kwargs."
-            "openai_judge.reference names the column).",
-        )
-        verdicts = pairwise.judge(prompts, completions, [str(r) for r in refs])
-        openai_judge.last_stats = dict(pairwise.last_stats)
-        return [on_fail if v is None else VERDICT_REWARD[v] for v in verdicts]
-
-    openai_judge.last_stats = {}
-    openai_judge.pairwise = pairwise
+    openai_judge = verdict_reward(pairwise, reference, 0.5 if fallback is None else fallback, "openai_judge")
     openai_judge.batch_only = True
     return openai_judge
