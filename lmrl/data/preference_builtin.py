@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 # --------------------------------------------------------------------------- the hidden gold score
@@ -78,12 +78,21 @@ def candidate(kind: str, answer: int, rng: random.Random) -> str:
     raise ValueError(f"unknown candidate kind {kind!r}; the kinds are {CANDIDATE_KINDS}.")
 
 
-def _prompts(n: int, split: str, seed: int, **arithmetic: Any) -> list[dict]:
-    """n arithmetic rows of `split`; a small test split is cycled (each row gets fresh completions)."""
+def _seeded_prompts(
+    name: str, n: int, split: str, seed: int, **arithmetic: Any
+) -> Iterator[tuple[dict, random.Random]]:
+    """n arithmetic rows of `split`, each with the generator of its completions (seeded by `name`, split, seed and
+    row); a small test split is cycled (each row gets fresh completions)."""
     from lmrl.data.tasks import get_task, make_rows
 
     rows = make_rows(get_task("arithmetic", **arithmetic), n, split=split, seed=seed, allow_fewer=True)
-    return [rows[i % len(rows)] for i in range(n)]
+    for i in range(n):
+        yield rows[i % len(rows)], random.Random(f"lmrl:{name}:{split}:{seed}:{i}")
+
+
+def _check_kinds(kinds: Sequence[str]) -> None:
+    for kind in kinds:
+        candidate(kind, 0, random.Random(0))  # unknown kinds fail here
 
 
 def preference_rows(
@@ -110,11 +119,9 @@ def preference_rows(
     """
     if num_completions < 2:
         raise ValueError(f"builtin:prefs: num_completions must be >= 2, got {num_completions}.")
-    for kind in kinds:
-        candidate(kind, 0, random.Random(0))  # unknown kinds fail here
+    _check_kinds(kinds)
     out = []
-    for i, base in enumerate(_prompts(n, split, seed, digits=digits, **arithmetic)):
-        rng = random.Random(f"lmrl:prefs:{split}:{seed}:{i}")
+    for base, rng in _seeded_prompts("prefs", n, split, seed, digits=digits, **arithmetic):
         answer = int(base["answer"])
         meta = {**base["meta"], "answer": answer}
         texts: dict[str, float] = {}
@@ -156,11 +163,9 @@ def orm_rows(
 ) -> list[dict]:
     """Outcome-labelled rows (prompt, completion, label), half correct answers (label 1), half wrong ones (label
     0) drawn from `wrong_kinds` of the preference task's candidates; so the majority-class accuracy is 0.5."""
-    for kind in wrong_kinds:
-        candidate(kind, 0, random.Random(0))  # unknown kinds fail here
+    _check_kinds(wrong_kinds)
     out = []
-    for i, base in enumerate(_prompts(n, split, seed, digits=digits, **arithmetic)):
-        rng = random.Random(f"lmrl:orm:{split}:{seed}:{i}")
+    for base, rng in _seeded_prompts("orm", n, split, seed, digits=digits, **arithmetic):
         answer = int(base["answer"])
         label = int(rng.random() < 0.5)
         text = str(answer) if label else candidate(rng.choice(list(wrong_kinds)), answer, rng)
@@ -181,8 +186,7 @@ def prm_rows(
     after it (arithmetic right, but carried from a wrong value); +1 everywhere without an error.
     """
     out = []
-    for i, base in enumerate(_prompts(n, split, seed, digits=digits, ops="+-", n_operands=n_operands)):
-        rng = random.Random(f"lmrl:prm:{split}:{seed}:{i}")
+    for base, rng in _seeded_prompts("prm", n, split, seed, digits=digits, ops="+-", n_operands=n_operands):
         parts = re.findall(r"[+-]|\d+", base["meta"]["expression"])
         wrong_at = rng.randrange(n_operands - 1) if rng.random() < error_rate else -1
         total, steps, labels = int(parts[0]), [], []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from lmrl.data.loading import check_completion, check_prompt, coerce_messages, row_where
@@ -212,29 +212,37 @@ def _label(value: Any, allowed: tuple, what: str, where: str) -> int:
     raise ValueError(f"{where}: {what} must be one of {list(allowed)} or a bool, got {value!r}. Fix or drop the row.")
 
 
-def parse_labelled_rows(rows: Sequence[Any], where: str = "dataset") -> list[LabelledExample]:
-    """Unpaired rows {prompt, completion, label} (KTO, ORM), label 1 = desirable/correct."""
-    out = []
+def _rows_with(rows: Sequence[Any], where: str, columns: tuple[str, ...], needs: str) -> Iterator[tuple[dict, str]]:
+    """Each row with its name (`row_where`), checked to be an object with ``columns`` (``needs`` says which, in
+    the error) and a valid prompt."""
     for i, row in enumerate(rows):
         name = row_where(i, where)
-        if not isinstance(row, dict) or any(c not in row for c in ("prompt", "completion", "label")):
+        if not isinstance(row, dict) or any(c not in row for c in columns):
             found = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{name}: unpaired rows need columns prompt, completion, label (0/1); found {found}.")
+            raise ValueError(f"{name}: {needs}; found {found}.")
         check_prompt(row["prompt"], name)
-        completion = _completion(row["completion"], "completion", name)
-        out.append(LabelledExample(row["prompt"], completion, _label(row["label"], (0, 1), "label", name), name))
-    return out
+        yield row, name
+
+
+def parse_labelled_rows(rows: Sequence[Any], where: str = "dataset") -> list[LabelledExample]:
+    """Unpaired rows {prompt, completion, label} (KTO, ORM), label 1 = desirable/correct."""
+    needs = "unpaired rows need columns prompt, completion, label (0/1)"
+    return [
+        LabelledExample(
+            row["prompt"],
+            _completion(row["completion"], "completion", name),
+            _label(row["label"], (0, 1), "label", name),
+            name,
+        )
+        for row, name in _rows_with(rows, where, ("prompt", "completion", "label"), needs)
+    ]
 
 
 def parse_step_rows(rows: Sequence[Any], where: str = "dataset") -> list[LabelledExample]:
     """Stepwise rows {prompt, completions: [step, ...], labels: [-1/0/+1 or bool, ...]} (PRM)."""
     out = []
-    for i, row in enumerate(rows):
-        name = row_where(i, where)
-        if not isinstance(row, dict) or any(c not in row for c in ("prompt", "completions", "labels")):
-            found = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{name}: stepwise rows need columns prompt, completions (steps), labels; found {found}.")
-        check_prompt(row["prompt"], name)
+    needs = "stepwise rows need columns prompt, completions (steps), labels"
+    for row, name in _rows_with(rows, where, ("prompt", "completions", "labels"), needs):
         steps, labels = row["completions"], row["labels"]
         if not isinstance(steps, list) or not steps or not isinstance(labels, list) or len(labels) != len(steps):
             raise ValueError(
