@@ -67,6 +67,14 @@ def _field(batch: Mapping[str, Tensor], key: str, loss: str, dims: int, what: st
     return value
 
 
+def _same_shape(first: Tensor, second: Tensor, names: tuple[str, str], loss: str, shape: str) -> None:
+    if first.shape != second.shape:
+        raise ValueError(
+            f"reward-model loss {loss!r}: {names[0]} {tuple(first.shape)} and {names[1]} {tuple(second.shape)} "
+            f"must have the same shape {shape}."
+        )
+
+
 def _ordered_scores(batch: Mapping[str, Tensor], loss: str) -> Tensor:
     """Scores (B, K) reordered best first, using `ranking` if the batch has one."""
     scores = _field(batch, "scores", loss, 2, "a (B, K) tensor of scores")
@@ -122,11 +130,7 @@ def bt(batch: Mapping[str, Tensor], *, center_coef: float = 0.0) -> Tensor:
         raise ValueError(f"reward-model loss 'bt': center_coef must be >= 0, got {center_coef}.")
     chosen = _field(batch, "chosen_scores", "bt", 1, "a (B,) tensor of chosen scores")
     rejected = _field(batch, "rejected_scores", "bt", 1, "a (B,) tensor of rejected scores")
-    if chosen.shape != rejected.shape:
-        raise ValueError(
-            f"reward-model loss 'bt': chosen_scores {tuple(chosen.shape)} and rejected_scores "
-            f"{tuple(rejected.shape)} must have the same shape (B,), one score per pair."
-        )
+    _same_shape(chosen, rejected, ("chosen_scores", "rejected_scores"), "bt", "(B,), one score per pair")
     margin = torch.as_tensor(batch.get("margin", 0.0)).to(chosen)
     if margin.dim() > 1 or (margin.dim() == 1 and margin.shape != chosen.shape):
         raise ValueError(
@@ -174,11 +178,7 @@ def orm(batch: Mapping[str, Tensor]) -> Tensor:
     """
     logits = _field(batch, "logits", "orm", 2, "a (B, T) tensor of per-token logits")
     labels = _field(batch, "labels", "orm", 2, "a (B, T) tensor of 0/1/-100 labels")
-    if logits.shape != labels.shape:
-        raise ValueError(
-            f"reward-model loss 'orm': logits {tuple(logits.shape)} and labels "
-            f"{tuple(labels.shape)} must have the same shape (B, T)."
-        )
+    _same_shape(logits, labels, ("logits", "labels"), "orm", "(B, T)")
     mask = _labelled(labels, "orm", "0 or 1", (labels == 0) | (labels == 1))
     return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].to(logits))
 
