@@ -2,7 +2,8 @@
 
 `runner` starts each execution and reports how it ended; `jail` (a standalone script, standard library only)
 builds the namespaces, filesystem, limits and seccomp filter inside the new process; `verdict` checks unit-test
-assertions in the trainer on values the sandboxed program returned. docs/security.md: the threat model.
+assertions in the trainer on values the sandboxed program returned (`operators`: the arithmetic it and the
+calculator tool apply). docs/security.md: the threat model.
 """
 
 from lmrl.sandbox.runner import (

@@ -30,6 +30,8 @@ import operator
 import sys
 from typing import Any
 
+from lmrl.sandbox.operators import BINARY
+
 SAFE_FUNCTIONS = {
     "abs": abs,
     "len": len,
@@ -68,15 +70,6 @@ MAX_VALUE_CHARS = 100_000
 """a returned value's repr longer than this fails its tests (bounds the work done on it here)"""
 MAX_SIZE = 1_000_000
 """largest sequence or integer (in digits) an operation of a test may build here"""
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
 _COMPARE = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
@@ -230,7 +223,7 @@ class _Split(ast.NodeTransformer):
             Remote,
             Reference,
         )
-        if not isinstance(node, allowed) or isinstance(node, ast.operator) and type(node) not in _BINARY:
+        if not isinstance(node, allowed) or isinstance(node, ast.operator) and type(node) not in BINARY:
             raise ValueError(f"{type(node).__name__}")
         return super().generic_visit(node)
 
@@ -351,4 +344,4 @@ def _binary(op: ast.operator, left: Any, right: Any) -> Any:
         seq, n = (left, right) if isinstance(right, int) else (right, left)
         if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_SIZE:
             raise OverflowError("repetition too large")
-    return _BINARY[type(op)](left, right)
+    return BINARY[type(op)](left, right)

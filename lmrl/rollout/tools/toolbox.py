@@ -25,6 +25,7 @@ from typing import Any
 
 from lmrl.rollout.tools.parsers import ToolCall
 from lmrl.sandbox import SandboxLimits, require_isolation, run_python
+from lmrl.sandbox.operators import BINARY
 
 _JSON_TYPES = {
     "string": str,
@@ -152,15 +153,6 @@ def _error(message: str) -> ToolResult:
 
 # ----------------------------------------------------------------------------- calculator
 
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_DIGITS = 200
 """Results and intermediate values (numerator and denominator) longer than this are refused, and powers are
@@ -203,7 +195,7 @@ def _eval(node: ast.AST) -> Fraction:
         return _checked(Fraction(str(node.value)) if isinstance(node.value, float) else Fraction(node.value))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+    if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Pow):  # the result has about |exponent| x digits(base) digits
             if right.denominator != 1 or abs(right) * _digits(left) > 4 * MAX_DIGITS:
@@ -212,7 +204,7 @@ def _eval(node: ast.AST) -> Fraction:
                 raise ValueError("division by zero")
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise ValueError("division by zero")
-        return _checked(Fraction(_BINARY[type(node.op)](left, right)))
+        return _checked(Fraction(BINARY[type(node.op)](left, right)))
     raise ValueError(f"unsupported element {type(node).__name__}: only numbers, + - * / // % ** and ()")
 
 
