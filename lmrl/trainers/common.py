@@ -1,5 +1,5 @@
 """Pieces every trainer shares, as functions: run directory, seeding, optimizer and
-schedule, the optimizer step, and exact checkpoint/resume.
+schedule, the policy ready to train, the optimizer step, and exact checkpoint/resume.
 
 A checkpoint ``checkpoints/step-N/`` holds HF ``save_pretrained`` weights and
 tokenizer plus ``trainer_state.pt`` (optimizer, scheduler, RNG states and the
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from rich.markup import escape
 
 from lmrl.config import TrainConfig, to_dict
+from lmrl.data import packing
 from lmrl.eval.training import build_evaluator, contamination, warning_text
 from lmrl.models.loading import save_model
 from lmrl.models.lora import TRAINABLE_FILE, has_frozen_weights, is_peft, load_trainable, save_adapter, save_trainable
@@ -267,6 +269,31 @@ def optimizer_step(params, optimizer, scheduler, max_grad_norm: float | None, st
             f"(resume=true continues from it). Try a lower lr, or max_grad_norm."
         )
     return norm.item()
+
+
+def finish_step(method, step: int, t0: float, tokens: float) -> dict[str, float]:
+    """The optimizer step (`optimizer_step`, with ``method.config.max_grad_norm``) that ends ``method``'s training
+    step begun at ``t0`` (`time.perf_counter`), and its metrics: optim/grad_norm, lr, tokens_per_s (``tokens``
+    processed over the whole step) and time/train_s."""
+    grad_norm = optimizer_step(method.model, method.optimizer, method.scheduler, method.config.max_grad_norm, step)
+    elapsed = time.perf_counter() - t0
+    return {
+        "optim/grad_norm": grad_norm,
+        "lr": method.scheduler.get_last_lr()[0],
+        "tokens_per_s": tokens / elapsed,
+        "time/train_s": elapsed,
+    }
+
+
+def training_policy(setup, packed: bool) -> tuple[torch.nn.Module, Any]:
+    """The setup's policy and tokenizer, ready to train: checked packable (`lmrl.data.packing`) on the plain model
+    when micro-batches are ``packed``, then distributed (FSDP/DDP wrap it), in train mode."""
+    model, tokenizer = setup.policy(distribute=False)
+    if packed:  # on the plain model, before FSDP/DDP wrap it
+        packing.check_packable(model, len(tokenizer))
+    model = setup.distribute(model)
+    model.train()
+    return model, tokenizer
 
 
 def weight_norm(params: list[torch.Tensor]) -> float:

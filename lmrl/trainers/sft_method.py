@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lmrl.data import packing
 from lmrl.data.loading import is_generated, load_rows
 from lmrl.data.prompt_format import PromptFormat
 from lmrl.data.sft import SFTExample, build_sft_examples
@@ -101,11 +100,7 @@ class SFT(loop.MethodDefaults):
 
     def __init__(self, config: SFTConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        model, self.tokenizer = setup.policy(distribute=False)
-        if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
-            packing.check_packable(model, len(self.tokenizer))
-        self.model = setup.distribute(model)
-        self.model.train()
+        self.model, self.tokenizer = common.training_policy(setup, packed=bool(config.max_tokens_per_microbatch))
         self.env_factory = build_env_factory(config, self.tokenizer)  # tools: tool template, tool-episode eval
         tool_context = None
         if config.multi_turn:
@@ -135,16 +130,8 @@ class SFT(loop.MethodDefaults):
         stats = sft_step.train_step(
             self.model, micro_batches, self.setup.dtype, step, sft_step.labelled_tokens(batch), config.logprob_chunk_mb
         )
-        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
-        elapsed = time.perf_counter() - t0
         # each rank's loss is its share of the batch's token mean: world x share, averaged over ranks, is the mean
-        return {
-            "loss": stats["loss"] * runtime.world(),
-            "optim/grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
-            "tokens_per_s": stats["tokens"] / elapsed,
-            "time/train_s": elapsed,
-        }
+        return {"loss": stats["loss"] * runtime.world(), **common.finish_step(self, step, t0, stats["tokens"])}
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate(

@@ -114,7 +114,6 @@ class Distill(loop.MethodDefaults):
         self.examples, self.eval_examples, self.eval_rows, self.data_stats = sft_method.load_data(
             config, self.tokenizer
         )
-        self.env_factory = None  # no tool episodes (refused by the config)
         self.params = sampling_params(config)
         longest = max((prompt_length(ex) for ex in self.examples), default=1)
         self.engine = make_engine(
@@ -221,31 +220,19 @@ class Distill(loop.MethodDefaults):
             (loss / max(1, total_tokens)).backward()
             for direction, (kl_sum, n) in stats.items():
                 sums[DIRECTIONS.index(direction)] += torch.tensor([kl_sum, n], dtype=torch.float64)
-        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
-        elapsed, world = time.perf_counter() - t0, runtime.world()
+        metrics = common.finish_step(self, step, t0, tokens)
+        metrics["time/train_s"] -= t_sample  # the student's sampling is time/rollout_s
         sums = runtime.all_sum(sums)  # every rank's: the logged means are over the whole batch
-        metrics = {
-            "loss": sums[:, 0].sum().item() / max(1, total_tokens),
-            "optim/grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
-            "tokens_per_s": tokens / elapsed,
-            "time/train_s": elapsed - t_sample,
-            "rollout/on_policy_rows": float(n_on * world),
-        }
+        metrics["loss"] = sums[:, 0].sum().item() / max(1, total_tokens)
+        metrics["rollout/on_policy_rows"] = float(n_on * runtime.world())
         metrics.update({f"loss/kl_{d}": s / n for d, (s, n) in zip(DIRECTIONS, sums.tolist()) if n})
         if n_on:  # every rank samples the same number of rows
             metrics.update({"time/rollout_s": t_sample, "completion_len/mean": length / n_on})
         return metrics
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        metrics, samples = sft_method.evaluate(
-            self.model,
-            self.tokenizer,
-            self.config,
-            self.eval_examples,
-            self.eval_rows,
-            self.setup.dtype,
-            self.env_factory,
+        metrics, samples = sft_method.evaluate(  # no tool episodes (refused by the config)
+            self.model, self.tokenizer, self.config, self.eval_examples, self.eval_rows, self.setup.dtype
         )
         if self.eval_examples:
             metrics.update(

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 
 from lmrl.algorithms import RunningDelta
-from lmrl.data import packing
 from lmrl.data import preference as prefs
 from lmrl.models import describe_parameters
 from lmrl.models.setup import ModelSetup
@@ -158,11 +157,7 @@ class DPO(loop.MethodDefaults):
 
     def __init__(self, config: DPOConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
-        model, self.tokenizer = setup.policy(distribute=False)
-        if config.max_tokens_per_microbatch:  # on the plain model, before FSDP/DDP wrap it
-            packing.check_packable(model, len(self.tokenizer))
-        self.model = setup.distribute(model)
-        self.model.train()
+        self.model, self.tokenizer = common.training_policy(setup, packed=bool(config.max_tokens_per_microbatch))
         self.examples, self.eval_examples, self.gold_rows, self.dropped = load_data(config, self.tokenizer)
         # π_ref: the frozen `ref_model`, or a frozen copy of the initial policy when it is recomputed every step
         needs_model = config.uses_reference and (config.ref_model or not config.precompute_ref)
@@ -211,16 +206,8 @@ class DPO(loop.MethodDefaults):
             self.delta,
             config.batch_size,
         )
-        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
-        elapsed = time.perf_counter() - t0
         tokens = sum(len(s) for e in batch for s in e.seqs)
-        return {
-            **stats,
-            "optim/grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
-            "tokens_per_s": tokens / elapsed,
-            "time/train_s": elapsed,
-        }
+        return {**stats, **common.finish_step(self, step, t0, tokens)}
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:
         return evaluate(

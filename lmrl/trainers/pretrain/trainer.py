@@ -305,15 +305,10 @@ class Pretrain(loop.MethodDefaults):
             chunk_mb=config.logprob_chunk_mb,
             ranks=runtime.world(),
         )
-        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
-        elapsed = time.perf_counter() - t0
         return {
             **stats,
-            "optim/grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
+            **common.finish_step(self, step, t0, self.tokens_per_step / runtime.world()),
             "time/tokens": step * self.tokens_per_step,
-            "tokens_per_s": self.tokens_per_step / runtime.world() / elapsed,
-            "time/train_s": elapsed,
         }
 
     def evaluate(self, step: int) -> tuple[dict[str, float], list[dict]]:

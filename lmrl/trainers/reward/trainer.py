@@ -309,18 +309,10 @@ class RewardModelTraining(loop.MethodDefaults):
         total = sum(item_weight(item, config) for item in batch)
         shard = runtime.shard(batch)  # this process's equal share (all of it with one process)
         stats = train_step(self.model, shard, config, self.tokenizer.pad_token_id, self.setup.dtype, step, total)
-        grad_norm = common.optimizer_step(self.model, self.optimizer, self.scheduler, config.max_grad_norm, step)
-        elapsed = time.perf_counter() - t0
         tokens = sum(len(s) for item in shard for s in item.seqs)
         # each rank's stats are its part of the batch mean: world x part, averaged over the ranks, is the mean
         stats = {key: value * runtime.world() for key, value in stats.items()}
-        return {
-            **stats,
-            "optim/grad_norm": grad_norm,
-            "lr": self.scheduler.get_last_lr()[0],
-            "tokens_per_s": tokens / elapsed,
-            "time/train_s": elapsed,
-        }
+        return {**stats, **common.finish_step(self, step, t0, tokens)}
 
     def describe(self, run: common.Run) -> str:
         return (
