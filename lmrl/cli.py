@@ -96,6 +96,13 @@ VERBS: dict[str, Verb] = {
         "CAIConfig",
         "run",
     ),
+    "prefs": Verb(
+        "built-in preference data as JSONL: builtin:prefs-sft (SFT rows for a DPO reference policy), prefs, orm, prm",
+        "lmrl.data.preference_export",
+        "PrefsConfig",
+        "run",
+        positional="source",
+    ),
     "pretrain": Verb(
         "pretraining from scratch: cross-entropy or avatarl (RL with a frozen CE critic)",
         "lmrl.trainers.pretrain.trainer",

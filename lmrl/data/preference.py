@@ -1,6 +1,5 @@
-"""Preference data: where rows come from (built-in sources, files, HF datasets) and their export to JSONL.
-
-    python -m lmrl.data.preference builtin:prefs-sft runs/prefs_sft.jsonl --n 1000 [--split test] [--seed 1]
+"""Preference data: where rows come from (built-in sources, files, HF datasets) and their export to JSONL (`export_rows`,
+which `lmrl prefs` runs: `lmrl.data.preference_export`).
 
 The rest of preference data lives in one module per job, and its names are re-exported here:
   `lmrl.data.preference_builtin`  the built-in arithmetic preference task (`gold_score`, builtin:prefs|orm|prm);
@@ -31,7 +30,6 @@ __all__ = [
     "completion_rows",
     "export_rows",
     "load_preference_rows",
-    "main",
     # re-exported for callers that use them as `prefs.X` (`from lmrl.data import preference as prefs`)
     "BUILTIN_SOURCES",
     "PreferenceGroup",
@@ -93,24 +91,3 @@ def export_rows(
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m lmrl.data.preference builtin:prefs-sft runs/prefs_sft.jsonl --n 1000 [--split test] [--seed 1]`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m lmrl.data.preference", description="Export a built-in preference source to JSONL."
-    )
-    parser.add_argument("source", choices=[*BUILTIN_SOURCES, "builtin:prefs-sft"])
-    parser.add_argument("out", help="output .jsonl path")
-    parser.add_argument("--n", type=int, default=DEFAULT_BUILTIN_ROWS, help="rows (prompts) to generate")
-    parser.add_argument("--split", default="train", choices=["train", "test"])
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    count = export_rows(args.source, args.out, args.n, args.split, args.seed)
-    print(f"wrote {count} rows of {args.source} ({args.split}) to {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from lmrl.cli import main
 from lmrl.data import preference as prefs
 from lmrl.data.chat import render_prompt
 from lmrl.data.tokenizers import build_char_tokenizer
@@ -320,6 +321,7 @@ def test_conversational_prompt_and_completions(tok):
 
 
 def test_completion_rows_and_export(tmp_path):
+    """`lmrl prefs` writes a built-in source as JSONL (the SFT rows of a DPO reference policy: sft/tiny_prefs)."""
     rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "q", "completions": ["c", "d", "e"]}]
     assert prefs.completion_rows(rows) == [{"prompt": "p", "completion": c} for c in "ab"] + [
         {"prompt": "q", "completion": c} for c in "cde"
@@ -328,5 +330,5 @@ def test_completion_rows_and_export(tmp_path):
     written = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
     pairs = prefs.preference_rows(5, seed=1)
     assert written == prefs.completion_rows(pairs)
-    prefs.main(["builtin:prm", str(tmp_path / "p.jsonl"), "--n", "3", "--split", "test"])
+    assert main(["prefs", "builtin:prm", f"output_file={tmp_path / 'p.jsonl'}", "prompts=3", "split=test"]) == 0
     assert [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()] == prefs.prm_rows(3, "test")
