@@ -9,11 +9,14 @@ directories, plots and samples are.
 from __future__ import annotations
 
 import dataclasses
+import json
+import shlex
 from pathlib import Path
 
 from rich.table import Table
 
 from lmrl.config import field, load_config
+from lmrl.data.loading import load_rows
 from lmrl.tracking import console
 
 
@@ -31,6 +34,16 @@ class DemoConfig:
 def _stage_overrides(config: DemoConfig, out: Path, steps: int | None) -> list[str]:
     overrides = [f"output_dir={out}", f"seed={config.seed}", f"overwrite={str(config.overwrite).lower()}"]
     return overrides + ([f"max_steps={steps}"] if steps else [])
+
+
+def next_command(final: Path, sft_config, n: int = 3) -> str:
+    """The `lmrl generate` line the demo suggests: the trained model, greedy, on the first `n` held-out prompts of the
+    SFT stage's data (2-digit additions for the shipped recipes: what the model was trained and measured on)."""
+    rows = load_rows(
+        sft_config.eval_dataset or sft_config.dataset, split=sft_config.eval_split, limit=n, **sft_config.task_args
+    )
+    prompts = json.dumps([row["prompt"] for row in rows])
+    return f"lmrl generate model={final} prompts={shlex.quote(prompts)} temperature=0"
 
 
 def run(config: DemoConfig) -> dict[str, float]:
@@ -65,5 +78,5 @@ def run(config: DemoConfig) -> dict[str, float]:
     for run_dir in runs:
         console.print(f"{run_dir}: metrics.jsonl, samples.jsonl, plots/, final/")
     final = runs[-1] / "final"
-    console.print(f'Try: lmrl generate model={final} prompts=\'["3+5=", "7-9="]\' temperature=0')
+    console.print(f"Try: {next_command(final, sft_config)}")
     return results

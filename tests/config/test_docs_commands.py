@@ -6,7 +6,6 @@ loaded and checked); a few run for real, one step on the tiny models, in the ord
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import shlex
@@ -18,6 +17,10 @@ from pathlib import Path
 import pytest
 
 from lmrl.cli import main, parse
+from lmrl.config import load_config
+from lmrl.data.tasks import split_of
+from lmrl.demo import DemoConfig, next_command
+from lmrl.trainers.sft.config import SFTConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,14 +37,9 @@ def readme_commands() -> list[str]:
 
 
 def demo_command(final: str = "runs/demo/rl/final") -> str:
-    """The 'Try: lmrl ...' line `lmrl demo` prints, with its model path (an f-string in lmrl/demo.py)."""
-    tree = ast.parse((ROOT / "lmrl" / "demo.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.JoinedStr):
-            text = "".join(v.value if isinstance(v, ast.Constant) else final for v in node.values)
-            if "lmrl " in text and text.lstrip().startswith("Try:"):
-                return text.split("Try:", 1)[1].strip()
-    raise AssertionError("lmrl/demo.py prints no 'Try: lmrl ...' line")
+    """The 'Try: lmrl ...' line `lmrl demo` prints after its default recipes, with its model path."""
+    sft_config = load_config(SFTConfig, DemoConfig().sft_recipe, [])
+    return next_command(Path(final), sft_config)
 
 
 COMMANDS = readme_commands() + [demo_command()]
@@ -51,6 +49,16 @@ def test_the_readme_block_is_found():
     assert len(readme_commands()) >= 15
     assert "lmrl swarm sim --config swarm/tiny_sim local=4 external=4" in readme_commands()
     assert demo_command().startswith("lmrl generate model=runs/demo/rl/final prompts=")
+
+
+def test_the_demo_suggests_prompts_the_model_was_trained_on():
+    """Held-out 2-digit additions, as the demo's SFT and GRPO stages train and measure (issue 47: it asked `3+5=` and
+    `7-9=` of a model that had only seen 2-digit sums)."""
+    words = dict(w.split("=", 1) for w in shlex.split(demo_command())[2:])
+    prompts = json.loads(words["prompts"])
+    assert len(prompts) == 3 and words["temperature"] == "0"
+    for prompt in prompts:
+        assert re.fullmatch(r"\d{1,2}\+\d{1,2}=", prompt) and split_of(prompt) == "test", prompt
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -69,21 +77,41 @@ PLACEHOLDER = re.compile(r"=([A-Z][A-Z_:]*|S|N)$|<|\.\.\.")
 
 
 def docs_commands() -> list[tuple[str, str]]:
-    """(file, command) for every `lmrl <verb> ...` in a code block of docs/*.md and README.md: continued lines joined,
-    a `$ ` prompt dropped, shell lists (`a & b`) split; not the commands shown failing (the next line is `error:`)
-    nor those with words to fill in."""
+    """(file, command) for every `lmrl <verb> ...` in a code block of docs/*.md and README.md."""
     out = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for block in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(), re.S):
-            lines = block.replace("\\\n", " ").splitlines()
-            for i, line in enumerate(lines):
-                line = re.split(r"\s+#\s", line.strip().removeprefix("$ "))[0]
-                following = next((x.strip() for x in lines[i + 1 :] if x.strip()), "")
-                if not line.startswith("lmrl ") or following.startswith("error:"):
-                    continue
-                for words in shell_commands(line):
-                    if words[0] == "lmrl" and len(words) > 1 and not any(PLACEHOLDER.search(w) for w in words):
-                        out.append((str(path.relative_to(ROOT)), shlex.join(words)))
+            out += [(str(path.relative_to(ROOT)), command) for command in block_commands(block)]
+    return out
+
+
+def recipe_commands() -> list[tuple[str, str]]:
+    """(recipe, command) for every `lmrl <verb> ...` of a shipped recipe's header (its comment lines before the
+    first key), `.venv/bin/lmrl` read as `lmrl`."""
+    out = []
+    for path in sorted((ROOT / "lmrl" / "recipes").rglob("*.yaml")):
+        header = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line[1:].strip().replace(".venv/bin/lmrl ", "lmrl "))
+        out += [(str(path.relative_to(ROOT)), command) for command in block_commands("\n".join(header))]
+    return out
+
+
+def block_commands(block: str) -> list[str]:
+    """Every `lmrl <verb> ...` of a block of shell lines: continued lines joined, a `$ ` prompt dropped, shell lists
+    (`a & b`) split; not the commands shown failing (the next line is `error:`) nor those with words to fill in."""
+    out = []
+    lines = block.replace("\\\n", " ").splitlines()
+    for i, line in enumerate(lines):
+        line = re.split(r"\s+#\s", line.strip().removeprefix("$ "))[0]
+        following = next((x.strip() for x in lines[i + 1 :] if x.strip()), "")
+        if not line.startswith("lmrl ") or following.startswith("error:"):
+            continue
+        for words in shell_commands(line):
+            if words[0] == "lmrl" and len(words) > 1 and not any(PLACEHOLDER.search(w) for w in words):
+                out.append(shlex.join(words))
     return out
 
 
@@ -103,10 +131,30 @@ def shell_commands(line: str) -> list[list[str]]:
 def test_every_docs_command_parses_as_written(capsys):
     """Every command of the docs reads as the CLI reads it; the only failure allowed is a data file of the user's own
     (`dataset=prefs.jsonl`) that this checkout does not have."""
-    from lmrl.cli import VERBS
-
     commands = docs_commands()
     assert len(commands) > 80
+    failures = parse_failures(commands)
+    capsys.readouterr()
+    assert not failures, "\n".join(failures)
+
+
+def test_every_recipe_header_command_parses_as_written(capsys):
+    """A recipe's header shows every step it needs as an `lmrl` command that reads as written (issue 47: the DPO
+    recipes' data was made by `python -m lmrl.data.preference ...`, now `lmrl prefs ...` and `sft/tiny_prefs`)."""
+    commands = recipe_commands()
+    assert len(commands) > 40
+    assert ("lmrl/recipes/dpo/tiny_prefs.yaml", "lmrl sft --config sft/tiny_prefs") in commands
+    failures = parse_failures(commands)
+    capsys.readouterr()
+    assert not failures, "\n".join(failures)
+    for path in (ROOT / "lmrl" / "recipes").rglob("*.yaml"):
+        assert "python -m lmrl" not in path.read_text(), path  # a preparation step is an lmrl verb
+
+
+def parse_failures(commands: list[tuple[str, str]]) -> list[str]:
+    """Each command the CLI would refuse, with where it is written and why."""
+    from lmrl.cli import VERBS
+
     failures = []
     for where, command in commands:
         argv = shlex.split(command)[1:]
@@ -121,8 +169,7 @@ def test_every_docs_command_parses_as_written(capsys):
         except Exception as exc:  # noqa: BLE001 - every failure is listed
             if "not found (working directory" not in str(exc):
                 failures.append(f"{where}: {command}\n  -> {exc}")
-    capsys.readouterr()
-    assert not failures, "\n".join(failures)
+    return failures
 
 
 RUN = """
