@@ -71,6 +71,8 @@ def test_bad_input_is_refused_before_training(tmp_path, teacher_dir):
         load_config(distill.DistillConfig, None, [f"output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="on_policy_frac"):
         config(tmp_path, teacher_dir, "on_policy_frac=1.5")
+    with pytest.raises(FileNotFoundError, match=r"'teacher' .* does not exist.* To make one: `lmrl demo"):
+        distill.train(config(tmp_path, tmp_path / "no-teacher"))  # named as the key, not as a missing model
     other = tmp_path / "other"
     tokenizer = build_char_tokenizer()
     LlamaForCausalLM(

@@ -34,6 +34,7 @@ from lmrl.data.sft import SFTExample, collate_sft
 from lmrl.eval.generation import task_accuracy
 from lmrl.models import autocast, describe_parameters
 from lmrl.models.hf_compat import no_cache
+from lmrl.models.loading import check_model_path
 from lmrl.models.placement import model_device, to_device
 from lmrl.models.setup import ModelSetup
 from lmrl.parallel import runtime
@@ -44,6 +45,19 @@ from lmrl.trainers.distill.config import DistillConfig  # also `lmrl distill`'s 
 from lmrl.trainers.sft_step import labelled_tokens
 
 IGNORE = -100
+
+
+def check_teacher(path: str) -> None:
+    """A teacher that is not there, named as the `teacher` key with how to make one (the model loader's own message
+    names no key: a missing teacher read as a missing student)."""
+    try:
+        check_model_path(path)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"'teacher' (the trained model the student learns from): {exc} To make one: `lmrl demo output_dir=runs/demo` "
+            "writes runs/demo/rl/final, the teacher of distill/tiny_arithmetic; the final/ of any `lmrl sft` or `lmrl rl` "
+            "run that used the student's tokenizer will do (teacher=runs/<run>/final)."
+        ) from None
 
 
 def prompt_length(example: SFTExample) -> int:
@@ -103,6 +117,7 @@ class Distill(loop.MethodDefaults):
 
     def __init__(self, config: DistillConfig, setup: ModelSetup):
         self.config, self.setup = config, setup
+        check_teacher(config.teacher)  # before the student loads
         self.model, self.tokenizer = setup.policy()
         self.teacher = setup.frozen_partner(
             config.teacher,
