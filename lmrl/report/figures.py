@@ -31,17 +31,27 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 """Plotly's default palette, assigned explicitly so that a run (or a key) keeps its colour across panels."""
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
+FIRST = ("reward", "accuracy", "loss", "kl", "completion_len")
+"""The panels a page opens on, in this order: the curves a TensorBoard or wandb user looks for first. `PLOT_GROUPS`'
+other groups follow, then the namespaces."""
+
+INTERNAL = ("policy", "update", "memory", "time")
+"""Namespaces of counters of how an update ran (clip fractions, ratios, fused calls, peak memory, seconds): their
+panels go in a collapsed section below the curves (`is_internal`). A method's headline ``policy/`` metrics (DPO's
+``policy/accuracy``, margins, log-probs) are in `PLOT_GROUPS` and stay with the curves."""
+
 EVAL_VS_KL = re.compile(r"^eval/(metrics/)?(accuracy|reward|gold_score|pass@\d+|maj@\d+|avg@\d+|win_rate|lc_win_rate)$")
 """Held-out numbers (``eval_metrics``' too: eval/metrics/...) drawn against KL next to the training reward (RLHF
 book §14: the over-optimization picture)."""
 
 
 def metric_groups(keys: list[str]) -> dict[str, list[str]]:
-    """Group name -> present keys: `PLOT_GROUPS` first (the reward leads), the rest by their first path part (the
+    """Group name -> present keys: `PLOT_GROUPS` first (`FIRST` leading), the rest by their first path part (the
     namespace), in the order of `NAMESPACES`, then a method's own namespaces as they appear."""
     groups: dict[str, list[str]] = {}
     used: set[str] = set()
-    for name, members in PLOT_GROUPS.items():
+    first = {name: i for i, name in enumerate(FIRST)}
+    for name, members in sorted(PLOT_GROUPS.items(), key=lambda item: first.get(item[0], len(first))):
         present = [k for k in members if k in keys]
         if present:
             groups[name] = present
@@ -62,6 +72,12 @@ def metric_groups(keys: list[str]) -> dict[str, list[str]]:
                 label += "+"
             groups[label] = members[i : i + MAX_LINES]
     return groups
+
+
+def is_internal(group: str) -> bool:
+    """Whether a `metric_groups` panel holds internal counters (`INTERNAL`): ``policy``, ``update (2)``, ``memory``,
+    ``memory: other``, ``time``."""
+    return re.match(r"\w*", group).group() in INTERNAL
 
 
 def slug(name: str) -> str:

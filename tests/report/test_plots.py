@@ -10,7 +10,7 @@ import pytest
 from conftest import write_rl_run
 
 from lmrl.report.dashboard import LiveRun, run_state
-from lmrl.report.figures import COLORS, THROUGHPUT, ema, metric_figures, metric_groups
+from lmrl.report.figures import COLORS, FIRST, THROUGHPUT, ema, is_internal, metric_figures, metric_groups
 from lmrl.report.runs import load_run
 
 
@@ -31,6 +31,21 @@ def test_throughput_has_its_own_panel_not_an_axis_shared_with_0_1_metrics():
         THROUGHPUT: ["tokens_per_s", "samples_per_s"],
         "optim": ["optim/grad_norm"],
         "time": ["time/train_s"],
+    }
+
+
+def test_the_curves_lead_and_the_internal_counters_are_set_apart(real_rl_run):
+    """Issue 47: reward, accuracy, loss, KL and completion length first; the update's counters in their own section."""
+    figs = metric_figures([load_run(real_rl_run)])
+    assert list(figs)[: len(FIRST)] == ["reward", "accuracy", "loss", "kl", "completion_len"]
+    assert [name for name in figs if is_internal(name)] == ["memory", "policy", "update", "time", "memory: other"]
+    dpo = metric_groups(["policy/accuracy", "policy/margin", "policy/logp_chosen", "policy/clip_frac", "update/packed"])
+    assert {name: is_internal(name) for name in dpo} == {
+        "accuracy": False,  # DPO's headline policy/ metrics stay with the curves
+        "margin": False,
+        "logps": False,
+        "policy": True,
+        "update": True,
     }
 
 
