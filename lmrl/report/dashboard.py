@@ -4,8 +4,10 @@
     lmrl dashboard runs port=9000
 
 The page polls the server every ``poll_ms``: a table of every run (newest values of the key metrics), and for the
-run picked in it the interactive plots (the same plotly figures as `lmrl report`), reward versus KL, the newest
-samples, and for a swarm simulation its nodes (rounds, own rewards, peers' payloads accepted and rejected).
+run picked in it, in the report's order: the interactive plots (the same plotly figures as `lmrl report`, the
+curves first), reward versus KL, the internal counters (collapsed), the newest training and held-out samples apart,
+the checkpoints, and for a swarm simulation its nodes (rounds, own rewards, peers' payloads accepted and rejected).
+Like the report, it fits a 1400 px wide window.
 Each run's state is shown (`run_state`): running, finished (``final/`` exists) or stopped (no ``final/`` and
 metrics.jsonl not written for ``stale_s`` seconds: crashed, killed, or waiting very long between logs).
 Zoom and hidden legend entries survive the polls (plotly's ``uirevision``); the plot controls (EMA smoothing, step or
@@ -31,16 +33,8 @@ from plotly.offline import get_plotlyjs
 
 from lmrl.config import ConfigError, field
 from lmrl.report import figures
-from lmrl.report.runs import (
-    RunData,
-    list_checkpoints,
-    read_config,
-    read_jsonl,
-    read_metrics,
-    read_nodes,
-    sample_table,
-    swarm_table,
-)
+from lmrl.report.runs import RunData, list_checkpoints, read_config, read_jsonl, read_metrics, read_nodes, swarm_table
+from lmrl.report.samples import sample_tables
 from lmrl.tracking import KEY_METRICS, console
 
 HOST = "127.0.0.1"
@@ -53,7 +47,7 @@ class DashboardConfig:
     runs_dir: str = field("runs", "directory whose runs (every folder with a metrics.jsonl) are shown")
     port: int = field(8765, "port on 127.0.0.1 (0: any free port)")
     poll_ms: int = field(2000, "how often the page asks for new metrics, in milliseconds")
-    samples: int = field(12, "newest samples shown for the selected run")
+    samples: int = field(12, "newest samples of each kind (training, held-out) shown for the selected run")
     stale_s: float = field(120.0, "a run without final/ whose metrics.jsonl is older than this is shown as stopped")
 
     def __post_init__(self) -> None:
@@ -154,20 +148,27 @@ class Runs:
 
 
 def run_payload(run: LiveRun, samples: int) -> dict[str, Any]:
-    """Everything the page draws for one run: plotly figures as JSON, samples, swarm nodes, checkpoints."""
+    """Everything the page draws for one run: plotly figures as JSON (``main``: the curves, reward versus KL and a
+    swarm's nodes, in this order; ``internal``: the collapsed counters), training and held-out samples, swarm nodes,
+    checkpoints."""
     data = run.data()
     figs = figures.metric_figures([data])
+    internal = [name for name in figs if figures.is_internal(name)]
     kl = figures.reward_vs_kl([data])
     if kl is not None:
-        figs = {"reward vs KL": kl, **figs}
+        figs["reward vs KL"] = kl
     figs.update(figures.swarm_figures(data))
-    sample_cols, rows = sample_table(data.samples[-samples:])
+    tables = sample_tables(data.samples, samples)
     return {
         "name": run.name,
         "figures": {k: json.loads(f.to_json()) for k, f in figs.items()},
         "ids": figures.plot_ids(list(figs)),
-        "samples": rows,
-        "sample_cols": sample_cols,
+        "main": [name for name in figs if name not in internal],
+        "internal": internal,
+        "samples": tables["training"]["rows"],
+        "sample_cols": tables["training"]["cols"],
+        "held_out_samples": tables["held_out"]["rows"],
+        "held_out_cols": tables["held_out"]["cols"],
         "nodes": swarm_table(data.nodes),
         "checkpoints": data.checkpoints,
         "skipped_lines": run.skipped,

@@ -4,10 +4,12 @@
     lmrl report runs/grpo-a runs/grpo-b output_file=compare.html   # config diff, metrics side by side
 
 The plots have the dashboard's controls (``templates/plots.html``): EMA smoothing, step or time x-axis, log y-axis.
-The page holds: the runs, the config (for several runs: the keys that differ), interactive metric plots, reward
-and held-out scores versus KL for RL runs (the over-optimization picture), initial/final evaluation tables and
-`lmrl eval` results (``evals/*.json``), the last samples with their rewards, the checkpoints, and for swarm runs
-a table and plots per node.
+The page opens on the curves and holds, in this order: the runs; interactive metric plots (reward, accuracy, loss,
+KL and completion length first: `figures.FIRST`); reward and held-out scores versus KL for RL runs (the
+over-optimization picture, a scatter coloured by step); the internal counters (`figures.INTERNAL`), collapsed;
+initial/final evaluation tables and `lmrl eval` results (``evals/*.json``); for swarm runs a table and plots per
+node; the newest training samples and held-out samples, apart (`samples`); the config, folded (several runs: the
+keys that differ, the rest folded); the checkpoints. It fits a 1400 px wide window.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from plotly.offline import get_plotlyjs
 
 from lmrl.config import ConfigError, field
 from lmrl.report import figures
-from lmrl.report.runs import RunData, RunError, config_diff, load_run, sample_table, swarm_table
+from lmrl.report.runs import RunData, RunError, config_diff, load_run, swarm_table
+from lmrl.report.samples import sample_tables
 from lmrl.tracking import console
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -36,7 +39,7 @@ SAMPLE_ROWS = 30
 class ReportConfig:
     runs: list[str] = field([], "run directories (output_dir of any lmrl run); several give a comparison")
     output_file: str | None = field(None, "the HTML file; default <run>/report.html (one run) or report.html")
-    samples: int = field(SAMPLE_ROWS, "sample rows shown per run (the newest)")
+    samples: int = field(SAMPLE_ROWS, "sample rows shown per run, the newest of each kind (training, held-out)")
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -44,11 +47,9 @@ class ReportConfig:
 
 
 def fmt(value: Any) -> str:
-    """A table cell: 4 significant digits, newlines shown as \\n (one line per sample)."""
+    """A table cell: 4 significant digits; text as it is (`samples.sample_table` has shown a sample's newlines)."""
     if value is None:
         return ""
-    if isinstance(value, str):
-        return value.replace("\n", "\\n")
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
@@ -73,7 +74,6 @@ def _eval_views(run: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _view(run: RunData, samples: int) -> dict[str, Any]:
     initial, final = _eval_views(run)
-    sample_cols, rows = sample_table(run.samples[-samples:] if samples else [])
     return {
         "name": run.name,
         "path": str(run.path),
@@ -86,8 +86,7 @@ def _view(run: RunData, samples: int) -> dict[str, Any]:
         "final": final,
         "evals": run.evals,
         "checkpoints": run.checkpoints,
-        "sample_rows": rows,
-        "sample_cols": sample_cols,
+        "samples": sample_tables(run.samples, samples),
         "swarm_rows": swarm_table(run.nodes),
     }
 
@@ -117,7 +116,8 @@ def render(runs: list[RunData], samples: int = SAMPLE_ROWS) -> str:
     kl = figures.reward_vs_kl(runs)
     drawn = [*metric.items(), *swarm_figs, *([("reward vs kl", kl)] if kl else [])]
     figures_json = "{" + ",".join(f"{json.dumps(ids[name])}:{fig.to_json()}" for name, fig in drawn) + "}"
-    plots = [{"id": ids[name]} for name in metric]
+    plots = [{"id": ids[name]} for name in metric if not figures.is_internal(name)]
+    internal = [{"id": ids[name]} for name in metric if figures.is_internal(name)]
     swarm = [{"id": ids[name]} for name, _ in swarm_figs]
     eval_keys = list(dict.fromkeys(k for v in views for k in [*v["initial"], *v["final"]]))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
@@ -133,6 +133,7 @@ def render(runs: list[RunData], samples: int = SAMPLE_ROWS) -> str:
         compare=len(runs) > 1,
         config_same=same,
         plots=plots,
+        internal=internal,
         kl_plot={"id": ids["reward vs kl"]} if kl else None,
         eval_keys=eval_keys,
         swarm=swarm,

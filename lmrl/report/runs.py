@@ -198,22 +198,6 @@ def config_diff(configs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     return differ, [k for k in keys if k not in differ]
 
 
-def sample_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """(columns, rows) of a samples table. Old and new samples.jsonl alike: structured fields of multi-turn rows
-    (`messages`, `turns`, `token_roles`) stay in the file; `token_roles` is shown as a `tokens` summary
-    (``12 assistant, 9 tool (masked), ...``), every other list or mapping is left out of the table."""
-    out = []
-    for row in rows:
-        shown = {k: v for k, v in row.items() if not isinstance(v, (list, dict))}
-        roles = row.get("token_roles")
-        if isinstance(roles, list):
-            shown["tokens"] = ", ".join(
-                f"{r[2]} {r[0]}{'' if r[1] else ' (masked)'}" for r in roles if isinstance(r, list) and len(r) == 3
-            )
-        out.append(shown)
-    return list(dict.fromkeys(k for r in out for k in r)), out
-
-
 SWARM_KEYS = (
     "reward/mean",
     "reward/cumulative",

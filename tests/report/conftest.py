@@ -151,3 +151,26 @@ def garbled_rl_run(real_rl_run: Path, tmp_path: Path) -> Path:
     with (run / "metrics.jsonl").open("a") as f:
         f.write("\n".join(GARBAGE) + "\n" + CUT_LINE)
     return run
+
+
+LONG_PROMPT = (
+    "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{}.<|im_end|>\n"
+    "<|im_start|>user\n" + "How many apples are left after a long story? " * 20 + "<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture
+def long_named_runs(real_rl_run: Path, tmp_path: Path) -> list[Path]:
+    """Two copies of the real run under long names, one with a long chat prompt and a 3000-character completion in
+    its samples: what makes a runs table or a samples table wider than a window."""
+    import shutil
+
+    runs = []
+    for seed in (1, 2):
+        run = tmp_path / "runs" / "experiments" / "zero-rl-smollm2-135m-instruct-r1-template" / f"seed-{seed}"
+        shutil.copytree(real_rl_run, run, ignore=shutil.ignore_patterns("checkpoints", "plots"))
+        runs.append(run)
+    with (runs[0] / "samples.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "prompt": LONG_PROMPT, "completion": "x" * 3000, "task": 0.0, "reward": 0.0}))
+        f.write("\n")
+    return runs

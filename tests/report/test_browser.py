@@ -208,3 +208,101 @@ def test_report_plots_smooth_in_browser(rl_run, page):
     set_smoothing(page, 0.5)
     assert [t["y"] for t in plot_data(page, "plot-reward")] == [REWARDS[1:], pytest.approx(ema(REWARDS[1:], 0.5))]
     assert page.errors == []
+
+
+# issue 47: the report and the dashboard open on the curves and fit a 1400 px wide window
+
+WINDOW = {"width": 1400, "height": 900}
+CURVES = ["reward", "accuracy", "loss", "kl", "completion_len"]
+
+
+def widest(page) -> float:
+    """The page's scroll width and the right edge of its widest table or plot panel, in CSS pixels."""
+    return page.evaluate(
+        "Math.max(document.documentElement.scrollWidth, ...Array.from(document.querySelectorAll('table, .dash-plot'))"
+        ".map(e => e.getBoundingClientRect().right))"
+    )
+
+
+def tops(page, selectors: list[str]) -> list[float]:
+    return page.evaluate(f"{json.dumps(selectors)}.map(s => document.querySelector(s).getBoundingClientRect().top)")
+
+
+def panel_titles(page, container: str) -> list[str]:
+    return page.evaluate(
+        f"Array.from(document.querySelectorAll('{container} > .dash-plot')).map(d => d.layout.title.text)"
+    )
+
+
+def check_internal_counters(page, details: str, main: str) -> None:
+    """Closed, below the curves, none of them among the curves; opened, its panels fit the page."""
+    assert page.evaluate(f"document.querySelector('{details}').open") is False
+    internal = panel_titles(page, f"{details} .plots")
+    assert {"policy", "update", "time", "memory"} <= set(internal)
+    assert not set(internal) & set(panel_titles(page, main))
+    assert page.evaluate("document.getElementById('plot-policy').checkVisibility()") is False
+    page.click(f"{details} summary")
+    page.wait_for_timeout(500)
+    assert page.evaluate("document.getElementById('plot-policy').checkVisibility()") is True
+    box, svg = page.evaluate(
+        "[document.getElementById('plot-policy').getBoundingClientRect().width, "
+        "document.querySelector('#plot-policy .main-svg').getBoundingClientRect().width]"
+    )
+    assert 500 <= svg == pytest.approx(box, abs=2)  # the plot fills its panel
+
+
+def check_samples(page, training: str, held_out: str) -> None:
+    """Training rows (with their reward) and held-out rows (with answer and score) apart, chat markup as text."""
+    shown = page.inner_text(training)
+    assert "reward" in shown and "score" not in shown and "<|im" not in shown
+    assert "user: " in shown and "system: Please reason step by step" in shown
+    assert "answer" in page.inner_text(held_out) and "score" in page.inner_text(held_out)
+
+
+def test_the_report_opens_on_the_curves_and_fits_a_1400_px_window(long_named_runs, page, tmp_path):
+    page.set_viewport_size(WINDOW)
+    page.goto(run(ReportConfig(runs=[str(long_named_runs[0])], output_file=str(tmp_path / "one.html"))).as_uri())
+    page.wait_for_selector("#plot-reward .main-svg")
+    assert panel_titles(page, "#metric-plots")[: len(CURVES)] == CURVES
+    sections = ["#runs-table", "#metric-plots", "#plot-reward-vs-kl", "#internal-details", "#eval-table"]
+    sections += [".training-samples", ".held-out-samples", "#config-details", "#checkpoints-table"]
+    assert tops(page, sections) == sorted(tops(page, sections))
+    assert page.evaluate("document.getElementById('plot-reward-vs-kl').data.every(t => t.mode === 'markers')")
+    check_samples(page, ".training-samples", ".held-out-samples")
+    assert widest(page) <= WINDOW["width"]
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    check_internal_counters(page, "#internal-details", "#metric-plots")
+    assert widest(page) <= WINDOW["width"]
+    page.screenshot(path=str(tmp_path / "report-internal-open.png"), full_page=True)
+    page.goto(run(ReportConfig(runs=list(map(str, long_named_runs)), output_file=str(tmp_path / "two.html"))).as_uri())
+    page.wait_for_selector("#plot-reward .main-svg")
+    assert widest(page) <= WINDOW["width"]  # two runs: the runs, evaluation and config tables side by side
+    page.screenshot(path=str(tmp_path / "report-compare.png"), full_page=True)
+    assert all((tmp_path / f"{name}.png").stat().st_size > 10_000 for name in ("report", "report-compare"))
+    assert page.errors == []
+
+
+def test_the_dashboard_opens_on_the_curves_and_fits_a_1400_px_window(long_named_runs, page, tmp_path):
+    page.set_viewport_size(WINDOW)
+    server = serve(DashboardConfig(runs_dir=str(long_named_runs[0].parents[2]), port=0, poll_ms=300))
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        name = str(long_named_runs[0].relative_to(long_named_runs[0].parents[2]))
+        page.click(f"#runs-body tr[data-name='{name}']")
+        page.wait_for_selector("#plot-reward .main-svg")
+        page.wait_for_selector("#training-samples td")
+        assert panel_titles(page, "#plots")[: len(CURVES)] == CURVES
+        assert panel_titles(page, "#plots")[-1].startswith("reward and held-out scores vs KL")  # as in the report
+        sections = ["#runs-table", "#plots", "#internal-details", "#training-samples", "#held-out-samples"]
+        assert tops(page, [*sections, "#checkpoints-table"]) == sorted(tops(page, [*sections, "#checkpoints-table"]))
+        check_samples(page, "#training-samples", "#held-out-samples")
+        assert widest(page) <= WINDOW["width"]
+        page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+        check_internal_counters(page, "#internal-details", "#plots")
+        page.wait_for_timeout(700)  # polls redraw the opened section at its size
+        assert widest(page) <= WINDOW["width"]
+        page.screenshot(path=str(tmp_path / "dashboard-internal-open.png"), full_page=True)
+        assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+        assert page.errors == []
+    finally:
+        server.shutdown()
