@@ -205,13 +205,17 @@ class Tracker:
     def advance(self, step: int) -> None:
         self.progress.update(self.task, completed=step)
 
-    def log_samples(self, step: int, rows: list[dict[str, Any]], title: str = "samples") -> None:
-        """Append rows (prompt, completion, reward components...) to samples.jsonl and print them as a table."""
+    def log_samples(
+        self, step: int, rows: list[dict[str, Any]], title: str = "samples", held_out: bool = False
+    ) -> None:
+        """Append rows (prompt, completion, reward components...) to samples.jsonl and print them as a table;
+        ``held_out``: an evaluation's rows, marked ``"held_out": true`` in the file (the report shows them apart)."""
         if not rows:
             return
+        mark = {"held_out": True} if held_out else {}
         with self.samples_path.open("a") as f:
             for row in rows:
-                f.write(json.dumps({"step": step, **{k: _clean(v) for k, v in row.items()}}) + "\n")
+                f.write(json.dumps({"step": step, **mark, **{k: _clean(v) for k, v in row.items()}}) + "\n")
         table = Table(title=f"{title} at step {step}", show_lines=True)
         columns = [c for c, v in rows[0].items() if not isinstance(v, (list, dict))]  # messages etc.: file only
         for column in columns:

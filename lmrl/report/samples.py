@@ -35,7 +35,10 @@ TURN_END = re.compile(r"<\|im_end\|>\n?|<\|eot_id\|>|<\|begin_of_text\|>|<end_of
 
 
 def is_held_out(row: dict[str, Any]) -> bool:
-    """Whether a samples.jsonl row was written by an evaluation (`HELD_OUT_COLUMNS`)."""
+    """Whether a samples.jsonl row was written by an evaluation: its ``held_out`` mark (`Tracker.log_samples`), or in
+    a file from before the mark, one of `HELD_OUT_COLUMNS`."""
+    if "held_out" in row:
+        return bool(row["held_out"])
     return any(column in row for column in HELD_OUT_COLUMNS)
 
 
@@ -77,7 +80,9 @@ def sample_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     out = []
     for row in rows:
         shown = {
-            k: chat_text(v) if isinstance(v, str) else v for k, v in row.items() if not isinstance(v, (list, dict))
+            k: chat_text(v) if isinstance(v, str) else v
+            for k, v in row.items()
+            if not isinstance(v, (list, dict)) and k != "held_out"  # which table a row is in says it
         }
         roles = row.get("token_roles")
         if isinstance(roles, list):

@@ -108,7 +108,6 @@ class SwarmNode:
             tokenizer,
             None,
             None,
-            self.engine,
             self.sampler,
             self.reward_set,
             self.optimizer,

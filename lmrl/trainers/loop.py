@@ -180,7 +180,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
             if common.is_due(step, config.eval_every, config.max_steps):
                 metrics, samples = evaluate(method, step, run, best)
                 tracker.log(step, metrics)
-                tracker.log_samples(step, samples, title)
+                tracker.log_samples(step, samples, title, held_out=True)
                 reason = method.stop(metrics)
                 if reason:
                     tracker.print(f"{reason}: stopping at step {step}.")
@@ -191,7 +191,7 @@ def run(config: TrainConfig, method: Method, run: common.Run) -> dict[str, float
         check_trained(skipped, last_step - run.start_step)
         final, samples = evaluate(method, last_step, run, best)
         tracker.log(last_step, final)
-        tracker.log_samples(last_step, samples, title)
+        tracker.log_samples(last_step, samples, title, held_out=True)
         save(run, last_step, method, initial, config)
         saver = dist_checkpoint.save_final if runtime.world() > 1 else common.save_final
         final_dir = saver(run, method.model, method.tokenizer, config.merge_lora)
@@ -229,7 +229,7 @@ def begin(config: TrainConfig, method: Method, run: common.Run, extra: dict, tit
         metrics, samples = evaluate(method, 0, run, best)
         initial = {**{f"initial/{k}": v for k, v in metrics.items()}, **extra}
         run.tracker.log(0, {**metrics, **extra})
-        run.tracker.log_samples(0, samples, title)
+        run.tracker.log_samples(0, samples, title, held_out=True)
     return initial, best
 
 

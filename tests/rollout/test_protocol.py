@@ -16,6 +16,7 @@ from lmrl.rollout.engines.factory import ENGINES
 from lmrl.rollout.engines.hf import HFEngine
 from lmrl.rollout.engines.section import EngineSection
 from lmrl.rollout.engines.vllm.engine import VLLMEngine
+from lmrl.rollout.samplers.episodes import EpisodeGroups
 from lmrl.rollout.samplers.groups import LocalGroups
 from lmrl.rollout.samplers.ray import RayRollouts
 from lmrl.rollout.samplers.server_ahead import ServerAhead
@@ -40,6 +41,7 @@ def methods(proto) -> dict[str, list[str]]:
         (HFEngine, protocol.Engine),
         (VLLMEngine, protocol.Engine),
         (LocalGroups, protocol.GroupSampler),
+        (EpisodeGroups, protocol.GroupSampler),
         (RayRollouts, protocol.GroupSampler),
         (ServerAhead, protocol.GroupSampler),
     ],
@@ -49,6 +51,21 @@ def test_every_sampler_has_the_protocols_methods_with_its_parameters(cls, proto)
         fn = getattr(cls, name, None)
         assert callable(fn), f"{cls.__name__} lacks {name}"
         assert list(inspect.signature(fn).parameters)[1 : 1 + len(params)] == params, f"{cls.__name__}.{name}"
+
+
+def test_the_sampler_table_has_an_entry_for_every_config_it_names():
+    from lmrl.config import load_config
+    from lmrl.rollout.samplers.factory import SAMPLERS, sampler_name
+    from lmrl.trainers.rl.config import RLConfig
+
+    overrides = {
+        "local": [],
+        "ray": ["placement=ray"],
+        "episodes": ["tools=[calculator]"],
+        "server_ahead": ["engine=vllm", "vllm_servers=[http://127.0.0.1:1]", "async_steps=1"],
+    }
+    named = {name: sampler_name(load_config(RLConfig, None, keys)) for name, keys in overrides.items()}
+    assert named == {name: name for name in overrides} and set(SAMPLERS) == set(named)
 
 
 def test_the_engine_table_names_exactly_the_configs_choices():

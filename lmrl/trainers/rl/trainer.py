@@ -40,7 +40,7 @@ from lmrl.models.setup import ModelSetup
 from lmrl.models.value import ValueModel
 from lmrl.parallel import runtime
 from lmrl.rewards import RewardSet
-from lmrl.rollout.protocol import Engine, GroupSampler
+from lmrl.rollout.protocol import GroupSampler
 from lmrl.rollout.samplers.factory import make_sampler
 from lmrl.rollout.tools.section import build_env_factory
 from lmrl.trainers import common, loop
@@ -71,10 +71,9 @@ class RLParts:
     tokenizer: Any
     ref_model: Any
     value_model: ValueModel | None
-    engine: Engine | None
-    """this process's engine (`lmrl.rollout.engines.factory.make_engine`); None with placement=ray"""
     sampler: GroupSampler
-    """the step's groups: `LocalGroups` over ``engine``, `ServerAhead` (vLLM servers, async_steps), or `RayRollouts`"""
+    """the step's groups, with their engine (`lmrl.rollout.samplers.factory.make_sampler`: `LocalGroups`,
+    `EpisodeGroups`, `ServerAhead` or `RayRollouts`)"""
     reward_set: RewardSet
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -195,7 +194,6 @@ class OnlineRL(loop.MethodDefaults):
             self.tokenizer,
             ref_model,
             value_model,
-            None,  # the engine is the sampler's own
             sampler,
             reward_set,
             self.optimizer,
