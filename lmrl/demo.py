@@ -78,5 +78,5 @@ def run(config: DemoConfig) -> dict[str, float]:
     for run_dir in runs:
         console.print(f"{run_dir}: metrics.jsonl, samples.jsonl, plots/, final/")
     final = runs[-1] / "final"
-    console.print(f"Try: {next_command(final, sft_config)}")
+    console.print(f"Try: {next_command(final, sft_config)}", soft_wrap=True, markup=False)  # one line to copy
     return results
