@@ -198,9 +198,19 @@ def test_a_few_readme_commands_run_for_one_step(tmp_path):
     test: the default suite is near its 10-minute line)."""
     for command, _ in REAL:
         assert command in COMMANDS, command  # still the README's words
+    proc = run_in_order(REAL, tmp_path)
+    assert "Loading weights" not in proc.stdout + proc.stderr  # transformers' bars are quiet in lmrl's CLI
+    assert "step 1/1  loss=" in proc.stdout and "step 1/1  eval/accuracy=" in proc.stdout  # the console's history
+    assert (tmp_path / "runs/sft-tiny-arithmetic/final").is_dir()
+    assert (tmp_path / "runs/sft-tiny-arithmetic/report.html").is_file()
+    assert (tmp_path / "runs/sw").is_dir()
+
+
+def run_in_order(commands: list[tuple[str, str]], folder: Path) -> subprocess.CompletedProcess:
+    """Run (command, what the test adds) in one child process in `folder`, in order; each must exit 0."""
     start = time.time()
     proc = subprocess.run(
-        [sys.executable, "-c", RUN, json.dumps(REAL)], capture_output=True, text=True, cwd=tmp_path, timeout=600
+        [sys.executable, "-c", RUN, json.dumps(commands)], capture_output=True, text=True, cwd=folder, timeout=600
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -208,8 +218,16 @@ def test_a_few_readme_commands_run_for_one_step(tmp_path):
         assert rc == 0, (command, proc.stdout[-3000:])
         print(f"{seconds:6.1f} s  {command}")
     print(f"{time.time() - start:6.1f} s  in all")
-    assert "Loading weights" not in proc.stdout + proc.stderr  # transformers' bars are quiet in lmrl's CLI
-    assert "step 1/1  loss=" in proc.stdout and "step 1/1  eval/accuracy=" in proc.stdout  # the console's history
-    assert (tmp_path / "runs/sft-tiny-arithmetic/final").is_dir()
-    assert (tmp_path / "runs/sft-tiny-arithmetic/report.html").is_file()
-    assert (tmp_path / "runs/sw").is_dir()
+    return proc
+
+
+@pytest.mark.slow
+def test_the_dpo_recipe_runs_as_its_header_writes_it(tmp_path):
+    """dpo/tiny_prefs's header in a fresh folder, in order, one step each: its data (`lmrl prefs`, which replaced
+    `python -m lmrl.data.preference`), the reference policy (`sft/tiny_prefs`) and DPO. About 15 s of CPU."""
+    commands = [c for where, c in recipe_commands() if where == "lmrl/recipes/dpo/tiny_prefs.yaml"]
+    assert [c.split()[1] for c in commands] == ["prefs", "sft", "dpo"]
+    one_step = {"prefs": "", "sft": "max_steps=1", "dpo": "max_steps=1 eval_rows=4 eval_samples=2"}
+    run_in_order([(c, one_step[c.split()[1]]) for c in commands], tmp_path)
+    assert len((tmp_path / "runs/prefs_sft.jsonl").read_text().splitlines()) == 2000
+    assert (tmp_path / "runs/sft-tiny-prefs/final").is_dir() and (tmp_path / "runs/dpo-tiny-prefs/final").is_dir()
