@@ -14,8 +14,9 @@ KD, 1 is purely on-policy distillation. The teacher must share the student's tok
 Launch::
 
     lmrl sft --config sft/demo_arithmetic output_dir=runs/teacher             # a teacher (any trained model)
-    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final  # on-policy, reverse KL
-    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final on_policy_frac=0   # offline KD
+    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final  # offline KD (the recipe's mode)
+    lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final on_policy_frac=1 \
+        model=runs/distill-tiny-arithmetic/final output_dir=runs/distill-on-policy   # then on-policy, reverse KL
     lmrl distill --config distill/tiny_arithmetic teacher=runs/teacher/final nproc=2    # two processes
 
 With several processes each rank distils its share of the batch (the teacher sharded or replicated like a
