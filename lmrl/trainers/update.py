@@ -272,11 +272,15 @@ def update_weighted(
     by its own minibatch's share on every rank, `global_share`); the stats averaged over the steps, per namespace."""
     params = [*parts.model.parameters(), *(parts.value_model.parameters() if parts.value_model is not None else [])]
     orders = [list(minibatches(len(w.batch), options, generator)) for w in weighted]
+    # once per batch, not per minibatch: its loss's options, the rows it skips, its targets on the batch's device
+    own = [options if w.loss is None else dataclasses.replace(options, loss=w.loss) for w in weighted]
+    skips = [zero_gradient_rows(w.targets.advantages, o, parts.value_model is not None) for w, o in zip(weighted, own)]
+    weighted = [dataclasses.replace(w, targets=w.targets.to(w.batch.input_ids.device)) for w in weighted]
     totals: dict[str, float] = {}  # sums of share-weighted stats: this rank's part of each minibatch's
     with usage.counting() as used:  # what the training forwards and backwards really did
         for index, mbs in enumerate(zip(*orders), start=1):
-            for w, mb in zip(weighted, mbs):
-                train_minibatch(parts, w, mb, index, options, dtype, step, totals)
+            for w, mb, o, skip in zip(weighted, mbs, own, skips):
+                train_minibatch(parts, w, mb, index, skip, o, dtype, step, totals)
             if parts.ptx is not None and parts.ptx.coef > 0:  # PPO-ptx: + gamma * CE on pretraining text
                 ce = parts.ptx.backward(parts.model, (step - 1) * options.updates + index, dtype, options.plan.chunk_mb)
                 add(totals, {"loss/ptx": ce}, 1 / options.updates)
@@ -287,13 +291,11 @@ def update_weighted(
 
 
 def train_minibatch(
-    parts, w: Weighted, mb, index: int, options: UpdateOptions, dtype, step: int, totals: dict[str, float]
+    parts, w: Weighted, mb, index: int, skip, options: UpdateOptions, dtype, step: int, totals: dict[str, float]
 ) -> None:
-    """Forward and backward of minibatch ``mb`` of ``w`` (the ``index``-th optimizer step), micro-batch by
-    micro-batch; adds the stats to ``totals``."""
-    options = options if w.loss is None else dataclasses.replace(options, loss=w.loss)
-    skip = zero_gradient_rows(w.targets.advantages, options, parts.value_model is not None)  # (N,) CPU or None
-    targets = w.targets.to(w.batch.input_ids.device)  # group advantages come from the rewards, computed on the CPU
+    """Forward and backward of minibatch ``mb`` of ``w`` (the ``index``-th optimizer step) under its loss's
+    ``options``, micro-batch by micro-batch, without the ``skip`` rows (N,); adds the stats to ``totals``."""
+    targets = w.targets
     counts = minibatch_counts(w.batch, mb)
     for micro, last, weight in micro_batches(w.batch, mb, skip, options, totals):
         if options.plan.release_memory:  # what sampling and the last backward left free, before the forward peaks

@@ -134,7 +134,6 @@ def refill_draw(parts, more_rows, group_size: int, step: int, tracker):
     return draw
 
 
-@torch.no_grad()
 def step_generator(seed: int, step: int) -> torch.Generator:
     """The update's minibatch order of ``step``: a pure function of the seed and the step (exact resume)."""
     return torch.Generator().manual_seed(seed * 7_919 + step)
